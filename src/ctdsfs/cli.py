@@ -1,0 +1,243 @@
+"""Command line: ``ctdsfs info|ls|mount`` and the ``mount.ctdsfs`` helper."""
+
+import argparse
+import json
+import logging
+import sys
+
+from . import __version__
+from .container import open_container
+from .errors import CtdsfsError
+
+MOUNT_DESCRIPTION = """\
+Mount a casacore MultiFile container (.mf) read-only: every virtual file
+becomes an ordinary file, every nested MultiFile (a subtable) a directory.
+Versions 1 (with its SOURCE_hdrext file) and 2 are read, with per-block CRC
+checks where the container has CRCs.
+
+The command returns once the mount is live (exit status 0) or with a one-line
+error (exit status 1). The daemon unmounts and exits on SIGTERM or SIGINT, or
+when the mount is removed with 'fusermount3 -u MOUNTPOINT' or 'umount'."""
+
+MOUNT_EPILOG = """\
+mount options (-o, comma separated):
+  ro                   read-only (the default, and the only mode so far)
+  nocrc                do not verify block CRCs on read (faster; corruption
+                       then goes unnoticed)
+  allow_other          let other users access the mount (root, or
+                       user_allow_other in /etc/fuse.conf)
+  default_permissions  let the kernel check permissions against the modes
+  nosuid,nodev,noexec,noatime,...
+                       passed to the kernel mount as usual
+  logfile=PATH         log to PATH (the daemon logs to syslog otherwise)
+  debug                log every problem in detail
+  noauto,user,nofail,_netdev,x-*,defaults
+                       used by mount(8)/fstab, ignored here
+
+a block whose CRC does not match fails that read with EIO and logs one line
+naming the container, the virtual file and the block; no unchecked byte is
+ever returned. A header whose CRC does not match refuses the mount.
+
+examples:
+  mount.ctdsfs data.mf /mnt/ms
+  mount.ctdsfs -o allow_other,nocrc data.mf /mnt/ms
+  mount -t fuse.ctdsfs /data/ms.mf /mnt/ms -o ro
+  fstab:  /data/ms.mf  /mnt/ms  fuse.ctdsfs  ro,noauto  0 0
+  fusermount3 -u /mnt/ms"""
+
+MAIN_DESCRIPTION = """\
+ctdsfs shows the insides of casacore MultiFile containers as ordinary
+directories (mount), and describes them without mounting (info, ls)."""
+
+MAIN_EPILOG = """\
+commands:
+  mount SOURCE MOUNTPOINT [-o OPTS] [-f]   mount a container (see 'ctdsfs mount --help')
+  info CONTAINER [--json]                  header facts and every virtual file
+  ls CONTAINER [PATH] [-l] [--json]        list a directory inside a container
+
+'ctdsfs SOURCE MOUNTPOINT -o OPTS' (no command) mounts too, as mount.fuse3
+calls it for 'mount -t fuse.ctdsfs'."""
+
+
+def _add_mount_arguments(parser):
+    parser.add_argument("source", metavar="SOURCE", help="the container file (.mf)")
+    parser.add_argument("mountpoint", metavar="MOUNTPOINT", help="an existing, empty directory")
+    parser.add_argument("-o", dest="options", action="append", default=[], metavar="OPTS",
+                        help="comma-separated mount options (below)")
+    parser.add_argument("-f", "--foreground", action="store_true",
+                        help="stay in the foreground and log to stderr")
+    # mount(8) passes these to every helper; they change nothing here.
+    parser.add_argument("-n", "-s", "-v", dest="ignored", action="count",
+                        help=argparse.SUPPRESS)
+    parser.add_argument("-t", "-N", dest="ignored_value", help=argparse.SUPPRESS)
+
+
+def _mount_parser(prog):
+    parser = argparse.ArgumentParser(
+        prog=prog, description=MOUNT_DESCRIPTION, epilog=MOUNT_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    _add_mount_arguments(parser)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    return parser
+
+
+def _main_parser():
+    parser = argparse.ArgumentParser(
+        prog="ctdsfs", description=MAIN_DESCRIPTION, epilog=MAIN_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    mount = sub.add_parser("mount", help="mount a container", description=MOUNT_DESCRIPTION,
+                           epilog=MOUNT_EPILOG,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+    _add_mount_arguments(mount)
+
+    info = sub.add_parser(
+        "info", help="describe a container's header and files",
+        description="Print a container's format version, block size, block count, CRC "
+                    "flag, header counter, continuation sets, free blocks and, per "
+                    "virtual file, its size and block count. Nested containers are "
+                    "marked; problems (hidden entries) are listed at the end.")
+    info.add_argument("container", metavar="CONTAINER")
+    info.add_argument("--json", action="store_true", help="machine-readable output")
+    info.add_argument("--nocrc", action="store_true", help="do not verify the header CRC")
+
+    ls = sub.add_parser(
+        "ls", help="list a directory inside a container",
+        description="List the virtual files at PATH inside CONTAINER (the top level by "
+                    "default); nested containers are directories, as in a mount.")
+    ls.add_argument("container", metavar="CONTAINER")
+    ls.add_argument("path", metavar="PATH", nargs="?", default="")
+    ls.add_argument("-l", dest="long", action="store_true",
+                    help="long format: type, size, blocks, name")
+    ls.add_argument("--json", action="store_true", help="machine-readable output")
+    ls.add_argument("--nocrc", action="store_true", help="do not verify CRCs")
+    return parser
+
+
+def _print_info(info, out):
+    version = info["version"]
+    lines = [f"{info['container']}: {info['format']} version {version}",
+             f"  block size       {info['block_size']}",
+             f"  blocks           {info['blocks']}",
+             f"  CRC              {'yes' if info['crc'] else 'no'}",
+             f"  header counter   {info['header_counter']}",
+             f"  header size      {info['header_size']} bytes"]
+    if version == 1:
+        lines.append(f"  _hdrext file     {'yes' if info['hdrext'] else 'no'}")
+    else:
+        cont = info["continuation"]
+        lines.append(f"  continuation     active set {cont['active_set']}, first block "
+                     f"{cont['first_block']}, used {cont['used'][0]}/{cont['used'][1]}")
+        for i, blocks in enumerate(cont["sets"]):
+            lines.append(f"    set {i}          {_block_list(blocks)}")
+    lines.append(f"  free blocks      {_block_list(info['free_blocks'])}")
+    lines.append(f"  files            {len(info['files'])}")
+    width = max([len(str(f["size"])) for f in info["files"]] + [4])
+    lines.append(f"    {'SIZE':>{width}}  {'BLOCKS':>6}  NAME")
+    for f in info["files"]:
+        suffix = "/  (nested container)" if f["nested"] else ""
+        lines.append(f"    {f['size']:>{width}}  {f['blocks']:>6}  {f['name']}{suffix}")
+    for problem in info["problems"]:
+        lines.append(f"  problem: {problem}")
+    print("\n".join(lines), file=out)
+
+
+def _block_list(blocks):
+    if not blocks:
+        return "none"
+    shown = ", ".join(map(str, blocks[:20]))
+    return f"{len(blocks)}: [{shown}{', ...' if len(blocks) > 20 else ''}]"
+
+
+def _walk(container, path):
+    """The container at ``path`` (slash-separated) inside ``container``."""
+    for part in filter(None, path.split("/")):
+        if part not in container.names():
+            raise CtdsfsError(f"{container.label}: no entry {part!r}")
+        child = container.nested(part)
+        if child is None:
+            raise CtdsfsError(f"{container.label}/{part}: not a directory (a plain virtual file)")
+        container = child
+    return container
+
+
+def _ls(args, out):
+    container = _walk(open_container(args.container, verify_crc=not args.nocrc), args.path)
+    rows = [{"name": n, "type": "dir" if container.nested(n) is not None else "file",
+             "size": container.entry_size(n), "blocks": container.entry_blocks(n)}
+            for n in container.names()]
+    if args.json:
+        json.dump(rows, out, indent=2)
+        out.write("\n")
+        return
+    width = max([len(str(r["size"])) for r in rows] + [1])
+    for r in rows:
+        name = r["name"] + ("/" if r["type"] == "dir" else "")
+        if args.long:
+            print(f"{r['type']:<4} {r['size']:>{width}} {r['blocks']:>6} {name}", file=out)
+        else:
+            print(name, file=out)
+
+
+def _setup_cli_logging():
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("ctdsfs: %(levelname)s: %(message)s"))
+    logging.getLogger().handlers[:] = [handler]
+    logging.getLogger().setLevel(logging.WARNING)
+
+
+def _run(func, prog):
+    try:
+        return func()
+    except CtdsfsError as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+def _mount_from_args(args):
+    from .mount import mount, parse_options
+
+    opts = parse_options(",".join(args.options))
+    return mount(args.source, args.mountpoint, opts, foreground=args.foreground)
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    parser = _main_parser()
+    commands = {"mount", "info", "ls"}
+    if argv and not argv[0].startswith("-") and argv[0] not in commands:
+        argv = ["mount"] + argv  # 'ctdsfs SOURCE MOUNTPOINT -o ...' as mount.fuse3 runs it
+    args = parser.parse_args(argv)
+    _setup_cli_logging()
+    if args.command == "mount":
+        return _run(lambda: _mount_from_args(args), "ctdsfs")
+    if args.command == "info":
+        def info():
+            data = open_container(args.container, verify_crc=not args.nocrc).describe()
+            if args.json:
+                json.dump(data, sys.stdout, indent=2)
+                sys.stdout.write("\n")
+            else:
+                _print_info(data, sys.stdout)
+            return 0
+        return _run(info, "ctdsfs")
+    if args.command == "ls":
+        return _run(lambda: _ls(args, sys.stdout) or 0, "ctdsfs")
+    parser.print_help()
+    return 2
+
+
+def mount_main(argv=None):
+    args = _mount_parser("mount.ctdsfs").parse_args(sys.argv[1:] if argv is None else argv)
+    _setup_cli_logging()
+    return _run(lambda: _mount_from_args(args), "mount.ctdsfs")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,80 @@
+"""The format-neutral container interface that every format implements.
+
+A container is a flat namespace of named byte streams (virtual files); a
+stream whose content is itself a container is offered through ``nested()``,
+which is how hierarchy arises (casacore nests a subtable's MultiFile inside its
+parent's). The VFS only ever talks to this interface.
+"""
+
+import os
+from abc import ABC, abstractmethod
+from typing import NamedTuple
+
+from .errors import CtdsfsError, NotAContainer
+
+
+class Usage(NamedTuple):
+    """Space accounting in the container's own block size (for statfs)."""
+
+    block_size: int
+    total_blocks: int
+    free_blocks: int
+
+
+class Container(ABC):
+    """Read access to one container. Implementations must be thread-safe for reads."""
+
+    label: str  # names the container (and the nesting path) in messages
+    format_name: str
+    problems: list  # entries hidden or shown as plain files, with the reason
+
+    @abstractmethod
+    def names(self):
+        """Names of the visible virtual files, in the container's own order."""
+
+    @abstractmethod
+    def entry_size(self, name):
+        """Size in bytes of virtual file ``name``."""
+
+    @abstractmethod
+    def entry_blocks(self, name):
+        """Number of container blocks that virtual file ``name`` occupies."""
+
+    @abstractmethod
+    def read(self, name, offset, size):
+        """Up to ``size`` bytes of ``name`` from ``offset``; raises BlockError for a bad block."""
+
+    @abstractmethod
+    def nested(self, name):
+        """The container stored in virtual file ``name``, or None if it is a plain file."""
+
+    @abstractmethod
+    def usage(self):
+        """A :class:`Usage` for this container."""
+
+    @abstractmethod
+    def describe(self):
+        """A JSON-ready dict of the container's internals (``ctdsfs info``)."""
+
+    def close(self):
+        """Release the underlying file, if this container owns one."""
+
+
+def open_container(path, *, verify_crc=True):
+    """Open the container file at ``path`` with the format its content declares."""
+    from .formats.multifile import FileStore, MultiFile, looks_like_multifile
+
+    path = os.fspath(path)
+    try:
+        store = FileStore(path)
+    except OSError as exc:
+        raise CtdsfsError(f"{path}: {exc.strerror}") from None
+    try:
+        if not os.path.isfile(path):
+            raise NotAContainer(f"{path}: not a regular file")
+        if not looks_like_multifile(store.pread(0, 64)):
+            raise NotAContainer(f"{path}: not a casacore MultiFile (unknown header)")
+        return MultiFile(store, hdrext_path=path + "_hdrext", verify_crc=verify_crc)
+    except BaseException:
+        store.close()
+        raise

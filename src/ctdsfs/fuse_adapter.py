@@ -1,0 +1,145 @@
+"""The only module that knows pyfuse3 and trio: kernel requests to ContainerFS calls.
+
+Metadata operations are cheap and run on the trio loop. Reads of a
+CRC-protected container (block reads plus checksums) run in worker threads so
+the loop keeps answering other requests; plain reads are a single ``pread``
+and stay on the loop, where a thread hop would cost more than it saves.
+"""
+
+import errno
+import functools
+import logging
+import os
+
+import pyfuse3
+import trio
+
+from .vfs import FSError
+
+log = logging.getLogger(__name__)
+
+# The mount is read-only and only this process changes what it shows, so the
+# kernel may cache names, attributes and file pages for a long time.
+CACHE_TIMEOUT = 3600.0
+
+
+def _fuse_errors(method):
+    """Translate FSError (and unexpected failures, logged once) into FUSEError."""
+
+    @functools.wraps(method)
+    async def wrapper(*args, **kwargs):
+        try:
+            return await method(*args, **kwargs)
+        except FSError as exc:
+            raise pyfuse3.FUSEError(exc.errno) from None
+        except pyfuse3.FUSEError:
+            raise
+        except Exception:
+            log.exception("internal error in %s", method.__name__)
+            raise pyfuse3.FUSEError(errno.EIO) from None
+
+    return wrapper
+
+
+def _entry(attr):
+    entry = pyfuse3.EntryAttributes()
+    entry.st_ino = attr.ino
+    entry.generation = 0
+    entry.entry_timeout = CACHE_TIMEOUT
+    entry.attr_timeout = CACHE_TIMEOUT
+    entry.st_mode = attr.mode
+    entry.st_nlink = attr.nlink
+    entry.st_uid = attr.uid
+    entry.st_gid = attr.gid
+    entry.st_rdev = 0
+    entry.st_size = attr.size
+    entry.st_blksize = attr.blksize
+    entry.st_blocks = attr.blocks
+    entry.st_atime_ns = attr.atime_ns
+    entry.st_mtime_ns = attr.mtime_ns
+    entry.st_ctime_ns = attr.ctime_ns
+    return entry
+
+
+class FuseOperations(pyfuse3.Operations):
+    """pyfuse3 request handlers delegating to a :class:`ctdsfs.vfs.ContainerFS`."""
+
+    def __init__(self, fs, *, threaded_reads):
+        super().__init__()
+        self.fs = fs
+        self.threaded_reads = threaded_reads
+
+    @_fuse_errors
+    async def lookup(self, parent_inode, name, ctx=None):
+        return _entry(self.fs.lookup(parent_inode, os.fsdecode(name)))
+
+    @_fuse_errors
+    async def getattr(self, inode, ctx=None):
+        return _entry(self.fs.getattr(inode))
+
+    @_fuse_errors
+    async def opendir(self, inode, ctx):
+        return self.fs.opendir(inode)
+
+    @_fuse_errors
+    async def readdir(self, fh, start_id, token):
+        for name, attr, next_id in self.fs.readdir(fh, start_id):
+            if not pyfuse3.readdir_reply(token, os.fsencode(name), _entry(attr), next_id):
+                return
+
+    async def releasedir(self, fh):
+        pass
+
+    @_fuse_errors
+    async def open(self, inode, flags, ctx):
+        return pyfuse3.FileInfo(fh=self.fs.open(inode, flags), keep_cache=True)
+
+    @_fuse_errors
+    async def read(self, fh, off, size):
+        if self.threaded_reads:
+            return await trio.to_thread.run_sync(self.fs.read, fh, off, size)
+        return self.fs.read(fh, off, size)
+
+    async def release(self, fh):
+        self.fs.release(fh)
+
+    @_fuse_errors
+    async def statfs(self, ctx):
+        data = pyfuse3.StatvfsData()
+        for key, value in self.fs.statfs().items():
+            setattr(data, key, value)
+        return data
+
+
+async def _serve():
+    """Run pyfuse3's loop until unmounted; SIGINT/SIGTERM end it. True if a signal did."""
+    import signal
+
+    async with trio.open_nursery() as nursery:
+        stopped_by_signal = False
+
+        async def watch_signals():
+            nonlocal stopped_by_signal
+            with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+                async for signum in signals:
+                    log.info("%s received: unmounting", signal.Signals(signum).name)
+                    stopped_by_signal = True
+                    pyfuse3.terminate()
+                    return
+
+        nursery.start_soon(watch_signals)
+        await pyfuse3.main()
+        nursery.cancel_scope.cancel()
+    return stopped_by_signal
+
+
+def serve(operations, mountpoint, fuse_options, on_mounted=None):
+    """Mount, call ``on_mounted()`` once the mount is live, serve until unmount."""
+    pyfuse3.init(operations, mountpoint, fuse_options)
+    unmount = True
+    try:
+        if on_mounted is not None:
+            on_mounted()
+        unmount = trio.run(_serve)
+    finally:
+        pyfuse3.close(unmount=unmount)

@@ -1,0 +1,156 @@
+"""``mount.ctdsfs``: option handling, pre-flight checks and daemonizing.
+
+Follows mount(8) helper conventions: ``SOURCE MOUNTPOINT [-o opts] [-n] [-s]
+[-v] [-t fuse.ctdsfs]``; options mount(8) itself consumes (``noauto``,
+``user``, ``_netdev``, ``x-*``, ...) are accepted and ignored. Without ``-f``
+the process forks and the parent exits only once the mount is live (status 0)
+or has failed (status 1, one-line message), so scripts and fstab can rely on
+the mount being there when the command returns.
+"""
+
+import logging
+import logging.handlers
+import os
+import sys
+from dataclasses import dataclass, field
+
+from .container import open_container
+from .errors import CtdsfsError
+
+log = logging.getLogger("ctdsfs")
+
+# Generic options libfuse understands; passed to the kernel mount as given.
+KERNEL_OPTIONS = {
+    "allow_other", "default_permissions", "auto_unmount", "nosuid", "suid", "nodev",
+    "dev", "noexec", "exec", "noatime", "atime", "relatime", "norelatime", "strictatime",
+    "nodiratime", "diratime", "sync", "async", "dirsync",
+}
+# Options that mount(8) and fstab use for themselves.
+IGNORED_OPTIONS = {"defaults", "auto", "noauto", "user", "users", "nouser", "owner", "group",
+                   "nofail", "_netdev", "ro"}
+IGNORED_PREFIXES = ("x-", "comment=")
+
+
+class UsageError(CtdsfsError):
+    """Bad command line or mount options."""
+
+
+@dataclass
+class MountOptions:
+    kernel: set = field(default_factory=set)
+    verify_crc: bool = True
+    logfile: str = None
+    debug: bool = False
+
+
+def parse_options(text):
+    """Parse a comma-separated ``-o`` string (may be given several times, joined by commas)."""
+    opts = MountOptions()
+    for item in filter(None, (text or "").split(",")):
+        if item in KERNEL_OPTIONS:
+            opts.kernel.add(item)
+        elif item in IGNORED_OPTIONS or item.startswith(IGNORED_PREFIXES):
+            continue
+        elif item == "nocrc":
+            opts.verify_crc = False
+        elif item == "crc":
+            opts.verify_crc = True
+        elif item == "debug":
+            opts.debug = True
+        elif item.startswith("logfile="):
+            opts.logfile = item.split("=", 1)[1]
+        elif item == "rw":
+            raise UsageError("read-write mounts are not supported yet; mount with -o ro")
+        else:
+            raise UsageError(f"unknown mount option {item!r} (see mount.ctdsfs --help)")
+    return opts
+
+
+def _mounted_paths():
+    try:
+        with open("/proc/self/mounts") as f:
+            return {line.split()[1].replace("\\040", " ") for line in f}
+    except OSError:
+        return set()
+
+
+def check_mountpoint(path):
+    if not os.path.exists(path):
+        raise UsageError(f"{path}: mount point does not exist")
+    if not os.path.isdir(path):
+        raise UsageError(f"{path}: mount point is not a directory")
+    real = os.path.realpath(path)
+    if real in _mounted_paths() and real != "/":
+        raise UsageError(f"{path}: mount point is already in use (something is mounted there)")
+
+
+def _setup_logging(opts, foreground):
+    root = logging.getLogger()
+    root.setLevel(logging.DEBUG if opts.debug else logging.INFO)
+    fmt = logging.Formatter("%(asctime)s ctdsfs[%(process)d] %(levelname)s: %(message)s")
+    if opts.logfile:
+        handler = logging.FileHandler(opts.logfile)
+    elif foreground:
+        handler = logging.StreamHandler(sys.stderr)
+    elif os.path.exists("/dev/log"):
+        handler = logging.handlers.SysLogHandler("/dev/log")
+        fmt = logging.Formatter("ctdsfs[%(process)d]: %(levelname)s: %(message)s")
+    else:
+        handler = logging.NullHandler()
+    handler.setFormatter(fmt)
+    root.handlers[:] = [handler]
+
+
+def mount(source, mountpoint, opts, foreground=False):
+    """Mount ``source`` on ``mountpoint``; returns the exit status for the caller."""
+    # Imported here so `ctdsfs info` and `--help` work where libfuse is missing.
+    from .fuse_adapter import FuseOperations, serve
+    from .vfs import ContainerFS
+
+    source = os.path.abspath(source)
+    check_mountpoint(mountpoint)
+    _setup_logging(opts, foreground=True)  # problems found while opening reach the terminal
+    container = open_container(source, verify_crc=opts.verify_crc)
+    fs = ContainerFS(container, os.stat(source))
+    fuse_options = {"ro", "subtype=ctdsfs", "fsname=" + source.replace(",", "\\,")}
+    fuse_options |= opts.kernel
+    operations = FuseOperations(fs, threaded_reads=opts.verify_crc and container.header.use_crc)
+
+    if foreground:
+        serve(operations, mountpoint, fuse_options)
+        return 0
+
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid:  # parent: wait for the child's verdict
+        os.close(write_end)
+        with os.fdopen(read_end, "rb") as pipe:
+            verdict = pipe.read().decode("utf-8", "replace")
+        if verdict.startswith("ok"):
+            return 0
+        message = verdict.strip() or "mount daemon exited before the mount was live"
+        print(f"mount.ctdsfs: {message}", file=sys.stderr)
+        return 1
+
+    os.close(read_end)
+    os.setsid()
+    _setup_logging(opts, foreground=False)
+    status = 0
+
+    def mounted():
+        os.write(write_end, b"ok\n")
+        os.close(write_end)
+        devnull = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(devnull, fd)
+        os.chdir("/")
+
+    try:
+        serve(operations, mountpoint, fuse_options, on_mounted=mounted)
+    except BaseException as exc:  # report to the waiting parent, then exit
+        try:
+            os.write(write_end, f"{mountpoint}: {exc}\n".encode())
+        except OSError:
+            log.exception("mount daemon failed")
+        status = 1
+    os._exit(status)
