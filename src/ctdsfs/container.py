@@ -72,7 +72,7 @@ def open_container(path, *, verify_crc=True):
     try:
         if not os.path.isfile(path):
             raise NotAContainer(f"{path}: not a regular file")
-        if not looks_like_multifile(store.pread(0, 64)):
+        if not looks_like_multifile(store.pread(0, 68)):
             raise NotAContainer(f"{path}: not a casacore MultiFile (unknown header)")
         return MultiFile(store, hdrext_path=path + "_hdrext", verify_crc=verify_crc)
     except BaseException:

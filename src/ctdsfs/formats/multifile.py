@@ -455,14 +455,17 @@ def looks_like_v2(first64):
 
 
 def looks_like_multifile(first64):
-    """v2 by its fixed part; v1 by a plausible lead and the AipsIO magic at offset 24."""
+    """Does a file start like a MultiFile at all (so its header faults deserve details)?
+
+    v2 starts with an Int64 0 and has the AipsIO magic at 64 (or its fixed part
+    sniffs as v2); v1 starts with a positive header size and has it at 24.
+    """
     if looks_like_v2(first64):
         return True
-    if len(first64) < 32:
-        return False
-    header_size, block_size, _ = LEAD_V1.unpack(first64[:24])
-    return (header_size > 24 and 24 < block_size <= MAX_BLOCK_SIZE
-            and first64[24:28] == b"\xbe\xbe\xbe\xbe")
+    if len(first64) >= 68 and first64[:8] == bytes(8) and first64[64:68] == b"\xbe" * 4:
+        return True
+    return (len(first64) >= 28 and struct.unpack(">q", first64[:8])[0] > 0
+            and first64[24:28] == b"\xbe" * 4)
 
 
 class MultiFile(Container):

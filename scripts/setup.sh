@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Installs everything ctdsfs and its tests need on Debian 12 with Python >= 3.11:
+# FUSE 3 and the legacy casacore tools from apt, the project with its test
+# extras from PyPI, and the mount(8) helper link for 'mount -t fuse.ctdsfs'.
+# Safe to run again; skips apt when the packages are already there.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+APT_PACKAGES=(fuse3 libfuse3-dev pkg-config casacore-tools)
+SUDO=""
+[ "$(id -u)" -eq 0 ] || SUDO="sudo"
+
+missing=()
+for pkg in "${APT_PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+    echo "setup: installing ${missing[*]} (apt)"
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+PYTHON=${PYTHON:-python3}
+echo "setup: installing ctdsfs and its test extras (pip)"
+"$PYTHON" -m pip install -q --disable-pip-version-check --root-user-action=ignore -e '.[test]'
+
+# mount(8) runs /sbin/mount.fuse.ctdsfs for filesystems of type fuse.ctdsfs; a
+# wrapper (not a link) so that shims which dispatch on their own name still work.
+helper="$("$PYTHON" -c 'import sysconfig; print(sysconfig.get_path("scripts"))')/mount.ctdsfs"
+wrapper=$(printf '#!/bin/sh\nexec "%s" "$@"\n' "$helper")
+if [ -d /sbin ] && [ "$(cat /sbin/mount.fuse.ctdsfs 2>/dev/null)" != "$wrapper" ]; then
+    printf '%s\n' "$wrapper" | $SUDO tee /sbin/mount.fuse.ctdsfs >/dev/null
+    $SUDO chmod 755 /sbin/mount.fuse.ctdsfs
+fi
+echo "setup: done ($("$PYTHON" -c 'import ctdsfs; print("ctdsfs", ctdsfs.__version__)'))"

@@ -1,0 +1,119 @@
+"""Shared fixtures: test data, real-tool generators and real FUSE mounts.
+
+Mounts run ``mount.ctdsfs -f`` as a child process (so the test owns its PID)
+and are always unmounted in a finalizer: ``fusermount3 -u``, then ``-uz``,
+then the child is ended by PID if it is still there.
+"""
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+DATA = Path(__file__).parent / "data"
+SCRIPTS = Path(__file__).parent.parent / "scripts"
+
+
+@pytest.fixture
+def data_dir():
+    return DATA
+
+
+def pattern(size, mul, add, mod=256):
+    """The content formulas of the casacore-written fixtures (see tests/data/README.md)."""
+    return bytes((i * mul + add) % mod for i in range(size))
+
+
+def make_casacore_table(path, *, block_size=None, rows=50, multifile=True):
+    """python-casacore writes the sample table; MultiFile storage unless ``multifile`` is False."""
+    home = Path(path).parent / f".home-{Path(path).name}"
+    home.mkdir(parents=True, exist_ok=True)
+    lines = []
+    if multifile:
+        lines.append("table.storage.option: multifile")
+        if block_size:
+            lines.append(f"table.storage.blocksize: {block_size}")
+    (home / ".casarc").write_text("\n".join(lines) + "\n")
+    env = dict(os.environ, HOME=str(home))
+    subprocess.run([sys.executable, str(SCRIPTS / "make_sample_table.py"), str(path), str(rows)],
+                   check=True, env=env, cwd=Path(path).parent)
+    return Path(path)
+
+
+def run_tomf(inputs, out, block_size):
+    """Debian casacore 3.5 ``tomf``: a version-1 MultiFile of ``inputs``."""
+    subprocess.run(["tomf", "-b", str(block_size), *map(str, inputs), str(out)], check=True,
+                   stdout=subprocess.DEVNULL, cwd=Path(inputs[0]).parent)
+    return Path(out)
+
+
+def is_mounted(path):
+    real = os.path.realpath(path)
+    with open("/proc/self/mounts") as f:
+        return any(line.split()[1] == real for line in f)
+
+
+def unmount(path):
+    for args in (["fusermount3", "-u"], ["fusermount3", "-uz"]):
+        if not is_mounted(path):
+            return
+        subprocess.run(args + [str(path)], stderr=subprocess.DEVNULL)
+
+
+class Mount:
+    """A foreground ``mount.ctdsfs`` child process and its mount point."""
+
+    def __init__(self, source, mountpoint, options=(), log=None):
+        self.mountpoint = Path(mountpoint)
+        self.log = Path(log) if log else self.mountpoint.with_suffix(".log")
+        cmd = ["mount.ctdsfs", "-f", str(source), str(mountpoint)]
+        if options:
+            cmd += ["-o", ",".join(options)]
+        self.logfile = open(self.log, "wb")
+        self.proc = subprocess.Popen(cmd, stdout=self.logfile, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 30
+        while not is_mounted(mountpoint):
+            if self.proc.poll() is not None:
+                self.close()
+                raise RuntimeError(f"mount.ctdsfs exited: {self.log.read_text()}")
+            if time.monotonic() > deadline:
+                self.close()
+                raise RuntimeError("mount did not appear within 30 s")
+            time.sleep(0.02)
+
+    def log_text(self):
+        self.logfile.flush()
+        return self.log.read_text()
+
+    def close(self):
+        unmount(self.mountpoint)
+        try:
+            self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.logfile.close()
+        return self.proc.returncode
+
+
+@pytest.fixture
+def mount(tmp_path):
+    """``mount(source, options=()) -> Mount``; every mount is undone at teardown."""
+    if not os.path.exists("/dev/fuse") or shutil.which("fusermount3") is None:
+        pytest.skip("FUSE is not available")
+    mounts = []
+
+    def make(source, options=(), name=None):
+        mountpoint = tmp_path / (name or f"mnt{len(mounts)}")
+        mountpoint.mkdir()
+        m = Mount(source, mountpoint, options)
+        mounts.append(m)
+        return m
+
+    yield make
+    for m in mounts:
+        m.close()

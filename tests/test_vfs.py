@@ -1,0 +1,106 @@
+"""POSIX semantics of ContainerFS, without FUSE."""
+
+import errno
+import os
+import stat
+
+import pytest
+
+from ctdsfs.container import open_container
+from ctdsfs.vfs import ROOT_INO, ContainerFS, FSError
+
+from .conftest import DATA, pattern
+
+
+@pytest.fixture
+def nested_fs():
+    path = DATA / "mf2_nested.mf"
+    return ContainerFS(open_container(path), os.stat(path))
+
+
+def listing(fs, ino):
+    return [(name, attr) for name, attr, _ in fs.readdir(fs.opendir(ino))]
+
+
+def test_tree_and_attributes(nested_fs):
+    fs = nested_fs
+    top = dict(listing(fs, ROOT_INO))
+    assert set(top) == {"table.dat", "SUB"}
+    assert stat.S_ISREG(top["table.dat"].mode) and top["table.dat"].size == 300
+    assert stat.S_ISDIR(top["SUB"].mode)
+    sub = dict(listing(fs, top["SUB"].ino))
+    assert {n: a.size for n, a in sub.items()} == {"x": 5000, "y": 10}
+    x = sub["x"]
+    assert x.blksize == 4096 and x.blocks == 2 * 4096 // 512
+    assert x.mode & 0o222 == 0  # read-only mount: no write bits
+    st = os.stat(DATA / "mf2_nested.mf")
+    assert (x.uid, x.gid, x.mtime_ns) == (st.st_uid, st.st_gid, st.st_mtime_ns)
+
+
+def test_inodes_are_stable_and_unique(nested_fs):
+    fs = nested_fs
+    first = {n: a.ino for n, a in listing(fs, ROOT_INO)}
+    again = {n: fs.lookup(ROOT_INO, n).ino for n in first}
+    assert first == again
+    sub_ino = first["SUB"]
+    inos = [a.ino for _, a in listing(fs, sub_ino)] + list(first.values()) + [ROOT_INO]
+    assert len(set(inos)) == len(inos)
+    assert fs.lookup(sub_ino, "..").ino == ROOT_INO
+    assert fs.lookup(sub_ino, ".").ino == sub_ino
+
+
+def test_readdir_resumes_at_offset(nested_fs):
+    entries = list(nested_fs.readdir(ROOT_INO, 0))
+    assert [e[0] for e in nested_fs.readdir(ROOT_INO, entries[0][2])] == [entries[1][0]]
+
+
+def test_open_read_release(nested_fs):
+    fs = nested_fs
+    sub = fs.lookup(ROOT_INO, "SUB").ino
+    fh = fs.open(fs.lookup(sub, "x").ino, os.O_RDONLY)
+    assert fs.read(fh, 4000, 200) == pattern(5000, 17, 1)[4000:4200]
+    assert fs.read(fh, 4990, 100) == pattern(5000, 17, 1)[4990:]
+    assert fs.read(fh, 6000, 100) == b""
+    fs.release(fh)
+    with pytest.raises(FSError) as exc:
+        fs.read(fh, 0, 1)
+    assert exc.value.errno == errno.EBADF
+
+
+@pytest.mark.parametrize("op,code", [
+    (lambda fs: fs.lookup(ROOT_INO, "missing"), errno.ENOENT),
+    (lambda fs: fs.lookup(ROOT_INO, "n" * 300), errno.ENAMETOOLONG),
+    (lambda fs: fs.getattr(999), errno.ENOENT),
+    (lambda fs: fs.opendir(fs.lookup(ROOT_INO, "table.dat").ino), errno.ENOTDIR),
+    (lambda fs: fs.lookup(fs.lookup(ROOT_INO, "table.dat").ino, "x"), errno.ENOTDIR),
+    (lambda fs: fs.open(fs.lookup(ROOT_INO, "SUB").ino, os.O_RDONLY), errno.EISDIR),
+    (lambda fs: fs.open(fs.lookup(ROOT_INO, "table.dat").ino, os.O_RDWR), errno.EROFS),
+    (lambda fs: fs.open(fs.lookup(ROOT_INO, "table.dat").ino, os.O_WRONLY), errno.EROFS),
+    (lambda fs: fs.open(fs.lookup(ROOT_INO, "table.dat").ino, os.O_RDONLY | os.O_TRUNC),
+     errno.EROFS),
+])
+def test_errors(nested_fs, op, code):
+    with pytest.raises(FSError) as exc:
+        op(nested_fs)
+    assert exc.value.errno == code
+
+
+def test_bad_block_is_eio(tmp_path):
+    data = bytearray((DATA / "mf2_crc.mf").read_bytes())
+    data[2 * 4096] ^= 1
+    p = tmp_path / "bad.mf"
+    p.write_bytes(data)
+    fs = ContainerFS(open_container(p), os.stat(p))
+    fh = fs.open(fs.lookup(ROOT_INO, "f1").ino, os.O_RDONLY)
+    assert fs.read(fh, 0, 4096) == pattern(20000, 13, 5, 251)[:4096]
+    with pytest.raises(FSError) as exc:
+        fs.read(fh, 4096, 10)
+    assert exc.value.errno == errno.EIO
+
+
+def test_statfs_in_container_blocks():
+    path = DATA / "mf2_free.mf"
+    fs = ContainerFS(open_container(path), os.stat(path))
+    st = fs.statfs()
+    assert (st["f_bsize"], st["f_blocks"], st["f_bfree"], st["f_bavail"]) == (4096, 7, 3, 0)
+    assert st["f_namemax"] == 255
