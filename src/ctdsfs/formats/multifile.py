@@ -166,35 +166,45 @@ def unpack_indexes(packed_list, max_blocks):
     (a container cannot hold more distinct blocks than it has), gets a problem
     instead of blocks: hostile counts never turn into huge allocations.
     """
-    packed_list = [np.asarray(p, dtype=np.int64) for p in packed_list]
-    results = [(np.zeros(0, np.int64), None)] * len(packed_list)
-    usable, totals, total = [], [], 0
-    for i, p in enumerate(packed_list):
-        if not len(p):
-            continue
-        if p[0] < 0 or np.any(p == np.iinfo(np.int64).min):
-            results[i] = (None, "packed block index is malformed")
-            continue
-        runs = p[p < 0]
-        n = len(p) - len(runs) - float(runs.sum())
-        if total + n > max_blocks:
-            results[i] = (None, f"block index claims {n:.0f} blocks, more than the "
-                                f"container has left ({max_blocks - total})")
-            continue
-        total += int(n)
-        usable.append(i)
-        totals.append(int(n))
-    if not usable:
+    count = len(packed_list)
+    empty = np.zeros(0, np.int64)
+    results = [(empty, None)] * count
+    lengths = np.fromiter((len(p) for p in packed_list), np.int64, count)
+    if not lengths.any():
         return results
-    flat = np.concatenate([packed_list[i] for i in usable])
+    flat = np.concatenate(packed_list).astype(np.int64)
+    owner = np.repeat(np.arange(count), lengths)
+    is_run = flat < 0
+    malformed = np.zeros(count, bool)
+    nonempty = lengths > 0
+    malformed[nonempty] = is_run[(np.cumsum(lengths) - lengths)[nonempty]]
+    malformed |= np.bincount(owner, weights=flat == np.iinfo(np.int64).min, minlength=count) > 0
+    claims = np.bincount(owner, weights=np.where(is_run, -flat.astype(np.float64), 1.0),
+                         minlength=count)
+    fits = nonempty & ~malformed & (claims <= max_blocks)
+    running = np.cumsum(np.where(fits, claims, 0))
+    too_many = nonempty & ~malformed & ~(fits & (running <= max_blocks))
+    usable = nonempty & ~malformed & ~too_many
+    for i in np.flatnonzero(malformed).tolist():
+        results[i] = (None, "packed block index is malformed")
+    for i in np.flatnonzero(too_many).tolist():
+        results[i] = (None, f"block index claims {claims[i]:.0f} blocks, more than the "
+                            f"container has ({max_blocks})")
+    if not usable.any():
+        return results
+    flat = flat[usable[owner]]
+    totals = claims[usable].astype(np.int64)
     is_start = flat >= 0
     group = np.cumsum(is_start) - 1
     starts = flat[is_start]
-    lengths = 1 + np.bincount(group[~is_start], weights=-flat[~is_start],
-                              minlength=len(starts)).astype(np.int64)
-    within = np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(lengths) - lengths, lengths)
-    expanded = np.repeat(starts, lengths) + within
-    for i, part in zip(usable, np.split(expanded, np.cumsum(totals)[:-1])):
+    run_lengths = 1 + np.bincount(group[~is_start], weights=-flat[~is_start],
+                                  minlength=len(starts)).astype(np.int64)
+    total = int(totals.sum())
+    within = np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(run_lengths) - run_lengths,
+                                                          run_lengths)
+    expanded = np.repeat(starts, run_lengths) + within
+    for i, part in zip(np.flatnonzero(usable).tolist(),
+                       np.split(expanded, np.cumsum(totals)[:-1])):
         results[i] = (part, None)
     return results
 
@@ -222,6 +232,26 @@ def _packed_vectors(reader, count):
         k += 1 + n
     reader.pos += 8 * k
     return vectors
+
+
+def _v2_entries(reader, count):
+    """``count`` v2 entries (String name, Int64 size, Bool nested): a tight loop for 1e5+."""
+    buf = bytes(reader.take(reader.limit - reader.pos))
+    unpack_from = struct.unpack_from
+    entries, pos, end = [], 0, len(buf)
+    for _ in range(count):
+        if pos + 4 > end:
+            raise FormatError("entry list is truncated")
+        length = unpack_from(">I", buf, pos)[0]
+        pos += 4
+        if pos + length + 9 > end:
+            raise FormatError("entry list is truncated")
+        name = buf[pos:pos + length].decode("utf-8", "surrogateescape")
+        size, nested = unpack_from(">qB", buf, pos + length)
+        entries.append((name, size, nested != 0))
+        pos += length + 9
+    reader.pos -= end - pos  # give back what follows the entries
+    return entries
 
 
 def _raw_vector(reader, itemsize, dtype):
@@ -341,7 +371,7 @@ def _read_header_v2(store, physical, verify_crc):
         if r.start("MultiFile", outer=True) != 2:
             raise FormatError("AipsIO version differs from the header version")
         r.start("Block")
-        raw = [(r.string(), r.i64(), r.bool()) for _ in range(r.u32())]
+        raw = _v2_entries(r, r.u32())
         r.end()
         r.end()
         packed = _packed_vectors(r, len(raw) + 1)
@@ -508,12 +538,13 @@ class MultiFile(Container):
                 why = "duplicate name"
             if why is None and not 0 <= e.size <= len(e.blocks) * bs:
                 why = f"size {e.size} does not match its {len(e.blocks)} blocks"
-            if why is None and len(e.blocks) and (e.blocks.min() < 1 or e.blocks.max() >= limit):
-                why = "block number outside the container"
             if why is None:
                 candidates[e.name] = (slot, e)
             else:
                 hidden[slot] = (e.name, why)
+        for slot, name in self._outside(candidates.values(), limit):
+            hidden[slot] = (name, "block number outside the container")
+            del candidates[name]
         for slot, name in self._sharing_blocks(candidates.values()):
             hidden[slot] = (name, "uses a block that an earlier entry (or itself) uses")
             del candidates[name]
@@ -521,6 +552,17 @@ class MultiFile(Container):
             name, why = hidden[slot]
             self._problem(f"entry {slot} {name!r} hidden: {why}")
         return {name: e for name, (_, e) in candidates.items()}
+
+    @staticmethod
+    def _outside(candidates, limit):
+        """(slot, name) of every entry with a block number outside ``1 .. limit-1``."""
+        candidates = [(slot, e) for slot, e in candidates if len(e.blocks)]
+        if not candidates:
+            return []
+        blocks = np.concatenate([e.blocks for _, e in candidates])
+        owner = np.repeat(np.arange(len(candidates)), [len(e.blocks) for _, e in candidates])
+        bad = np.unique(owner[(blocks < 1) | (blocks >= limit)]).tolist()
+        return [(candidates[i][0], candidates[i][1].name) for i in bad]
 
     @staticmethod
     def _sharing_blocks(candidates):

@@ -1,0 +1,271 @@
+"""Read benchmark: ctdsfs against the raw container file and a minimal pyfuse3 passthrough.
+
+Everything is measured in one run on this machine and printed as ratios with
+the targets of the read-only milestone:
+
+  first read through ctdsfs, cache dropped   / minimal passthrough, cache dropped  >= 0.8
+  first read through ctdsfs, cache dropped   / direct read, cache dropped          >= 0.3
+  repeated read through ctdsfs (kernel cache)/ direct read, hot                    >= 0.5
+  first read with CRC checks, cache dropped  / direct read, cache dropped          >= 0.2
+  mount of 100,000 files / 1,000,000 blocks: time to live < 2 s, peak RSS < 300 MB
+
+Needs root (drop_caches, mounting). Usage:
+  python3 scripts/benchmark.py [--size-mib 1024] [--block-size 65536] [--dir DIR]
+"""
+
+import argparse
+import os
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from ctdsfs.formats.crc import crc32_bzip2
+from ctdsfs.formats.multifile import Entry, Header, encode_header_v2
+
+
+# ---------------------------------------------------------------- container building
+
+def _layout_header(header, first_cont_block):
+    """Logical v2 header and its continuation pieces, continuation set 0 at the end."""
+    bs = header.block_size
+    count = 0
+    while True:
+        header.cont_sets = (np.arange(first_cont_block, first_cont_block + count),
+                            np.zeros(0, np.int64))
+        header.cont_used = (count, 0)
+        header.cont_first = first_cont_block if count else 0
+        header.nblocks = first_cont_block + count
+        raw = encode_header_v2(header)
+        needed = max(0, -(-(len(raw) - bs) // (bs - 8)))
+        if needed <= count:
+            return raw
+        count = needed
+
+
+def write_container(path, files, block_size, use_crc=False, sparse=False):
+    """A v2 MultiFile holding ``files`` [(name, size, fill)], laid out contiguously.
+
+    ``fill(offset, size)`` gives the bytes of a file; with ``sparse`` the data
+    blocks stay holes (for header-only benchmarks).
+    """
+    entries, next_block = [], 1
+    for name, size, _ in files:
+        n = -(-size // block_size)
+        entries.append(Entry(name, size, np.arange(next_block, next_block + n)))
+        next_block += n
+    crcs = np.zeros(next_block if use_crc else 0, np.uint32)
+    with open(path, "wb") as f:
+        f.truncate(next_block * block_size)
+        if not sparse:
+            f.seek(block_size)
+            block = 1
+            for name, size, fill in files:
+                chunk = 64 * block_size
+                for off in range(0, -(-size // block_size) * block_size, chunk):
+                    data = fill(off, min(chunk, size - off)) if off < size else b""
+                    data = data.ljust(min(chunk, -(-size // block_size) * block_size - off), b"\0")
+                    if use_crc:
+                        for i in range(0, len(data), block_size):
+                            crcs[block] = crc32_bzip2(data[i:i + block_size])
+                            block += 1
+                    f.write(data)
+        header = Header(version=2, block_size=block_size, counter=1, nblocks=next_block,
+                        header_size=0, entries=entries, free_blocks=np.zeros(0, np.int64),
+                        use_crc=use_crc, crcs=crcs)
+        raw = _layout_header(header, next_block)
+        f.seek(0)
+        f.write(raw[:block_size].ljust(block_size, b"\0"))
+        pieces = [raw[i:i + block_size - 8] for i in range(block_size, len(raw), block_size - 8)]
+        conts = header.cont_sets[0].tolist()
+        for i, piece in enumerate(pieces):
+            nxt = conts[i + 1] if i + 1 < len(pieces) else 0
+            f.seek(conts[i] * block_size)
+            f.write((struct.pack(">q", nxt) + piece).ljust(block_size, b"\0"))
+
+
+# ---------------------------------------------------------------- measuring
+
+def drop_caches():
+    os.sync()
+    with open("/proc/sys/vm/drop_caches", "w") as f:
+        f.write("3\n")
+
+
+def read_through(path, bufsize=1 << 20):
+    """Sequential read of a whole file; returns GB/s."""
+    buf = bytearray(bufsize)
+    view = memoryview(buf)
+    fd = os.open(path, os.O_RDONLY)
+    total = 0
+    start = time.perf_counter()
+    try:
+        while n := os.readv(fd, [view]):
+            total += n
+    finally:
+        os.close(fd)
+    return total / (time.perf_counter() - start) / 1e9
+
+
+def is_mounted(path):
+    real = os.path.realpath(path)
+    with open("/proc/self/mounts") as f:
+        return any(line.split()[1] == real for line in f)
+
+
+class Mounted:
+    """A foreground mount process, unmounted (and waited for) on exit."""
+
+    def __init__(self, cmd, mountpoint):
+        self.mountpoint = mountpoint
+        os.makedirs(mountpoint, exist_ok=True)
+        self.start = time.perf_counter()
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        while not is_mounted(mountpoint):
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"mount failed: {self.proc.stderr.read().decode()}")
+            time.sleep(0.005)
+        self.mount_seconds = time.perf_counter() - self.start
+
+    def peak_rss_mb(self):
+        with open(f"/proc/{self.proc.pid}/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+        return float("nan")
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        for flag in ("-u", "-uz"):
+            if is_mounted(self.mountpoint):
+                subprocess.run(["fusermount3", flag, self.mountpoint], stderr=subprocess.DEVNULL)
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def serve_passthrough(source, mountpoint):
+    """The reference: a minimal pyfuse3+trio file system exposing one file by os.pread."""
+    import stat
+
+    import pyfuse3
+    import trio
+
+    fd = os.open(source, os.O_RDONLY)
+    size = os.fstat(fd).st_size
+
+    class Passthrough(pyfuse3.Operations):
+        def _attr(self, ino):
+            a = pyfuse3.EntryAttributes()
+            a.st_ino = ino
+            a.st_mode = (stat.S_IFDIR | 0o555) if ino == pyfuse3.ROOT_INODE else (stat.S_IFREG | 0o444)
+            a.st_size = 0 if ino == pyfuse3.ROOT_INODE else size
+            a.entry_timeout = a.attr_timeout = 3600
+            return a
+
+        async def lookup(self, parent, name, ctx=None):
+            if name != b"container":
+                raise pyfuse3.FUSEError(2)
+            return self._attr(2)
+
+        async def getattr(self, ino, ctx=None):
+            return self._attr(ino)
+
+        async def open(self, ino, flags, ctx):
+            return pyfuse3.FileInfo(fh=ino, keep_cache=True)
+
+        async def read(self, fh, off, n):
+            return os.pread(fd, n, off)
+
+    pyfuse3.init(Passthrough(), mountpoint, {"ro", "fsname=passthrough"})
+    try:
+        trio.run(pyfuse3.main)
+    finally:
+        pyfuse3.close(unmount=False)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--size-mib", type=int, default=1024, help="virtual file size (MiB)")
+    parser.add_argument("--block-size", type=int, default=65536, help="container block size")
+    parser.add_argument("--dir", default=None, help="scratch directory (default: /var/tmp)")
+    parser.add_argument("--serve-passthrough", nargs=2, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.serve_passthrough:
+        return serve_passthrough(*args.serve_passthrough)
+
+    with tempfile.TemporaryDirectory(dir=args.dir or "/var/tmp", prefix="ctdsfs-bench.") as tmp:
+        tmp = Path(tmp)
+        size = args.size_mib << 20
+        container = tmp / "big.mf"
+        rng = np.random.default_rng(0)
+        pool = rng.bytes(1 << 24)
+
+        def fill(off, n):
+            return (pool * (1 + n // len(pool)))[off % 4096:off % 4096 + n]
+
+        print(f"building a {args.size_mib} MiB virtual file, block size {args.block_size}, "
+              "with CRCs ...", flush=True)
+        write_container(container, [("big.bin", size, fill)], args.block_size, use_crc=True)
+
+        drop_caches()
+        direct_cold = read_through(container)
+        direct_hot = max(read_through(container) for _ in range(3))
+
+        me = [sys.executable, os.path.abspath(__file__)]
+        with Mounted(me + ["--serve-passthrough", str(container), str(tmp / "pt")],
+                     str(tmp / "pt")):
+            drop_caches()
+            passthrough_cold = read_through(tmp / "pt" / "container")
+
+        with Mounted(["mount.ctdsfs", "-f", "-o", "nocrc", str(container), str(tmp / "m1")],
+                     str(tmp / "m1")):
+            drop_caches()
+            ctdsfs_cold = read_through(tmp / "m1" / "big.bin")
+            ctdsfs_repeat = max(read_through(tmp / "m1" / "big.bin") for _ in range(3))
+
+        with Mounted(["mount.ctdsfs", "-f", str(container), str(tmp / "m2")], str(tmp / "m2")):
+            drop_caches()
+            ctdsfs_crc_cold = read_through(tmp / "m2" / "big.bin")
+        container.unlink()
+
+        print("building a sparse container with 100,000 files and 1,000,000 blocks ...",
+              flush=True)
+        many = tmp / "many.mf"
+        write_container(many, [(f"table.f{i}", 10 * 4096, None) for i in range(100_000)],
+                        4096, sparse=True)
+        drop_caches()
+        with Mounted(["mount.ctdsfs", "-f", str(many), str(tmp / "m3")], str(tmp / "m3")) as m:
+            mount_seconds = m.mount_seconds
+            listed = len(os.listdir(tmp / "m3"))
+            rss = m.peak_rss_mb()
+
+    rows = [
+        ("direct read of the container, cold", direct_cold, None, None),
+        ("direct read of the container, hot", direct_hot, None, None),
+        ("minimal pyfuse3 passthrough, cold", passthrough_cold, None, None),
+        ("ctdsfs first read, cold", ctdsfs_cold, passthrough_cold, 0.8),
+        ("ctdsfs first read, cold (vs direct cold)", ctdsfs_cold, direct_cold, 0.3),
+        ("ctdsfs repeated read (vs direct hot)", ctdsfs_repeat, direct_hot, 0.5),
+        ("ctdsfs first read with CRC checks (vs direct cold)", ctdsfs_crc_cold, direct_cold, 0.2),
+    ]
+    print(f"\n{'measurement':<52} {'GB/s':>6} {'ratio':>6} {'target':>7}")
+    for name, value, base, target in rows:
+        ratio = f"{value / base:6.2f}" if base else ""
+        goal = f">= {target}" if target else ""
+        print(f"{name:<52} {value:6.2f} {ratio:>6} {goal:>7}")
+    print(f"\nmount with 100,000 files / 1,000,000 blocks: live after {mount_seconds:.2f} s "
+          f"(target < 2 s), peak RSS {rss:.0f} MB after listing {listed} files (target < 300 MB)")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
