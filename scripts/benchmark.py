@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from ctdsfs.formats.crc import crc32_bzip2
-from ctdsfs.formats.multifile import Entry, Header, encode_header_v2
+from ctdsfs.formats.multifile_header import Entry, Header, encode_header_v2
 
 
 # ---------------------------------------------------------------- container building

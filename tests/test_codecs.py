@@ -9,8 +9,9 @@ import pytest
 
 from ctdsfs.errors import FormatError
 from ctdsfs.formats.aipsio import AipsReader, AipsWriter
+from ctdsfs.formats.store import FileStore
 from ctdsfs.formats.crc import crc32_bzip2
-from ctdsfs.formats.multifile import (FileStore, _assemble_v2, encode_header_v1,
+from ctdsfs.formats.multifile_header import (_assemble_v2, encode_header_v1,
                                       encode_header_v2, pack_index, read_header, unpack_index,
                                       unpack_indexes)
 

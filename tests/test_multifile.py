@@ -11,7 +11,8 @@ import pytest
 from ctdsfs.container import open_container
 from ctdsfs.errors import BlockError, FormatError, NotAContainer
 from ctdsfs.formats.crc import crc32_bzip2
-from ctdsfs.formats.multifile import MAX_NESTING, Entry, Header, encode_header_v2
+from ctdsfs.formats.multifile import MAX_NESTING
+from ctdsfs.formats.multifile_header import Entry, Header, encode_header_v2
 
 from .conftest import DATA, make_casacore_table, pattern, run_tomf
 

@@ -60,13 +60,19 @@ class Container(ABC):
         """Release the underlying file, if this container owns one."""
 
 
-def open_container(path, *, verify_crc=True):
-    """Open the container file at ``path`` with the format its content declares."""
-    from .formats.multifile import FileStore, MultiFile, looks_like_multifile
+def open_container(path, *, verify_crc=True, writable=False):
+    """Open the container file at ``path`` with the format its content declares.
+
+    A writable container takes an advisory lock on the file, so a second
+    writer gets a clear error instead of corrupting it.
+    """
+    from .formats.multifile import MultiFile
+    from .formats.multifile_header import looks_like_multifile
+    from .formats.store import FileStore
 
     path = os.fspath(path)
     try:
-        store = FileStore(path)
+        store = FileStore(path, writable=writable)
     except OSError as exc:
         raise CtdsfsError(f"{path}: {exc.strerror}") from None
     try:
@@ -74,7 +80,30 @@ def open_container(path, *, verify_crc=True):
             raise NotAContainer(f"{path}: not a regular file")
         if not looks_like_multifile(store.pread(0, 68)):
             raise NotAContainer(f"{path}: not a casacore MultiFile (unknown header)")
-        return MultiFile(store, hdrext_path=path + "_hdrext", verify_crc=verify_crc)
+        if writable:
+            store.lock()
+        return MultiFile(store, hdrext_path=path + "_hdrext", verify_crc=verify_crc,
+                         writable=writable)
     except BaseException:
         store.close()
+        raise
+
+
+def create_container(path, *, block_size=65536, use_crc=False, version=2):
+    """Write a new, empty MultiFile at ``path`` (which must not exist) and open it writable."""
+    from .formats.multifile import MultiFile
+    from .formats.store import FileStore
+
+    path = os.fspath(path)
+    try:
+        store = FileStore(path, writable=True, create=True)
+    except OSError as exc:
+        raise CtdsfsError(f"{path}: {exc.strerror}") from None
+    try:
+        store.lock()
+        return MultiFile.new(store, block_size=block_size, use_crc=use_crc, version=version,
+                                hdrext_path=path + "_hdrext")
+    except BaseException:
+        store.close()
+        os.unlink(path)
         raise

@@ -1,467 +1,54 @@
-"""casacore MultiFile (``.mf``): header codec (versions 1 and 2) and the container.
+"""The casacore MultiFile container: reads, copy-on-write writes, crash-safe commits.
 
-Layout facts (casacore note 260 plus ``../shared/FORMAT-NOTES.md``), all big-endian:
+Everything read from a container is untrusted: the header codec bounds counts
+and sizes by the bytes present, and an entry that fails validation here is
+hidden (with its reason in ``problems``) instead of failing the container.
 
-* v1: ``Int64 headerSize, blockSize, hdrCounter`` then AipsIO ``MultiFile`` v1
-  (``Int64 nblocks``, entries ``name, Block<Int64> blocks, Int64 size``,
-  ``Block<Int64> free``). Header bytes past the first block live in the
-  separate file ``<container>_hdrext``.
-* v2: a fixed 64-byte part, AipsIO ``MultiFile`` v2 (entries ``name, Int64 size,
-  Bool nested``), then outside AipsIO ``Int64 n`` + items vectors: one packed
-  block index per entry, the packed free list, the CRC vector (uInt32), the two
-  continuation sets, and two ``uInt32`` counts of continuation blocks used.
-  Header bytes past block 0 are chained through continuation blocks that begin
-  with ``Int64 next`` (0 = last).
-
-Everything read from a container is untrusted: counts and sizes are bounded by
-the bytes actually present, block numbers by the container's size, and an
-entry that fails validation is hidden (with a reason in ``problems``) instead
-of failing the whole container.
+Writes follow casacore's own rules (free list kept descending and used from
+its tail, new blocks appended at the end, per-block CRC-32/BZIP2, freed blocks
+get CRC 0, deleted files keep an empty-name slot, trailing free blocks shrink
+the file) with one deliberate difference: a block that the committed header
+references is never overwritten. Its new content goes to a fresh block, and
+blocks freed since the last commit are reused only after the next one. A
+commit writes data, then the inactive continuation set, then block 0, with
+fsync between, so a crash at any moment leaves the last committed state (or
+the new one) complete and readable — casacore's in-place updates can only
+promise a readable header.
 """
 
+import bisect
 import logging
 import os
-import struct
 import threading
+from array import array
 from collections import OrderedDict
-from dataclasses import dataclass, field
 
 import numpy as np
 
 from ..container import Container, Usage
-from ..errors import BlockError, FormatError
-from .aipsio import AipsReader, AipsWriter
+from ..errors import BlockError, CtdsfsError, FormatError
 from .crc import crc32_bzip2
+from .multifile_header import (FIXED_V2, Entry, Header, encode_header_v1, encode_header_v2,
+                               looks_like_v2, read_header)
+from .store import VirtualFileStore
 
 log = logging.getLogger(__name__)
 
-FIXED_V2 = struct.Struct(">qqqiIqqqB7s")  # the 64-byte fixed part of a v2 header
-LEAD_V1 = struct.Struct(">qqq")
-MAX_BLOCK_SIZE = 1 << 31  # casacore stores the block size as an Int
 MAX_NESTING = 32
 MAX_NAME_BYTES = 255
 VERIFIED_CACHE_BYTES = 32 << 20
 
 
-@dataclass
-class Entry:
-    """One header slot. An empty name marks a deleted slot (casacore keeps it)."""
-
-    name: str
-    size: int
-    blocks: np.ndarray  # container block numbers of the file's blocks, in order
-    nested_flag: bool = False  # as stored; casacore never sets it
-    problem: str = None  # why the stored block index is unusable, if it is
+def _grown(values, length):
+    """``values`` zero-padded to at least ``length`` items."""
+    if len(values) >= length:
+        return values
+    return np.concatenate([values, np.zeros(length - len(values), values.dtype)])
 
 
-@dataclass
-class Header:
-    """A decoded MultiFile header (both versions)."""
+class ReadOnlyError(CtdsfsError):
+    """A write was asked of a container that is read-only (by choice or after a failure)."""
 
-    version: int
-    block_size: int
-    counter: int
-    nblocks: int
-    header_size: int
-    entries: list
-    free_blocks: np.ndarray
-    use_crc: bool = False
-    header_crc: int = 0
-    crcs: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint32))
-    cont_first: int = 0
-    cont_sets: tuple = (np.zeros(0, np.int64), np.zeros(0, np.int64))
-    cont_used: tuple = (0, 0)
-    has_hdrext: bool = False
-
-    @property
-    def active_cont_set(self):
-        """Index of the continuation set the header at offset 8 points into."""
-        other = self.cont_sets[1]
-        return 1 if len(other) and self.cont_first == other[0] else 0
-
-
-class Store:
-    """Where a container's bytes live: ``pread`` and ``size``; a file or a virtual file."""
-
-    label = "?"
-
-    def pread(self, offset, size):
-        raise NotImplementedError
-
-    def size(self):
-        raise NotImplementedError
-
-
-class FileStore(Store):
-    """A real file, read with ``os.pread`` (thread-safe, no shared file position)."""
-
-    def __init__(self, path):
-        self.label = os.fspath(path)
-        self.fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-
-    def pread(self, offset, size):
-        data = os.pread(self.fd, size, offset)
-        if len(data) == size or not data:
-            return data
-        parts = [data]  # short read before EOF: keep reading until EOF or done
-        got = len(data)
-        while got < size:
-            more = os.pread(self.fd, size - got, offset + got)
-            if not more:
-                break
-            parts.append(more)
-            got += len(more)
-        return b"".join(parts)
-
-    def size(self):
-        return os.fstat(self.fd).st_size
-
-    def stat(self):
-        return os.fstat(self.fd)
-
-    def close(self):
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
-
-
-class VirtualFileStore(Store):
-    """A virtual file of a parent container: how nested MultiFiles are read."""
-
-    def __init__(self, parent, name):
-        self.parent = parent
-        self.name = name
-        self.label = f"{parent.label}/{name}"
-
-    def pread(self, offset, size):
-        return self.parent.read(self.name, offset, size)
-
-    def size(self):
-        return self.parent.entry_size(self.name)
-
-
-# ---------------------------------------------------------------- packed index
-
-def pack_index(blocks):
-    """casacore's packed index: a run ``b, b+1, ..., b+n`` is stored as ``b, -n``."""
-    blocks = np.asarray(blocks, dtype=np.int64)
-    if len(blocks) == 0:
-        return np.zeros(0, np.int64)
-    breaks = np.flatnonzero(np.diff(blocks) != 1) + 1
-    starts = np.concatenate(([0], breaks))
-    lengths = np.diff(np.concatenate((starts, [len(blocks)])))
-    out = []
-    for start, length in zip(blocks[starts].tolist(), lengths.tolist()):
-        out.append(start)
-        if length > 1:
-            out.append(1 - length)
-    return np.array(out, dtype=np.int64)
-
-
-def unpack_indexes(packed_list, max_blocks):
-    """Expand many packed indexes in one vectorised pass.
-
-    Returns ``(blocks, problem)`` per index. An index that starts with a run
-    count, or whose expansion would push the running total past ``max_blocks``
-    (a container cannot hold more distinct blocks than it has), gets a problem
-    instead of blocks: hostile counts never turn into huge allocations.
-    """
-    count = len(packed_list)
-    empty = np.zeros(0, np.int64)
-    results = [(empty, None)] * count
-    lengths = np.fromiter((len(p) for p in packed_list), np.int64, count)
-    if not lengths.any():
-        return results
-    flat = np.concatenate(packed_list).astype(np.int64)
-    owner = np.repeat(np.arange(count), lengths)
-    is_run = flat < 0
-    malformed = np.zeros(count, bool)
-    nonempty = lengths > 0
-    malformed[nonempty] = is_run[(np.cumsum(lengths) - lengths)[nonempty]]
-    malformed |= np.bincount(owner, weights=flat == np.iinfo(np.int64).min, minlength=count) > 0
-    claims = np.bincount(owner, weights=np.where(is_run, -flat.astype(np.float64), 1.0),
-                         minlength=count)
-    fits = nonempty & ~malformed & (claims <= max_blocks)
-    running = np.cumsum(np.where(fits, claims, 0))
-    too_many = nonempty & ~malformed & ~(fits & (running <= max_blocks))
-    usable = nonempty & ~malformed & ~too_many
-    for i in np.flatnonzero(malformed).tolist():
-        results[i] = (None, "packed block index is malformed")
-    for i in np.flatnonzero(too_many).tolist():
-        results[i] = (None, f"block index claims {claims[i]:.0f} blocks, more than the "
-                            f"container has ({max_blocks})")
-    if not usable.any():
-        return results
-    flat = flat[usable[owner]]
-    totals = claims[usable].astype(np.int64)
-    is_start = flat >= 0
-    group = np.cumsum(is_start) - 1
-    starts = flat[is_start]
-    run_lengths = 1 + np.bincount(group[~is_start], weights=-flat[~is_start],
-                                  minlength=len(starts)).astype(np.int64)
-    total = int(totals.sum())
-    within = np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(run_lengths) - run_lengths,
-                                                          run_lengths)
-    expanded = np.repeat(starts, run_lengths) + within
-    for i, part in zip(np.flatnonzero(usable).tolist(),
-                       np.split(expanded, np.cumsum(totals)[:-1])):
-        results[i] = (part, None)
-    return results
-
-
-def unpack_index(packed, max_blocks):
-    """Expand one packed index (see :func:`unpack_indexes`)."""
-    blocks, problem = unpack_indexes([packed], max_blocks)[0]
-    if problem:
-        raise FormatError(problem)
-    return blocks
-
-
-# ---------------------------------------------------------------- header decode
-
-def _packed_vectors(reader, count):
-    """``count`` consecutive ``Int64 n`` + n ``Int64`` vectors, read as one int64 view."""
-    avail = (reader.limit - reader.pos) // 8
-    words = np.frombuffer(reader.buf, dtype=">i8", count=avail, offset=reader.pos)
-    vectors, k = [], 0
-    for _ in range(count):
-        n = int(words[k]) if k < avail else -1
-        if n < 0 or k + 1 + n > avail:
-            raise FormatError("block index vectors do not fit in the header")
-        vectors.append(words[k + 1:k + 1 + n])
-        k += 1 + n
-    reader.pos += 8 * k
-    return vectors
-
-
-def _v2_entries(reader, count):
-    """``count`` v2 entries (String name, Int64 size, Bool nested): a tight loop for 1e5+."""
-    buf = bytes(reader.take(reader.limit - reader.pos))
-    unpack_from = struct.unpack_from
-    entries, pos, end = [], 0, len(buf)
-    for _ in range(count):
-        if pos + 4 > end:
-            raise FormatError("entry list is truncated")
-        length = unpack_from(">I", buf, pos)[0]
-        pos += 4
-        if pos + length + 9 > end:
-            raise FormatError("entry list is truncated")
-        name = buf[pos:pos + length].decode("utf-8", "surrogateescape")
-        size, nested = unpack_from(">qB", buf, pos + length)
-        entries.append((name, size, nested != 0))
-        pos += length + 9
-    reader.pos -= end - pos  # give back what follows the entries
-    return entries
-
-
-def _raw_vector(reader, itemsize, dtype):
-    """``Int64 n`` + n items, as MultiFile::writeVector writes them outside AipsIO."""
-    count = reader.i64()
-    if count < 0 or count * itemsize > reader.limit - reader.pos:
-        raise FormatError(f"header vector of {count} items does not fit in the header")
-    return np.frombuffer(reader.take(count * itemsize), dtype=dtype).astype(dtype.newbyteorder("="))
-
-
-def _check_block_size(block_size, minimum):
-    if not minimum <= block_size <= MAX_BLOCK_SIZE:
-        raise FormatError(f"block size {block_size} is out of range")
-
-
-def read_header(store, hdrext_path=None, verify_crc=True):
-    """Decode the header of the MultiFile in ``store`` (v1 or v2)."""
-    physical = store.size()
-    lead = store.pread(0, LEAD_V1.size)
-    if len(lead) < LEAD_V1.size:
-        raise FormatError(f"{store.label}: too short for a MultiFile ({physical} bytes)")
-    first, second, counter = LEAD_V1.unpack(lead)
-    if first == 0:
-        return _read_header_v2(store, physical, verify_crc)
-    if first > 0:
-        return _read_header_v1(store, physical, first, second, counter, hdrext_path)
-    raise FormatError(f"{store.label}: not a MultiFile (negative header size)")
-
-
-def _read_header_v1(store, physical, header_size, block_size, counter, hdrext_path):
-    label = store.label
-    _check_block_size(block_size, LEAD_V1.size)
-    in_block0 = min(header_size, block_size)
-    if in_block0 > physical:
-        raise FormatError(f"{label}: header of {header_size} bytes does not fit in the file")
-    data = store.pread(0, in_block0)
-    has_hdrext = header_size > block_size
-    if has_hdrext:
-        if hdrext_path is None:
-            raise FormatError(f"{label}: header continues in a _hdrext file, which is missing")
-        try:
-            with open(hdrext_path, "rb") as f:
-                rest = f.read(header_size - block_size)
-        except OSError as exc:
-            raise FormatError(f"{label}: cannot read {hdrext_path}: {exc.strerror}") from None
-        if len(rest) < header_size - block_size:
-            raise FormatError(f"{label}: {hdrext_path} is shorter than the header needs")
-        data += rest
-    try:
-        r = AipsReader(data, LEAD_V1.size)
-        version = r.start("MultiFile", outer=True)
-        if version != 1:
-            raise FormatError(f"MultiFile v1 header holds AipsIO version {version}")
-        nblocks = r.i64()
-        raw_entries = []
-        r.start("Block")
-        for _ in range(r.u32()):
-            name = r.string()
-            blocks = r.block_i64()
-            raw_entries.append((name, r.i64(), blocks))
-        r.end()
-        free = r.block_i64()
-        r.end()
-    except FormatError as exc:
-        raise FormatError(f"{label}: bad MultiFile v1 header: {exc}") from None
-    entries = [Entry(name, size, blocks) for name, size, blocks in raw_entries]
-    return Header(version=1, block_size=block_size, counter=counter, nblocks=nblocks,
-                  header_size=header_size, entries=entries, free_blocks=free,
-                  has_hdrext=has_hdrext)
-
-
-def _assemble_v2(store, physical, block_size, header_size, cont_first):
-    """Block 0's part of the header plus the pieces of the continuation chain."""
-    label = store.label
-    data = bytearray(store.pread(0, min(header_size, block_size)))
-    if len(data) < min(header_size, block_size):
-        raise FormatError(f"{label}: file ends inside the header")
-    physical_blocks = physical // block_size
-    piece = block_size - 8
-    blk = cont_first
-    seen = set()
-    while len(data) < header_size:
-        if not 0 < blk < physical_blocks:
-            raise FormatError(f"{label}: header continuation block {blk} is outside the file")
-        if blk in seen:
-            raise FormatError(f"{label}: header continuation chain loops at block {blk}")
-        seen.add(blk)
-        raw = store.pread(blk * block_size, block_size)
-        data += raw[8:8 + min(piece, header_size - len(data))]
-        blk = struct.unpack(">q", raw[:8])[0]
-    if blk != 0:
-        raise FormatError(f"{label}: header continuation chain does not end after the header")
-    return bytes(data)
-
-
-def _read_header_v2(store, physical, verify_crc):
-    label = store.label
-    fixed = store.pread(0, FIXED_V2.size)
-    if len(fixed) < FIXED_V2.size:
-        raise FormatError(f"{label}: too short for a MultiFile v2 header")
-    (_, cont_first, counter, version, header_crc, header_size, block_size, nblocks,
-     use_crc, _) = FIXED_V2.unpack(fixed)
-    if version != 2:
-        raise FormatError(f"{label}: MultiFile version {version} is not supported")
-    _check_block_size(block_size, FIXED_V2.size)
-    if not FIXED_V2.size <= header_size <= max(physical, block_size):
-        raise FormatError(f"{label}: header size {header_size} is invalid")
-    data = _assemble_v2(store, physical, block_size, header_size, cont_first)
-    use_crc = use_crc != 0
-    if use_crc and verify_crc:
-        actual = crc32_bzip2(data[:28] + b"\0\0\0\0" + data[32:])
-        if actual != header_crc:
-            raise FormatError(f"{label}: header CRC mismatch (stored 0x{header_crc:08x}, "
-                              f"computed 0x{actual:08x})")
-    try:
-        r = AipsReader(data, FIXED_V2.size)
-        if r.start("MultiFile", outer=True) != 2:
-            raise FormatError("AipsIO version differs from the header version")
-        r.start("Block")
-        raw = _v2_entries(r, r.u32())
-        r.end()
-        r.end()
-        packed = _packed_vectors(r, len(raw) + 1)
-        free_packed = packed.pop()
-        crcs = _raw_vector(r, 4, np.dtype(">u4"))
-        cont_sets = (_raw_vector(r, 8, np.dtype(">i8")), _raw_vector(r, 8, np.dtype(">i8")))
-        cont_used = (r.u32(), r.u32())
-    except FormatError as exc:
-        raise FormatError(f"{label}: bad MultiFile v2 header: {exc}") from None
-    # Indexes expand to at most one entry per block that physically exists.
-    max_blocks = -(-physical // block_size)
-    live = [p if name else p[:0] for (name, _, _), p in zip(raw, packed)]
-    entries = []
-    for (name, size, nested), (blocks, problem) in zip(raw, unpack_indexes(live, max_blocks)):
-        if problem:
-            entries.append(Entry(name, size, np.zeros(0, np.int64), nested, problem=problem))
-        else:
-            entries.append(Entry(name, size, blocks, nested))
-    try:
-        free = unpack_index(free_packed, max_blocks)
-    except FormatError as exc:
-        raise FormatError(f"{label}: bad free list: {exc}") from None
-    return Header(version=2, block_size=block_size, counter=counter, nblocks=nblocks,
-                  header_size=header_size, entries=entries, free_blocks=free,
-                  use_crc=use_crc, header_crc=header_crc, crcs=crcs, cont_first=cont_first,
-                  cont_sets=cont_sets, cont_used=cont_used)
-
-
-# ---------------------------------------------------------------- header encode
-
-def encode_header_v2(header):
-    """The logical v2 header (all continuation pieces joined), CRC filled in if used.
-
-    ``header.cont_first`` and the continuation vectors are written as given; the
-    caller that splits the result into blocks decides them.
-    """
-    w = AipsWriter()
-    w.out += FIXED_V2.pack(0, header.cont_first, header.counter, 2, 0, 0, header.block_size,
-                           header.nblocks, 1 if header.use_crc else 0, bytes(7))
-    w.start("MultiFile", 2, outer=True)
-    w.start("Block", 1)
-    w.u32(len(header.entries))
-    for e in header.entries:
-        w.string(e.name)
-        w.i64(e.size)
-        w.bool(e.nested_flag)
-    w.end()
-    w.end()
-
-    def vector(values, dtype):
-        values = np.asarray(values, dtype=dtype)
-        w.i64(len(values))
-        w.out += values.tobytes()
-
-    for e in header.entries:
-        vector(pack_index(e.blocks), ">i8")
-    vector(pack_index(header.free_blocks), ">i8")
-    vector(header.crcs, ">u4")
-    vector(header.cont_sets[0], ">i8")
-    vector(header.cont_sets[1], ">i8")
-    w.u32(header.cont_used[0])
-    w.u32(header.cont_used[1])
-    out = w.out
-    out[32:40] = struct.pack(">q", len(out))
-    if header.use_crc:
-        out[28:32] = struct.pack(">I", crc32_bzip2(out))
-    return bytes(out)
-
-
-def encode_header_v1(header):
-    """The logical v1 header (block 0 part + ``_hdrext`` part joined)."""
-    w = AipsWriter()
-    w.out += bytes(LEAD_V1.size)
-    w.start("MultiFile", 1, outer=True)
-    w.i64(header.nblocks)
-    w.start("Block", 1)
-    w.u32(len(header.entries))
-    for e in header.entries:
-        w.string(e.name)
-        w.block_i64(e.blocks)
-        w.i64(e.size)
-    w.end()
-    w.block_i64(header.free_blocks)
-    w.end()
-    out = w.out
-    out[:LEAD_V1.size] = LEAD_V1.pack(len(out), header.block_size, header.counter)
-    return bytes(out)
-
-
-# ---------------------------------------------------------------- container
 
 def name_problem(name):
     """Why an entry name from a container cannot be shown as a file name, or None."""
@@ -474,50 +61,81 @@ def name_problem(name):
     return None
 
 
-def looks_like_v2(first64):
-    """A cheap content sniff: do these bytes start a MultiFile v2 header?"""
-    if len(first64) < FIXED_V2.size:
-        return False
-    zero, _, _, version, _, header_size, block_size, nblocks, use_crc, _ = FIXED_V2.unpack(
-        first64[:FIXED_V2.size])
-    return (zero == 0 and version == 2 and FIXED_V2.size <= block_size <= MAX_BLOCK_SIZE
-            and header_size >= FIXED_V2.size and nblocks >= 1 and use_crc in (0, 1))
-
-
-def looks_like_multifile(first64):
-    """Does a file start like a MultiFile at all (so its header faults deserve details)?
-
-    v2 starts with an Int64 0 and has the AipsIO magic at 64 (or its fixed part
-    sniffs as v2); v1 starts with a positive header size and has it at 24.
-    """
-    if looks_like_v2(first64):
-        return True
-    if len(first64) >= 68 and first64[:8] == bytes(8) and first64[64:68] == b"\xbe" * 4:
-        return True
-    return (len(first64) >= 28 and struct.unpack(">q", first64[:8])[0] > 0
-            and first64[24:28] == b"\xbe" * 4)
-
-
 class MultiFile(Container):
-    """A MultiFile opened for reading; nested MultiFiles appear through ``nested()``."""
+    """One MultiFile (top-level or nested); nested ones are reached through ``nested()``."""
 
     format_name = "MultiFile"
 
-    def __init__(self, store, *, hdrext_path=None, verify_crc=True, depth=0):
+    def __init__(self, store, *, hdrext_path=None, verify_crc=True, writable=False, depth=0,
+                 lock=None, header=None):
         self.store = store
         self.label = store.label
+        self.hdrext_path = hdrext_path
         self.verify_crc = verify_crc
+        self.writable = writable
         self.depth = depth
-        self.header = read_header(store, hdrext_path, verify_crc)
-        self.block_size = self.header.block_size
+        self.failure = None  # why writing was switched off, if it was
+        self._lock = lock or threading.RLock()  # one lock for a whole tree of containers
+        self._load(header or read_header(store, hdrext_path, verify_crc))
+
+    @classmethod
+    def new(cls, store, *, block_size, use_crc=False, version=2, hdrext_path=None, depth=0,
+               lock=None):
+        """Write an empty container (header block only, as casacore makes one) into ``store``."""
+        if version not in (1, 2):
+            raise CtdsfsError(f"MultiFile version {version} cannot be written")
+        if not 64 <= block_size <= 1 << 30:
+            raise CtdsfsError(f"block size {block_size} is out of range (64 .. 1 GiB)")
+        if version == 1 and use_crc:
+            raise CtdsfsError("MultiFile version 1 has no CRCs")
+        header = Header(version=version, block_size=block_size, counter=0, nblocks=1,
+                        header_size=0, entries=[], free_blocks=np.zeros(0, np.int64),
+                        use_crc=use_crc, crcs=np.zeros(1 if use_crc else 0, np.uint32))
+        container = cls(store, hdrext_path=hdrext_path, writable=True, depth=depth, lock=lock,
+                        header=header)
+        container._dirty = True
+        container.commit()
+        return container
+
+    # ------------------------------------------------------------ state
+
+    def _load(self, header):
+        self.header = header
+        self.block_size = header.block_size
         self.problems = []
         self._entries = self._validate()
+        if self.writable and self.problems:
+            raise FormatError(f"{self.label}: damaged entries ({self.problems[0]}); "
+                              "mount it read-only")
+        self._free = sorted(header.free_blocks.tolist(), reverse=True)  # allocatable now
+        self._pending_free = []  # freed since the last commit, still in the committed state
+        self._nblocks = header.nblocks
+        self._crcs = np.array(header.crcs, dtype=np.uint32)
+        if header.use_crc:
+            self._crcs = _grown(self._crcs, self._nblocks)
+        self._committed = self._referenced_blocks()
+        self._buffers = {}  # id(entry) -> [block index, bytearray, entry]: a dirty partial block
         self._nested = {}
-        self._lock = threading.Lock()
+        self._dirty = False
         self._verified = OrderedDict()  # block number -> bytes already CRC-checked
         self._verified_max = max(4, VERIFIED_CACHE_BYTES // self.block_size)
 
-    # -- validation of untrusted header content
+    def _referenced_blocks(self):
+        """A bitmap of the blocks that the visible entries (as they are now) use."""
+        lists = [np.asarray(e.blocks, dtype=np.int64) for e in self._entries.values()
+                 if len(e.blocks)]
+        if not lists:
+            return np.zeros(0, bool)
+        blocks = np.concatenate(lists)  # validated: all within the container
+        used = np.zeros(int(blocks.max()) + 1, bool)
+        used[blocks] = True
+        return used
+
+    @property
+    def dirty(self):
+        return self._dirty or any(c is not None and c.dirty for c in self._nested.values())
+
+    # ------------------------------------------------------------ validation
 
     def _problem(self, text):
         self.problems.append(text)
@@ -550,62 +168,71 @@ class MultiFile(Container):
             del candidates[name]
         for slot in sorted(hidden):
             name, why = hidden[slot]
+            h.entries[slot].problem = h.entries[slot].problem or why
             self._problem(f"entry {slot} {name!r} hidden: {why}")
         return {name: e for name, (_, e) in candidates.items()}
 
     @staticmethod
-    def _outside(candidates, limit):
-        """(slot, name) of every entry with a block number outside ``1 .. limit-1``."""
+    def _owners(candidates):
         candidates = [(slot, e) for slot, e in candidates if len(e.blocks)]
         if not candidates:
-            return []
+            return candidates, np.zeros(0, np.int64), np.zeros(0, np.int64)
         blocks = np.concatenate([e.blocks for _, e in candidates])
         owner = np.repeat(np.arange(len(candidates)), [len(e.blocks) for _, e in candidates])
+        return candidates, blocks, owner
+
+    @classmethod
+    def _outside(cls, candidates, limit):
+        """(slot, name) of every entry with a block number outside ``1 .. limit-1``."""
+        candidates, blocks, owner = cls._owners(candidates)
         bad = np.unique(owner[(blocks < 1) | (blocks >= limit)]).tolist()
         return [(candidates[i][0], candidates[i][1].name) for i in bad]
 
-    @staticmethod
-    def _sharing_blocks(candidates):
+    @classmethod
+    def _sharing_blocks(cls, candidates):
         """(slot, name) of every entry that reuses a block claimed before it."""
-        candidates = [(slot, e) for slot, e in candidates if len(e.blocks)]
-        if not candidates:
-            return []
-        blocks = np.concatenate([e.blocks for _, e in candidates])
-        owner = np.repeat(np.arange(len(candidates)), [len(e.blocks) for _, e in candidates])
+        candidates, blocks, owner = cls._owners(candidates)
         order = np.argsort(blocks, kind="stable")
         repeated = blocks[order][1:] == blocks[order][:-1]
-        losers = sorted(set(owner[order[1:][repeated]].tolist()))
+        losers = np.unique(owner[order[1:][repeated]]).tolist()
         return [(candidates[i][0], candidates[i][1].name) for i in losers]
 
-    # -- Container interface
+    # ------------------------------------------------------------ reading
 
     def names(self):
-        return list(self._entries)
+        with self._lock:
+            return list(self._entries)
 
-    def _entry(self, name):
+    def _entry(self, key):
+        """An entry by name, or the entry itself (an unlinked file still open)."""
+        if isinstance(key, Entry):
+            return key
         try:
-            return self._entries[name]
+            return self._entries[key]
         except KeyError:
-            raise FileNotFoundError(name) from None
+            raise FileNotFoundError(key) from None
 
-    def entry_size(self, name):
-        return self._entry(name).size
+    def entry_size(self, key):
+        return self._entry(key).size
 
-    def entry_blocks(self, name):
-        return len(self._entry(name).blocks)
+    def entry_blocks(self, key):
+        return len(self._entry(key).blocks)
 
     def usage(self):
-        h = self.header
-        return Usage(h.block_size, h.nblocks, len(h.free_blocks))
+        return Usage(self.block_size, self._nblocks, len(self._free) + len(self._pending_free))
 
-    def read(self, name, offset, size):
-        e = self._entry(name)
-        end = min(offset + size, e.size)
-        if offset >= end:
-            return b""
-        bs = self.block_size
-        first, last = offset // bs, (end - 1) // bs
-        blocks = e.blocks[first:last + 1].tolist()
+    def read(self, key, offset, size):
+        with self._lock:
+            e = self._entry(key)
+            if id(e) in self._buffers:
+                self._flush_buffer(id(e))
+            end = min(offset + size, e.size)
+            if offset >= end:
+                return b""
+            bs = self.block_size
+            first, last = offset // bs, (end - 1) // bs
+            blocks = e.blocks[first:last + 1].tolist()
+        name = e.name or "(unlinked file)"
         if self.verify_crc and self.header.use_crc:
             data = self._read_verified(name, first, blocks)
             skip = offset - first * bs
@@ -635,20 +262,20 @@ class MultiFile(Container):
     def _read_verified(self, name, first, blocks):
         """Whole blocks, each checked against its stored CRC before any byte is returned."""
         bs = self.block_size
-        crcs = self.header.crcs
         parts = []
         for k, b in enumerate(blocks):
             with self._lock:
                 cached = self._verified.get(b)
                 if cached is not None:
                     self._verified.move_to_end(b)
+                expected = int(self._crcs[b]) if b < len(self._crcs) else None
             if cached is None:
                 cached = self.store.pread(b * bs, bs)
                 if len(cached) < bs:
                     raise self._block_error(name, first + k, "lies past the end of the container")
-                if b >= len(crcs):
+                if expected is None:
                     raise self._block_error(name, first + k, f"(container block {b}) has no CRC")
-                if crc32_bzip2(cached) != int(crcs[b]):
+                if crc32_bzip2(cached) != expected:
                     raise self._block_error(
                         name, first + k, f"(container block {b}) fails its CRC check")
                 with self._lock:
@@ -660,11 +287,9 @@ class MultiFile(Container):
 
     def nested(self, name):
         with self._lock:
-            if name in self._nested:
-                return self._nested[name]
-        child = self._open_nested(name)
-        with self._lock:
-            return self._nested.setdefault(name, child)
+            if name not in self._nested:
+                self._nested[name] = self._open_nested(name)
+            return self._nested[name]
 
     def _open_nested(self, name):
         e = self._entry(name)
@@ -680,10 +305,378 @@ class MultiFile(Container):
             return None
         try:
             return MultiFile(VirtualFileStore(self, name), verify_crc=self.verify_crc,
-                             depth=self.depth + 1)
+                             writable=self.writable, depth=self.depth + 1, lock=self._lock)
         except (FormatError, BlockError) as exc:
             self._problem(f"{name!r} shown as a file: looks nested but {exc}")
             return None
+
+    # ------------------------------------------------------------ writing
+
+    def _check_writable(self):
+        if not self.writable:
+            raise ReadOnlyError(self.failure or f"{self.label} is read-only")
+
+    def _fail(self, exc):
+        """Switch the whole tree to read-only after a write-path failure (committed state intact)."""
+        reason = f"{self.label}: write failed ({exc}); container switched to read-only"
+        log.error("%s", reason)
+        self._set_read_only(reason)
+
+    def _set_read_only(self, reason):
+        self.writable = False
+        self.failure = reason
+        for child in self._nested.values():
+            if child is not None:
+                child._set_read_only(reason)
+
+    def _guarded(self, func, *args):
+        """Run a write-path step under the lock; an I/O error makes the tree read-only."""
+        with self._lock:
+            self._check_writable()
+            try:
+                return func(*args)
+            except (OSError, BlockError) as exc:
+                self._fail(exc)
+                raise
+
+    def create(self, name):
+        """A new empty virtual file (casacore reuses the last deleted slot)."""
+        return self._guarded(self._create, name)
+
+    def _create(self, name):
+        why = name_problem(name) or ("empty name" if not name else None)
+        if why:
+            raise CtdsfsError(f"{name!r}: {why}")
+        if name in self._entries:
+            raise FileExistsError(name)
+        entry = Entry(name, 0, array("q"))
+        slots = self.header.entries
+        free_slots = [i for i, e in enumerate(slots) if e.name == "" and e.problem is None]
+        if free_slots:
+            slots[free_slots[-1]] = entry
+        else:
+            slots.append(entry)
+        self._entries[name] = entry
+        self._dirty = True
+        return entry
+
+    def write(self, key, offset, data):
+        return self._guarded(self._write, key, offset, data)
+
+    def _write(self, key, offset, data):
+        e = self._entry(key)
+        if offset > e.size:
+            self._write_range(e, e.size, None, offset - e.size)  # the hole reads as zeros
+        self._write_range(e, offset, memoryview(data).cast("B"), len(data))
+        self._dirty = True
+        return len(data)
+
+    def _write_range(self, e, offset, data, length):
+        """Write ``data`` (or zeros if None) at ``offset``; a partial block goes to the buffer."""
+        bs = self.block_size
+        pos, done, end = offset, 0, offset + length
+        while pos < end:
+            index, start = divmod(pos, bs)
+            n = min(bs - start, end - pos)
+            piece = bytes(n) if data is None else data[done:done + n]
+            if start == 0 and n == bs:
+                buffered = self._buffers.get(id(e))
+                if buffered is not None and buffered[0] == index:
+                    del self._buffers[id(e)]
+                elif buffered is not None:
+                    self._flush_buffer(id(e))  # blocks are allocated in order
+                self._put_block(e, index, piece)
+            else:
+                buf = self._buffer_for(e, index)
+                buf[start:start + n] = piece
+            pos += n
+            done += n
+            e.size = max(e.size, pos)
+
+    def _buffer_for(self, e, index):
+        """The entry's dirty block buffer, holding block ``index`` (loaded or zero-filled)."""
+        buffered = self._buffers.get(id(e))
+        if buffered is not None and buffered[0] == index:
+            return buffered[1]
+        if buffered is not None:
+            self._flush_buffer(id(e))
+        bs = self.block_size
+        if index < len(e.blocks):
+            buf = bytearray(self._read_block(e, index))
+            valid = max(0, e.size - index * bs)  # bytes past EOF are stale: never expose them
+            buf[valid:] = bytes(bs - valid) if valid < bs else b""
+        else:
+            buf = bytearray(bs)
+        self._buffers[id(e)] = [index, buf, e]
+        return buf
+
+    def _read_block(self, e, index):
+        b = e.blocks[index]
+        data = self.store.pread(b * self.block_size, self.block_size)
+        if self.verify_crc and self.header.use_crc and crc32_bzip2(
+                data.ljust(self.block_size, b"\0")) != int(self._crcs[b]):
+            raise self._block_error(e.name, index, f"(container block {b}) fails its CRC check")
+        return data.ljust(self.block_size, b"\0")
+
+    def _flush_buffer(self, key):
+        index, buf, e = self._buffers.pop(key)
+        self._put_block(e, index, bytes(buf))
+
+    def _flush_buffers(self):
+        for key in list(self._buffers):
+            self._flush_buffer(key)
+
+    def _put_block(self, e, index, data):
+        """Write one whole block of ``e``, to a fresh block if the committed state uses it."""
+        if not isinstance(e.blocks, array):
+            e.blocks = array("q", e.blocks.tolist())
+        if index == len(e.blocks):
+            e.blocks.append(self._allocate())
+        elif self._is_committed(e.blocks[index]):
+            self._pending_free.append(e.blocks[index])
+            self._crcs_set(e.blocks[index], 0)
+            e.blocks[index] = self._allocate()
+        block = e.blocks[index]
+        self.store.pwrite(block * self.block_size, data)
+        self._crcs_set(block, crc32_bzip2(data))
+        self._verified.pop(block, None)
+        self._dirty = True
+
+    def _is_committed(self, block):
+        return block < len(self._committed) and self._committed[block]
+
+    def _crcs_set(self, block, value):
+        if self.header.use_crc:
+            self._crcs[block] = value
+
+    def _allocate(self):
+        """A block free in both the committed and the current state: lowest free, else a new one."""
+        if self._free:
+            return self._free.pop()
+        block = self._nblocks
+        self._nblocks += 1
+        if self.header.use_crc and len(self._crcs) <= block:
+            self._crcs = _grown(self._crcs, block + 1 + block // 4)
+        return block
+
+    def _release(self, blocks):
+        for b in blocks:
+            if self._is_committed(b):
+                self._pending_free.append(b)
+            else:
+                bisect.insort(self._free, b, key=lambda x: -x)
+            self._crcs_set(b, 0)
+            self._verified.pop(b, None)
+
+    def truncate(self, key, size):
+        return self._guarded(self._truncate, key, size)
+
+    def _truncate(self, key, size):
+        e = self._entry(key)
+        if size > e.size:
+            self._write_range(e, e.size, None, size - e.size)
+        elif size < e.size:
+            keep = -(-size // self.block_size)
+            buffered = self._buffers.get(id(e))
+            if buffered is not None and buffered[0] >= keep:
+                del self._buffers[id(e)]
+            if not isinstance(e.blocks, array):
+                e.blocks = array("q", e.blocks.tolist())
+            self._release(e.blocks[keep:].tolist())
+            del e.blocks[keep:]
+            e.size = size
+        self._dirty = True
+
+    def remove(self, name, keep_open=False):
+        """Delete ``name``; with ``keep_open`` its data lives on (unnamed) until ``release()``."""
+        return self._guarded(self._remove, name, keep_open)
+
+    def _remove(self, name, keep_open):
+        e = self._entry(name)
+        slots = self.header.entries
+        slots[next(i for i, s in enumerate(slots) if s is e)] = Entry("", 0, array("q"))
+        del self._entries[name]
+        child = self._nested.pop(name, None)
+        if child is not None:
+            child._set_read_only(f"{child.label} was removed")
+        e.name = ""
+        if not keep_open:
+            self._buffers.pop(id(e), None)
+            self._release(e.blocks.tolist())
+            e.blocks = array("q")
+            e.size = 0
+        self._dirty = True
+        return e if keep_open else None
+
+    def release(self, orphan):
+        """Free the blocks of an unlinked file whose last user is gone."""
+        def run():
+            self._buffers.pop(id(orphan), None)
+            self._release(orphan.blocks.tolist())
+            orphan.blocks = array("q")
+            self._dirty = True
+        return self._guarded(run)
+
+    def rename(self, old, new):
+        """Rename within this container; an existing ``new`` is replaced (rename(2))."""
+        return self._guarded(self._rename, old, new)
+
+    def _rename(self, old, new):
+        if old == new:
+            return
+        why = name_problem(new) or ("empty name" if not new else None)
+        if why:
+            raise CtdsfsError(f"{new!r}: {why}")
+        e = self._entry(old)
+        if new in self._entries:
+            self._remove(new, False)
+        del self._entries[old]
+        e.name = new
+        self._entries[new] = e
+        if old in self._nested:
+            child = self._nested.pop(old)
+            self._nested[new] = child
+            if child is not None:
+                child._renamed(f"{self.label}/{new}", new)
+        self._dirty = True
+
+    def _renamed(self, label, name):
+        self.store.name = name
+        self.store.label = self.label = label
+        for child_name, child in self._nested.items():
+            if child is not None:
+                child._renamed(f"{label}/{child_name}", child_name)
+
+    def make_nested(self, name):
+        """A new virtual file holding an empty nested MultiFile (a subdirectory)."""
+        def run():
+            if self.header.version != 2:
+                raise CtdsfsError(f"{self.label}: MultiFile version 1 cannot nest containers")
+            self._create(name)
+            child = MultiFile.new(VirtualFileStore(self, name), block_size=self.block_size,
+                                     depth=self.depth + 1, lock=self._lock)
+            child.verify_crc = self.verify_crc
+            self._nested[name] = child
+            return child
+        return self._guarded(run)
+
+    # ------------------------------------------------------------ committing
+
+    def commit(self):
+        """Make every change durable: children first, then data, continuation blocks, block 0."""
+        with self._lock:
+            if not self.writable or not self.dirty:
+                return False
+            try:
+                for child in list(self._nested.values()):
+                    if child is not None and child.dirty:
+                        child.commit()
+                if self._dirty:
+                    self._commit_self()
+            except (OSError, BlockError) as exc:
+                self._fail(exc)
+                raise
+            return True
+
+    def _commit_self(self):
+        self._flush_buffers()
+        self.store.fsync()
+        self._check_not_changed_on_disk()
+        bs = self.block_size
+        free = sorted(self._free + self._pending_free, reverse=True)
+        # Blocks free in the committed state too may be cut off the end of the file.
+        trimmed = 0
+        allocatable = set(self._free)
+        while self._nblocks - trimmed - 1 in allocatable:
+            trimmed += 1
+        nblocks = self._nblocks - trimmed
+        free = [b for b in free if b < nblocks]
+        h = self.header
+        new = Header(version=h.version, block_size=bs, counter=h.counter + 1, nblocks=nblocks,
+                     header_size=0, entries=h.entries, free_blocks=np.array(free, np.int64),
+                     use_crc=h.use_crc, crcs=self._crcs[:nblocks] if h.use_crc else self._crcs[:0],
+                     cont_first=0, cont_sets=tuple(np.array(s, np.int64) for s in h.cont_sets),
+                     cont_used=tuple(h.cont_used))
+        if h.version == 1:
+            self._write_header_v1(new)
+        else:
+            self._write_header_v2(new)
+        # Committed: the new state is now the one to protect.
+        self.header = new
+        self._nblocks = new.nblocks
+        if h.use_crc:
+            self._crcs = _grown(self._crcs, new.nblocks)
+        self._free = free
+        self._pending_free = []
+        self._committed = self._referenced_blocks()
+        if trimmed and new.nblocks * bs < self.store.size():
+            self.store.truncate(new.nblocks * bs)
+        self._dirty = False
+
+    def _check_not_changed_on_disk(self):
+        """Another writer must not have committed since we read the header."""
+        if self.depth == 0 and self.header.counter:
+            lead = self.store.pread(16, 8)  # hdrCounter, in both versions
+            on_disk = int.from_bytes(lead, "big", signed=True) if len(lead) == 8 else None
+            if on_disk != self.header.counter:
+                raise OSError(f"the container was changed by another writer "
+                              f"(header counter {on_disk}, expected {self.header.counter})")
+
+    def _write_header_v2(self, h):
+        """casacore's writeHeader: continuation pieces in the inactive set, then block 0."""
+        bs = self.block_size
+        active = h.active_cont_set
+        sets = [list(s) for s in h.cont_sets]
+        used = list(h.cont_used)
+        used[active] = 0
+        h.cont_sets, h.cont_used, h.cont_first = tuple(map(np.array, sets)), tuple(used), 0
+        raw = encode_header_v2(h)
+        if len(raw) > bs:
+            target = 1 - active
+            while True:
+                used[target] = len(sets[target])
+                h.cont_sets = tuple(np.array(s, np.int64) for s in sets)
+                h.cont_used = tuple(used)
+                h.cont_first = sets[target][0] if sets[target] else 0
+                if h.use_crc:
+                    h.crcs = _grown(h.crcs, h.nblocks)[:h.nblocks]  # continuation blocks: CRC 0
+                raw = encode_header_v2(h)
+                needed = -(-(len(raw) - bs) // (bs - 8))
+                if needed <= len(sets[target]):
+                    break
+                # New continuation blocks come from the end, never from the free list.
+                for _ in range(needed - len(sets[target])):
+                    sets[target].append(h.nblocks)
+                    h.nblocks += 1
+            blocks = sets[target]
+            pieces = [raw[i:i + bs - 8] for i in range(bs, len(raw), bs - 8)]
+            for i, piece in enumerate(pieces):
+                nxt = blocks[i + 1] if i + 1 < len(pieces) else 0
+                self.store.pwrite(blocks[i] * bs,
+                                  (nxt.to_bytes(8, "big", signed=True) + piece).ljust(bs, b"\0"))
+            self.store.fsync()
+        h.header_size = len(raw)
+        self.store.pwrite(0, raw[:bs].ljust(bs, b"\0"))
+        self.store.fsync()
+
+    def _write_header_v1(self, h):
+        """v1: the part past block 0 goes to ``<container>_hdrext`` (replaced atomically) first."""
+        bs = self.block_size
+        raw = encode_header_v1(h)
+        h.header_size = len(raw)
+        if len(raw) > bs:
+            if self.hdrext_path is None:
+                raise OSError("a version-1 header this large needs a _hdrext file")
+            tmp = self.hdrext_path + ".ctdsfs-new"
+            with open(tmp, "wb") as f:
+                f.write(raw[bs:])
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self.hdrext_path)
+        self.store.pwrite(0, raw[:bs].ljust(bs, b"\0"))
+        self.store.fsync()
+
+    # ------------------------------------------------------------ description
 
     def describe(self):
         h = self.header
@@ -696,7 +689,7 @@ class MultiFile(Container):
             "crc": h.use_crc,
             "header_counter": h.counter,
             "header_size": h.header_size,
-            "free_blocks": h.free_blocks.tolist(),
+            "free_blocks": np.asarray(h.free_blocks).tolist(),
         }
         if h.version == 1:
             info["hdrext"] = h.has_hdrext
@@ -704,17 +697,23 @@ class MultiFile(Container):
             info["continuation"] = {
                 "active_set": h.active_cont_set,
                 "first_block": h.cont_first,
-                "sets": [s.tolist() for s in h.cont_sets],
+                "sets": [np.asarray(s).tolist() for s in h.cont_sets],
                 "used": list(h.cont_used),
             }
         info["files"] = [
             {"name": n, "size": e.size, "blocks": len(e.blocks),
              "nested": self.nested(n) is not None}
-            for n, e in self._entries.items()
+            for n, e in list(self._entries.items())
         ]
         info["problems"] = list(self.problems)
         return info
 
     def close(self):
-        if isinstance(self.store, FileStore):
-            self.store.close()
+        """Commit (if writable) and release the file of a top-level container."""
+        with self._lock:
+            try:
+                if self.writable:
+                    self.commit()
+            finally:
+                if self.depth == 0:
+                    self.store.close()

@@ -1,0 +1,417 @@
+"""casacore MultiFile (``.mf``) header codec, versions 1 and 2.
+
+Layout facts (casacore note 260 plus ``../shared/FORMAT-NOTES.md``), all big-endian:
+
+* v1: ``Int64 headerSize, blockSize, hdrCounter`` then AipsIO ``MultiFile`` v1
+  (``Int64 nblocks``, entries ``name, Block<Int64> blocks, Int64 size``,
+  ``Block<Int64> free``). Header bytes past the first block live in the
+  separate file ``<container>_hdrext``.
+* v2: a fixed 64-byte part, AipsIO ``MultiFile`` v2 (entries ``name, Int64 size,
+  Bool nested``), then outside AipsIO ``Int64 n`` + items vectors: one packed
+  block index per entry, the packed free list, the CRC vector (uInt32), the two
+  continuation sets, and two ``uInt32`` counts of continuation blocks used.
+  Header bytes past block 0 are chained through continuation blocks that begin
+  with ``Int64 next`` (0 = last).
+
+Everything read from a container is untrusted: counts and sizes are bounded by
+the bytes actually present, block numbers by the container's size, and an
+entry that fails validation is hidden (with a reason in ``problems``) instead
+of failing the whole container.
+"""
+
+import struct
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..errors import FormatError
+from .aipsio import AipsReader, AipsWriter
+from .crc import crc32_bzip2
+
+FIXED_V2 = struct.Struct(">qqqiIqqqB7s")  # the 64-byte fixed part of a v2 header
+LEAD_V1 = struct.Struct(">qqq")
+MAX_BLOCK_SIZE = 1 << 31  # casacore stores the block size as an Int
+
+
+@dataclass
+class Entry:
+    """One header slot. An empty name marks a deleted slot (casacore keeps it)."""
+
+    name: str
+    size: int
+    blocks: np.ndarray  # container block numbers of the file's blocks, in order
+    nested_flag: bool = False  # as stored; casacore never sets it
+    problem: str = None  # why the stored block index is unusable, if it is
+
+
+@dataclass
+class Header:
+    """A decoded MultiFile header (both versions)."""
+
+    version: int
+    block_size: int
+    counter: int
+    nblocks: int
+    header_size: int
+    entries: list
+    free_blocks: np.ndarray
+    use_crc: bool = False
+    header_crc: int = 0
+    crcs: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint32))
+    cont_first: int = 0
+    cont_sets: tuple = (np.zeros(0, np.int64), np.zeros(0, np.int64))
+    cont_used: tuple = (0, 0)
+    has_hdrext: bool = False
+
+    @property
+    def active_cont_set(self):
+        """Index of the continuation set the header at offset 8 points into."""
+        other = self.cont_sets[1]
+        return 1 if len(other) and self.cont_first == other[0] else 0
+
+
+# ---------------------------------------------------------------- packed index
+
+def pack_index(blocks):
+    """casacore's packed index: a run ``b, b+1, ..., b+n`` is stored as ``b, -n``."""
+    blocks = np.asarray(blocks, dtype=np.int64)
+    if len(blocks) == 0:
+        return np.zeros(0, np.int64)
+    breaks = np.flatnonzero(np.diff(blocks) != 1) + 1
+    starts = np.concatenate(([0], breaks))
+    lengths = np.diff(np.concatenate((starts, [len(blocks)])))
+    out = []
+    for start, length in zip(blocks[starts].tolist(), lengths.tolist()):
+        out.append(start)
+        if length > 1:
+            out.append(1 - length)
+    return np.array(out, dtype=np.int64)
+
+
+def unpack_indexes(packed_list, max_blocks):
+    """Expand many packed indexes in one vectorised pass.
+
+    Returns ``(blocks, problem)`` per index. An index that starts with a run
+    count, or whose expansion would push the running total past ``max_blocks``
+    (a container cannot hold more distinct blocks than it has), gets a problem
+    instead of blocks: hostile counts never turn into huge allocations.
+    """
+    count = len(packed_list)
+    empty = np.zeros(0, np.int64)
+    results = [(empty, None)] * count
+    lengths = np.fromiter((len(p) for p in packed_list), np.int64, count)
+    if not lengths.any():
+        return results
+    flat = np.concatenate(packed_list).astype(np.int64)
+    owner = np.repeat(np.arange(count), lengths)
+    is_run = flat < 0
+    malformed = np.zeros(count, bool)
+    nonempty = lengths > 0
+    malformed[nonempty] = is_run[(np.cumsum(lengths) - lengths)[nonempty]]
+    malformed |= np.bincount(owner, weights=flat == np.iinfo(np.int64).min, minlength=count) > 0
+    claims = np.bincount(owner, weights=np.where(is_run, -flat.astype(np.float64), 1.0),
+                         minlength=count)
+    fits = nonempty & ~malformed & (claims <= max_blocks)
+    running = np.cumsum(np.where(fits, claims, 0))
+    too_many = nonempty & ~malformed & ~(fits & (running <= max_blocks))
+    usable = nonempty & ~malformed & ~too_many
+    for i in np.flatnonzero(malformed).tolist():
+        results[i] = (None, "packed block index is malformed")
+    for i in np.flatnonzero(too_many).tolist():
+        results[i] = (None, f"block index claims {claims[i]:.0f} blocks, more than the "
+                            f"container has ({max_blocks})")
+    if not usable.any():
+        return results
+    flat = flat[usable[owner]]
+    totals = claims[usable].astype(np.int64)
+    is_start = flat >= 0
+    group = np.cumsum(is_start) - 1
+    starts = flat[is_start]
+    run_lengths = 1 + np.bincount(group[~is_start], weights=-flat[~is_start],
+                                  minlength=len(starts)).astype(np.int64)
+    total = int(totals.sum())
+    within = np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(run_lengths) - run_lengths,
+                                                          run_lengths)
+    expanded = np.repeat(starts, run_lengths) + within
+    for i, part in zip(np.flatnonzero(usable).tolist(),
+                       np.split(expanded, np.cumsum(totals)[:-1])):
+        results[i] = (part, None)
+    return results
+
+
+def unpack_index(packed, max_blocks):
+    """Expand one packed index (see :func:`unpack_indexes`)."""
+    blocks, problem = unpack_indexes([packed], max_blocks)[0]
+    if problem:
+        raise FormatError(problem)
+    return blocks
+
+
+# ---------------------------------------------------------------- header decode
+
+def _packed_vectors(reader, count):
+    """``count`` consecutive ``Int64 n`` + n ``Int64`` vectors, read as one int64 view."""
+    avail = (reader.limit - reader.pos) // 8
+    words = np.frombuffer(reader.buf, dtype=">i8", count=avail, offset=reader.pos)
+    vectors, k = [], 0
+    for _ in range(count):
+        n = int(words[k]) if k < avail else -1
+        if n < 0 or k + 1 + n > avail:
+            raise FormatError("block index vectors do not fit in the header")
+        vectors.append(words[k + 1:k + 1 + n])
+        k += 1 + n
+    reader.pos += 8 * k
+    return vectors
+
+
+def _v2_entries(reader, count):
+    """``count`` v2 entries (String name, Int64 size, Bool nested): a tight loop for 1e5+."""
+    buf = bytes(reader.take(reader.limit - reader.pos))
+    unpack_from = struct.unpack_from
+    entries, pos, end = [], 0, len(buf)
+    for _ in range(count):
+        if pos + 4 > end:
+            raise FormatError("entry list is truncated")
+        length = unpack_from(">I", buf, pos)[0]
+        pos += 4
+        if pos + length + 9 > end:
+            raise FormatError("entry list is truncated")
+        name = buf[pos:pos + length].decode("utf-8", "surrogateescape")
+        size, nested = unpack_from(">qB", buf, pos + length)
+        entries.append((name, size, nested != 0))
+        pos += length + 9
+    reader.pos -= end - pos  # give back what follows the entries
+    return entries
+
+
+def _raw_vector(reader, itemsize, dtype):
+    """``Int64 n`` + n items, as MultiFile::writeVector writes them outside AipsIO."""
+    count = reader.i64()
+    if count < 0 or count * itemsize > reader.limit - reader.pos:
+        raise FormatError(f"header vector of {count} items does not fit in the header")
+    return np.frombuffer(reader.take(count * itemsize), dtype=dtype).astype(dtype.newbyteorder("="))
+
+
+def _check_block_size(block_size, minimum):
+    if not minimum <= block_size <= MAX_BLOCK_SIZE:
+        raise FormatError(f"block size {block_size} is out of range")
+
+
+def read_header(store, hdrext_path=None, verify_crc=True):
+    """Decode the header of the MultiFile in ``store`` (v1 or v2)."""
+    physical = store.size()
+    lead = store.pread(0, LEAD_V1.size)
+    if len(lead) < LEAD_V1.size:
+        raise FormatError(f"{store.label}: too short for a MultiFile ({physical} bytes)")
+    first, second, counter = LEAD_V1.unpack(lead)
+    if first == 0:
+        return _read_header_v2(store, physical, verify_crc)
+    if first > 0:
+        return _read_header_v1(store, physical, first, second, counter, hdrext_path)
+    raise FormatError(f"{store.label}: not a MultiFile (negative header size)")
+
+
+def _read_header_v1(store, physical, header_size, block_size, counter, hdrext_path):
+    label = store.label
+    _check_block_size(block_size, LEAD_V1.size)
+    in_block0 = min(header_size, block_size)
+    if in_block0 > physical:
+        raise FormatError(f"{label}: header of {header_size} bytes does not fit in the file")
+    data = store.pread(0, in_block0)
+    has_hdrext = header_size > block_size
+    if has_hdrext:
+        if hdrext_path is None:
+            raise FormatError(f"{label}: header continues in a _hdrext file, which is missing")
+        try:
+            with open(hdrext_path, "rb") as f:
+                rest = f.read(header_size - block_size)
+        except OSError as exc:
+            raise FormatError(f"{label}: cannot read {hdrext_path}: {exc.strerror}") from None
+        if len(rest) < header_size - block_size:
+            raise FormatError(f"{label}: {hdrext_path} is shorter than the header needs")
+        data += rest
+    try:
+        r = AipsReader(data, LEAD_V1.size)
+        version = r.start("MultiFile", outer=True)
+        if version != 1:
+            raise FormatError(f"MultiFile v1 header holds AipsIO version {version}")
+        nblocks = r.i64()
+        raw_entries = []
+        r.start("Block")
+        for _ in range(r.u32()):
+            name = r.string()
+            blocks = r.block_i64()
+            raw_entries.append((name, r.i64(), blocks))
+        r.end()
+        free = r.block_i64()
+        r.end()
+    except FormatError as exc:
+        raise FormatError(f"{label}: bad MultiFile v1 header: {exc}") from None
+    entries = [Entry(name, size, blocks) for name, size, blocks in raw_entries]
+    return Header(version=1, block_size=block_size, counter=counter, nblocks=nblocks,
+                  header_size=header_size, entries=entries, free_blocks=free,
+                  has_hdrext=has_hdrext)
+
+
+def _assemble_v2(store, physical, block_size, header_size, cont_first):
+    """Block 0's part of the header plus the pieces of the continuation chain."""
+    label = store.label
+    data = bytearray(store.pread(0, min(header_size, block_size)))
+    if len(data) < min(header_size, block_size):
+        raise FormatError(f"{label}: file ends inside the header")
+    physical_blocks = physical // block_size
+    piece = block_size - 8
+    blk = cont_first
+    seen = set()
+    while len(data) < header_size:
+        if not 0 < blk < physical_blocks:
+            raise FormatError(f"{label}: header continuation block {blk} is outside the file")
+        if blk in seen:
+            raise FormatError(f"{label}: header continuation chain loops at block {blk}")
+        seen.add(blk)
+        raw = store.pread(blk * block_size, block_size)
+        data += raw[8:8 + min(piece, header_size - len(data))]
+        blk = struct.unpack(">q", raw[:8])[0]
+    if blk != 0:
+        raise FormatError(f"{label}: header continuation chain does not end after the header")
+    return bytes(data)
+
+
+def _read_header_v2(store, physical, verify_crc):
+    label = store.label
+    fixed = store.pread(0, FIXED_V2.size)
+    if len(fixed) < FIXED_V2.size:
+        raise FormatError(f"{label}: too short for a MultiFile v2 header")
+    (_, cont_first, counter, version, header_crc, header_size, block_size, nblocks,
+     use_crc, _) = FIXED_V2.unpack(fixed)
+    if version != 2:
+        raise FormatError(f"{label}: MultiFile version {version} is not supported")
+    _check_block_size(block_size, FIXED_V2.size)
+    if not FIXED_V2.size <= header_size <= max(physical, block_size):
+        raise FormatError(f"{label}: header size {header_size} is invalid")
+    data = _assemble_v2(store, physical, block_size, header_size, cont_first)
+    use_crc = use_crc != 0
+    if use_crc and verify_crc:
+        actual = crc32_bzip2(data[:28] + b"\0\0\0\0" + data[32:])
+        if actual != header_crc:
+            raise FormatError(f"{label}: header CRC mismatch (stored 0x{header_crc:08x}, "
+                              f"computed 0x{actual:08x})")
+    try:
+        r = AipsReader(data, FIXED_V2.size)
+        if r.start("MultiFile", outer=True) != 2:
+            raise FormatError("AipsIO version differs from the header version")
+        r.start("Block")
+        raw = _v2_entries(r, r.u32())
+        r.end()
+        r.end()
+        packed = _packed_vectors(r, len(raw) + 1)
+        free_packed = packed.pop()
+        crcs = _raw_vector(r, 4, np.dtype(">u4"))
+        cont_sets = (_raw_vector(r, 8, np.dtype(">i8")), _raw_vector(r, 8, np.dtype(">i8")))
+        cont_used = (r.u32(), r.u32())
+    except FormatError as exc:
+        raise FormatError(f"{label}: bad MultiFile v2 header: {exc}") from None
+    # Indexes expand to at most one entry per block that physically exists.
+    max_blocks = -(-physical // block_size)
+    live = [p if name else p[:0] for (name, _, _), p in zip(raw, packed)]
+    entries = []
+    for (name, size, nested), (blocks, problem) in zip(raw, unpack_indexes(live, max_blocks)):
+        if problem:
+            entries.append(Entry(name, size, np.zeros(0, np.int64), nested, problem=problem))
+        else:
+            entries.append(Entry(name, size, blocks, nested))
+    try:
+        free = unpack_index(free_packed, max_blocks)
+    except FormatError as exc:
+        raise FormatError(f"{label}: bad free list: {exc}") from None
+    return Header(version=2, block_size=block_size, counter=counter, nblocks=nblocks,
+                  header_size=header_size, entries=entries, free_blocks=free,
+                  use_crc=use_crc, header_crc=header_crc, crcs=crcs, cont_first=cont_first,
+                  cont_sets=cont_sets, cont_used=cont_used)
+
+
+# ---------------------------------------------------------------- header encode
+
+def encode_header_v2(header):
+    """The logical v2 header (all continuation pieces joined), CRC filled in if used.
+
+    ``header.cont_first`` and the continuation vectors are written as given; the
+    caller that splits the result into blocks decides them.
+    """
+    w = AipsWriter()
+    w.out += FIXED_V2.pack(0, header.cont_first, header.counter, 2, 0, 0, header.block_size,
+                           header.nblocks, 1 if header.use_crc else 0, bytes(7))
+    w.start("MultiFile", 2, outer=True)
+    w.start("Block", 1)
+    w.u32(len(header.entries))
+    for e in header.entries:
+        w.string(e.name)
+        w.i64(e.size)
+        w.bool(e.nested_flag)
+    w.end()
+    w.end()
+
+    def vector(values, dtype):
+        values = np.asarray(values, dtype=dtype)
+        w.i64(len(values))
+        w.out += values.tobytes()
+
+    for e in header.entries:
+        vector(pack_index(e.blocks), ">i8")
+    vector(pack_index(header.free_blocks), ">i8")
+    vector(header.crcs, ">u4")
+    vector(header.cont_sets[0], ">i8")
+    vector(header.cont_sets[1], ">i8")
+    w.u32(header.cont_used[0])
+    w.u32(header.cont_used[1])
+    out = w.out
+    out[32:40] = struct.pack(">q", len(out))
+    if header.use_crc:
+        out[28:32] = struct.pack(">I", crc32_bzip2(out))
+    return bytes(out)
+
+
+def encode_header_v1(header):
+    """The logical v1 header (block 0 part + ``_hdrext`` part joined)."""
+    w = AipsWriter()
+    w.out += bytes(LEAD_V1.size)
+    w.start("MultiFile", 1, outer=True)
+    w.i64(header.nblocks)
+    w.start("Block", 1)
+    w.u32(len(header.entries))
+    for e in header.entries:
+        w.string(e.name)
+        w.block_i64(e.blocks)
+        w.i64(e.size)
+    w.end()
+    w.block_i64(header.free_blocks)
+    w.end()
+    out = w.out
+    out[:LEAD_V1.size] = LEAD_V1.pack(len(out), header.block_size, header.counter)
+    return bytes(out)
+
+
+# ---------------------------------------------------------------- sniffing
+
+def looks_like_v2(first64):
+    """A cheap content sniff: do these bytes start a MultiFile v2 header?"""
+    if len(first64) < FIXED_V2.size:
+        return False
+    zero, _, _, version, _, header_size, block_size, nblocks, use_crc, _ = FIXED_V2.unpack(
+        first64[:FIXED_V2.size])
+    return (zero == 0 and version == 2 and FIXED_V2.size <= block_size <= MAX_BLOCK_SIZE
+            and header_size >= FIXED_V2.size and nblocks >= 1 and use_crc in (0, 1))
+
+
+def looks_like_multifile(first64):
+    """Does a file start like a MultiFile at all (so its header faults deserve details)?
+
+    v2 starts with an Int64 0 and has the AipsIO magic at 64 (or its fixed part
+    sniffs as v2); v1 starts with a positive header size and has it at 24.
+    """
+    if looks_like_v2(first64):
+        return True
+    if len(first64) >= 68 and first64[:8] == bytes(8) and first64[64:68] == b"\xbe" * 4:
+        return True
+    return (len(first64) >= 28 and struct.unpack(">q", first64[:8])[0] > 0
+            and first64[24:28] == b"\xbe" * 4)
