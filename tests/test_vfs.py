@@ -15,7 +15,7 @@ from .conftest import DATA, pattern
 @pytest.fixture
 def nested_fs():
     path = DATA / "mf2_nested.mf"
-    return ContainerFS(open_container(path), os.stat(path))
+    return ContainerFS(open_container(path), path)
 
 
 def listing(fs, ino):
@@ -90,7 +90,7 @@ def test_bad_block_is_eio(tmp_path):
     data[2 * 4096] ^= 1
     p = tmp_path / "bad.mf"
     p.write_bytes(data)
-    fs = ContainerFS(open_container(p), os.stat(p))
+    fs = ContainerFS(open_container(p), p)
     fh = fs.open(fs.lookup(ROOT_INO, "f1").ino, os.O_RDONLY)
     assert fs.read(fh, 0, 4096) == pattern(20000, 13, 5, 251)[:4096]
     with pytest.raises(FSError) as exc:
@@ -100,7 +100,7 @@ def test_bad_block_is_eio(tmp_path):
 
 def test_statfs_in_container_blocks():
     path = DATA / "mf2_free.mf"
-    fs = ContainerFS(open_container(path), os.stat(path))
+    fs = ContainerFS(open_container(path), path)
     st = fs.statfs()
     assert (st["f_bsize"], st["f_blocks"], st["f_bfree"], st["f_bavail"]) == (4096, 7, 3, 0)
     assert st["f_namemax"] == 255

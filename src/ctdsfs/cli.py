@@ -1,4 +1,4 @@
-"""Command line: ``ctdsfs info|ls|mount`` and the ``mount.ctdsfs`` helper."""
+"""Command line: ``ctdsfs info|ls|new|mount`` and the ``mount.ctdsfs`` helper."""
 
 import argparse
 import json
@@ -6,14 +6,16 @@ import logging
 import sys
 
 from . import __version__
-from .container import open_container
+from .container import create_container, open_container
 from .errors import CtdsfsError
 
 MOUNT_DESCRIPTION = """\
-Mount a casacore MultiFile container (.mf) read-only: every virtual file
-becomes an ordinary file, every nested MultiFile (a subtable) a directory.
-Versions 1 (with its SOURCE_hdrext file) and 2 are read, with per-block CRC
-checks where the container has CRCs.
+Mount a casacore MultiFile container (.mf): every virtual file becomes an
+ordinary file, every nested MultiFile (a subtable) a directory. Versions 1
+(with its SOURCE_hdrext file) and 2 are read, with per-block CRC checks where
+the container has CRCs. Read-only unless -o rw; read-write mounts translate
+every write, truncate, unlink, rename and mkdir into the container's own
+blocks, CRCs and header, and commit crash-safely.
 
 The command returns once the mount is live (exit status 0) or with a one-line
 error (exit status 1). The daemon unmounts and exits on SIGTERM or SIGINT, or
@@ -21,7 +23,16 @@ when the mount is removed with 'fusermount3 -u MOUNTPOINT' or 'umount'."""
 
 MOUNT_EPILOG = """\
 mount options (-o, comma separated):
-  ro                   read-only (the default, and the only mode so far)
+  ro                   read-only (the default)
+  rw                   read-write; takes an advisory lock on SOURCE, so a
+                       second read-write mount of it is refused
+  create               make SOURCE as a new, empty container if it does not
+                       exist (implies rw), with:
+    blocksize=N        its block size in bytes (default 4194304, as casacore)
+    crc                per-block CRCs (CRC-32/BZIP2, as casacore)
+  commit=SECONDS       commit pending changes at least this often (default 5);
+                       changes are also committed on fsync, when the last
+                       writer of a file closes it, and at unmount
   nocrc                do not verify block CRCs on read (faster; corruption
                        then goes unnoticed)
   allow_other          let other users access the mount (root, or
@@ -38,8 +49,19 @@ a block whose CRC does not match fails that read with EIO and logs one line
 naming the container, the virtual file and the block; no unchecked byte is
 ever returned. A header whose CRC does not match refuses the mount.
 
+a commit writes the data blocks, then the header's continuation blocks (in the
+set not in use), then block 0, with fsync between; blocks the committed
+header uses are never overwritten. A crash at any moment therefore leaves the
+last committed state (or the new one) intact. A write or commit that fails
+(I/O error, bad CRC, the container changed by another writer) switches the
+mount to read-only and logs why; the committed state stays intact.
+
+MultiFile stores no owners, modes or times: files show those of SOURCE, and
+chmod, chown and utimens succeed without changing anything.
+
 examples:
   mount.ctdsfs data.mf /mnt/ms
+  mount.ctdsfs -o rw,create,blocksize=65536 new.mf /mnt/new
   mount.ctdsfs -o allow_other,nocrc data.mf /mnt/ms
   mount -t fuse.ctdsfs /data/ms.mf /mnt/ms -o ro
   fstab:  /data/ms.mf  /mnt/ms  fuse.ctdsfs  ro,noauto  0 0
@@ -54,6 +76,8 @@ commands:
   mount SOURCE MOUNTPOINT [-o OPTS] [-f]   mount a container (see 'ctdsfs mount --help')
   info CONTAINER [--json]                  header facts and every virtual file
   ls CONTAINER [PATH] [-l] [--json]        list a directory inside a container
+  new OUT.mf [--block-size N] [--crc] [--version 2|1]
+                                           create an empty container
 
 'ctdsfs SOURCE MOUNTPOINT -o OPTS' (no command) mounts too, as mount.fuse3
 calls it for 'mount -t fuse.ctdsfs'."""
@@ -113,6 +137,20 @@ def _main_parser():
                     help="long format: type, size, blocks, name")
     ls.add_argument("--json", action="store_true", help="machine-readable output")
     ls.add_argument("--nocrc", action="store_true", help="do not verify CRCs")
+
+    new = sub.add_parser(
+        "new", help="create an empty container",
+        description="Create an empty MultiFile container as casacore does: block 0 holds "
+                    "the header, nothing else. Version 2 is what casacore >= 3.6 writes "
+                    "(nested containers, optional CRCs); version 1 is what casacore 3.5 "
+                    "reads (its header continues in OUT_hdrext when large).")
+    new.add_argument("output", metavar="OUT.mf")
+    new.add_argument("--block-size", type=int, default=4 << 20, metavar="N",
+                     help="block size in bytes (default 4194304, casacore's default for tables)")
+    new.add_argument("--crc", action="store_true",
+                     help="keep a CRC-32/BZIP2 per block (version 2 only)")
+    new.add_argument("--version", type=int, choices=(1, 2), default=2,
+                     help="MultiFile format version (default 2)")
     return parser
 
 
@@ -210,7 +248,7 @@ def _mount_from_args(args):
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     parser = _main_parser()
-    commands = {"mount", "info", "ls"}
+    commands = {"mount", "info", "ls", "new"}
     if argv and not argv[0].startswith("-") and argv[0] not in commands:
         argv = ["mount"] + argv  # 'ctdsfs SOURCE MOUNTPOINT -o ...' as mount.fuse3 runs it
     args = parser.parse_args(argv)
@@ -229,6 +267,12 @@ def main(argv=None):
         return _run(info, "ctdsfs")
     if args.command == "ls":
         return _run(lambda: _ls(args, sys.stdout) or 0, "ctdsfs")
+    if args.command == "new":
+        def new():
+            create_container(args.output, block_size=args.block_size, use_crc=args.crc,
+                             version=args.version).close()
+            return 0
+        return _run(new, "ctdsfs")
     parser.print_help()
     return 2
 

@@ -16,6 +16,10 @@ class NotAContainer(FormatError):
     """The file is not of any container format ctdsfs knows."""
 
 
+class ReadOnlyError(CtdsfsError):
+    """A write was asked of a container that is read-only (by choice or after a failure)."""
+
+
 class BlockError(CtdsfsError):
     """One block of a virtual file cannot be read correctly (bad CRC, past end of file).
 

@@ -18,8 +18,8 @@ from .vfs import FSError
 
 log = logging.getLogger(__name__)
 
-# The mount is read-only and only this process changes what it shows, so the
-# kernel may cache names, attributes and file pages for a long time.
+# Only this process changes what a mount shows, so the kernel may cache names
+# and attributes for a long time (writes through the mount update them).
 CACHE_TIMEOUT = 3600.0
 
 
@@ -64,10 +64,11 @@ def _entry(attr):
 class FuseOperations(pyfuse3.Operations):
     """pyfuse3 request handlers delegating to a :class:`ctdsfs.vfs.ContainerFS`."""
 
-    def __init__(self, fs, *, threaded_reads):
+    def __init__(self, fs, *, threaded_reads, commit_interval=None):
         super().__init__()
         self.fs = fs
         self.threaded_reads = threaded_reads
+        self.commit_interval = commit_interval
 
     @_fuse_errors
     async def lookup(self, parent_inode, name, ctx=None):
@@ -76,6 +77,10 @@ class FuseOperations(pyfuse3.Operations):
     @_fuse_errors
     async def getattr(self, inode, ctx=None):
         return _entry(self.fs.getattr(inode))
+
+    @_fuse_errors
+    async def setattr(self, inode, attr, fields, fh, ctx):
+        return _entry(self.fs.setattr(inode, attr.st_size if fields.update_size else None))
 
     @_fuse_errors
     async def opendir(self, inode, ctx):
@@ -91,8 +96,12 @@ class FuseOperations(pyfuse3.Operations):
         pass
 
     @_fuse_errors
+    async def fsyncdir(self, fh, datasync):
+        self.fs.fsync()
+
+    @_fuse_errors
     async def open(self, inode, flags, ctx):
-        return pyfuse3.FileInfo(fh=self.fs.open(inode, flags), keep_cache=True)
+        return pyfuse3.FileInfo(fh=self.fs.open(inode, flags), keep_cache=not self.fs.writable)
 
     @_fuse_errors
     async def read(self, fh, off, size):
@@ -100,6 +109,43 @@ class FuseOperations(pyfuse3.Operations):
             return await trio.to_thread.run_sync(self.fs.read, fh, off, size)
         return self.fs.read(fh, off, size)
 
+    @_fuse_errors
+    async def create(self, parent_inode, name, mode, flags, ctx):
+        fh, attr = self.fs.create(parent_inode, os.fsdecode(name), flags)
+        return pyfuse3.FileInfo(fh=fh), _entry(attr)
+
+    @_fuse_errors
+    async def write(self, fh, off, buf):
+        return self.fs.write(fh, off, buf)
+
+    @_fuse_errors
+    async def mkdir(self, parent_inode, name, mode, ctx):
+        return _entry(self.fs.mkdir(parent_inode, os.fsdecode(name)))
+
+    @_fuse_errors
+    async def unlink(self, parent_inode, name, ctx):
+        self.fs.unlink(parent_inode, os.fsdecode(name))
+
+    @_fuse_errors
+    async def rmdir(self, parent_inode, name, ctx):
+        self.fs.rmdir(parent_inode, os.fsdecode(name))
+
+    @_fuse_errors
+    async def rename(self, parent_inode_old, name_old, parent_inode_new, name_new, flags, ctx):
+        if flags & pyfuse3.RENAME_EXCHANGE:
+            raise pyfuse3.FUSEError(errno.EINVAL)
+        self.fs.rename(parent_inode_old, os.fsdecode(name_old), parent_inode_new,
+                       os.fsdecode(name_new), noreplace=bool(flags & pyfuse3.RENAME_NOREPLACE))
+
+    @_fuse_errors
+    async def flush(self, fh):
+        self.fs.flush(fh)
+
+    @_fuse_errors
+    async def fsync(self, fh, datasync):
+        self.fs.fsync(fh)
+
+    @_fuse_errors
     async def release(self, fh):
         self.fs.release(fh)
 
@@ -110,8 +156,17 @@ class FuseOperations(pyfuse3.Operations):
             setattr(data, key, value)
         return data
 
+    async def commit_periodically(self):
+        """Commit at least every ``commit_interval`` seconds while there are changes."""
+        while True:
+            await trio.sleep(self.commit_interval)
+            try:
+                self.fs.commit()
+            except FSError as exc:
+                log.error("periodic commit failed: %s", exc)
 
-async def _serve():
+
+async def _serve(operations):
     """Run pyfuse3's loop until unmounted; SIGINT/SIGTERM end it. True if a signal did."""
     import signal
 
@@ -128,18 +183,21 @@ async def _serve():
                     return
 
         nursery.start_soon(watch_signals)
+        if operations.commit_interval:
+            nursery.start_soon(operations.commit_periodically)
         await pyfuse3.main()
         nursery.cancel_scope.cancel()
     return stopped_by_signal
 
 
 def serve(operations, mountpoint, fuse_options, on_mounted=None):
-    """Mount, call ``on_mounted()`` once the mount is live, serve until unmount."""
+    """Mount, call ``on_mounted()`` once the mount is live, serve until unmount, commit."""
     pyfuse3.init(operations, mountpoint, fuse_options)
     unmount = True
     try:
         if on_mounted is not None:
             on_mounted()
-        unmount = trio.run(_serve)
+        unmount = trio.run(_serve, operations)
     finally:
         pyfuse3.close(unmount=unmount)
+        operations.fs.close()

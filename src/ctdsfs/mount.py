@@ -14,7 +14,7 @@ import os
 import sys
 from dataclasses import dataclass, field
 
-from .container import open_container
+from .container import create_container, open_container
 from .errors import CtdsfsError
 
 log = logging.getLogger("ctdsfs")
@@ -27,7 +27,9 @@ KERNEL_OPTIONS = {
 }
 # Options that mount(8) and fstab use for themselves.
 IGNORED_OPTIONS = {"defaults", "auto", "noauto", "user", "users", "nouser", "owner", "group",
-                   "nofail", "_netdev", "ro"}
+                   "nofail", "_netdev"}
+DEFAULT_BLOCK_SIZE = 4 << 20  # casacore's default for tables (StorageOption)
+DEFAULT_COMMIT_SECONDS = 5.0
 IGNORED_PREFIXES = ("x-", "comment=")
 
 
@@ -38,9 +40,25 @@ class UsageError(CtdsfsError):
 @dataclass
 class MountOptions:
     kernel: set = field(default_factory=set)
+    writable: bool = False
+    create: bool = False
+    block_size: int = DEFAULT_BLOCK_SIZE  # for a container made by ``create``
+    new_crc: bool = False  # ditto: with per-block CRCs
+    commit_seconds: float = DEFAULT_COMMIT_SECONDS
     verify_crc: bool = True
     logfile: str = None
     debug: bool = False
+
+
+def _number(item, kind):
+    value = item.split("=", 1)[1]
+    try:
+        number = kind(value)
+    except ValueError:
+        raise UsageError(f"mount option {item!r} needs a number") from None
+    if number <= 0:
+        raise UsageError(f"mount option {item!r} must be positive")
+    return number
 
 
 def parse_options(text):
@@ -51,16 +69,22 @@ def parse_options(text):
             opts.kernel.add(item)
         elif item in IGNORED_OPTIONS or item.startswith(IGNORED_PREFIXES):
             continue
+        elif item in ("ro", "rw"):
+            opts.writable = item == "rw"
+        elif item == "create":
+            opts.create = True
+        elif item.startswith("blocksize="):
+            opts.block_size = _number(item, int)
+        elif item == "crc":
+            opts.new_crc = True
+        elif item.startswith("commit="):
+            opts.commit_seconds = _number(item, float)
         elif item == "nocrc":
             opts.verify_crc = False
-        elif item == "crc":
-            opts.verify_crc = True
         elif item == "debug":
             opts.debug = True
         elif item.startswith("logfile="):
             opts.logfile = item.split("=", 1)[1]
-        elif item == "rw":
-            raise UsageError("read-write mounts are not supported yet; mount with -o ro")
         else:
             raise UsageError(f"unknown mount option {item!r} (see mount.ctdsfs --help)")
     return opts
@@ -110,11 +134,18 @@ def mount(source, mountpoint, opts, foreground=False):
     source = os.path.abspath(source)
     check_mountpoint(mountpoint)
     _setup_logging(opts, foreground=True)  # problems found while opening reach the terminal
-    container = open_container(source, verify_crc=opts.verify_crc)
-    fs = ContainerFS(container, os.stat(source))
-    fuse_options = {"ro", "subtype=ctdsfs", "fsname=" + source.replace(",", "\\,")}
+    if opts.create and not os.path.exists(source):
+        container = create_container(source, block_size=opts.block_size, use_crc=opts.new_crc)
+        opts.writable = True
+    else:
+        container = open_container(source, verify_crc=opts.verify_crc, writable=opts.writable)
+    fs = ContainerFS(container, source, writable=opts.writable)
+    fuse_options = {"rw" if opts.writable else "ro", "subtype=ctdsfs",
+                    "fsname=" + source.replace(",", "\\,")}
     fuse_options |= opts.kernel
-    operations = FuseOperations(fs, threaded_reads=opts.verify_crc and container.header.use_crc)
+    operations = FuseOperations(
+        fs, threaded_reads=not opts.writable and opts.verify_crc and container.header.use_crc,
+        commit_interval=opts.commit_seconds if opts.writable else None)
 
     if foreground:
         serve(operations, mountpoint, fuse_options)

@@ -26,7 +26,7 @@ from collections import OrderedDict
 import numpy as np
 
 from ..container import Container, Usage
-from ..errors import BlockError, CtdsfsError, FormatError
+from ..errors import BlockError, CtdsfsError, FormatError, ReadOnlyError
 from .crc import crc32_bzip2
 from .multifile_header import (FIXED_V2, Entry, Header, encode_header_v1, encode_header_v2,
                                looks_like_v2, read_header)
@@ -35,6 +35,9 @@ from .store import VirtualFileStore
 log = logging.getLogger(__name__)
 
 MAX_NESTING = 32
+# A virtual file named like a container file is one the user stored (a copied
+# table.mf), not a subtable: casacore names nested containers after tables.
+CONTAINER_FILE_SUFFIXES = (".mf", ".mfh5")
 MAX_NAME_BYTES = 255
 VERIFIED_CACHE_BYTES = 32 << 20
 
@@ -44,10 +47,6 @@ def _grown(values, length):
     if len(values) >= length:
         return values
     return np.concatenate([values, np.zeros(length - len(values), values.dtype)])
-
-
-class ReadOnlyError(CtdsfsError):
-    """A write was asked of a container that is read-only (by choice or after a failure)."""
 
 
 def name_problem(name):
@@ -294,6 +293,8 @@ class MultiFile(Container):
     def _open_nested(self, name):
         e = self._entry(name)
         if e.size < FIXED_V2.size:
+            return None
+        if name.endswith(CONTAINER_FILE_SUFFIXES) and not e.nested_flag:
             return None
         try:
             if not looks_like_v2(self.read(name, 0, FIXED_V2.size)):
@@ -552,7 +553,7 @@ class MultiFile(Container):
         def run():
             if self.header.version != 2:
                 raise CtdsfsError(f"{self.label}: MultiFile version 1 cannot nest containers")
-            self._create(name)
+            self._create(name).nested_flag = True  # unambiguous, and casacore keeps it
             child = MultiFile.new(VirtualFileStore(self, name), block_size=self.block_size,
                                      depth=self.depth + 1, lock=self._lock)
             child.verify_crc = self.verify_crc

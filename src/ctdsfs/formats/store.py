@@ -53,10 +53,11 @@ class FileStore:
 
     def lock(self):
         """Take the advisory write lock, or fail with a clear message if another writer has it."""
+        # flock, not lockf: the lock must survive the fork of a daemonizing mount.
         try:
-            fcntl.lockf(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
-            if exc.errno in (errno.EACCES, errno.EAGAIN):
+            if exc.errno in (errno.EACCES, errno.EAGAIN, errno.EWOULDBLOCK):
                 raise CtdsfsError(f"{self.label}: another writer holds the container's lock "
                                   "(is it mounted read-write elsewhere?)") from None
             raise

@@ -2,9 +2,16 @@
 
 A directory is a container (the mounted one, or a nested one); a file is one
 virtual file of a container. Inode numbers are handed out on first sight and
-kept for the life of the mount, so ``find``/``cp -r``/hard-link detection see
-stable numbers. Ownership, permissions and times come from the container file
-itself, with write bits removed (the mount is read-only).
+kept for the life of the mount. Ownership, permissions and times come from
+the container file itself: MultiFile stores none of them, so chmod, chown and
+utimens succeed without changing anything (``cp -a``/``rsync -a`` work).
+
+Write semantics: a file unlinked while open stays readable and writable
+through its handles until the last one closes; rename replaces its target
+like rename(2), moves files between containers by copying, and refuses to
+move a directory into another container (EXDEV, so ``mv`` copies instead).
+Changes are committed when the last writer of a file closes it, on fsync,
+on ``commit()`` (the adapter's timer and unmount).
 """
 
 import errno
@@ -14,12 +21,13 @@ import stat
 import threading
 from dataclasses import dataclass
 
-from ..errors import BlockError
+from ..errors import BlockError, CtdsfsError, ReadOnlyError
 
 log = logging.getLogger(__name__)
 
 ROOT_INO = 1
 NAME_MAX = 255
+COPY_CHUNK = 4 << 20
 
 
 class FSError(Exception):
@@ -50,24 +58,59 @@ class _Node:
     ino: int
     parent: int
     owner: object  # the container holding this entry (None for the root)
-    name: str  # entry name in ``owner`` ('' for the root)
+    key: object  # entry name in ``owner``, or the entry itself once unlinked while open
     directory: object  # the container this node shows as a directory, or None
+    handles: int = 0
+    writers: int = 0
+
+
+@dataclass
+class _Handle:
+    node: _Node
+    writable: bool
+    append: bool
+
+
+def _errno_of(exc):
+    if isinstance(exc, FSError):
+        return exc.errno
+    if isinstance(exc, FileNotFoundError):
+        return errno.ENOENT
+    if isinstance(exc, FileExistsError):
+        return errno.EEXIST
+    if isinstance(exc, BlockError):
+        return errno.EIO
+    if isinstance(exc, ReadOnlyError):
+        return errno.EROFS
+    if isinstance(exc, CtdsfsError):
+        return errno.EINVAL
+    return errno.EIO
 
 
 class ContainerFS:
-    """The mounted tree: lookup, getattr, readdir, open/read/release, statfs."""
+    """The mounted tree: every operation the FUSE adapter forwards, as plain calls."""
 
-    def __init__(self, root, file_stat):
+    def __init__(self, root, source_path, writable=False):
         self.root = root
-        self._stat = file_stat
-        self._lock = threading.Lock()
+        self.source_path = source_path
+        self.writable = writable
+        self._lock = threading.RLock()
         self._nodes = {ROOT_INO: _Node(ROOT_INO, ROOT_INO, None, "", root)}
         self._inos = {}
         self._next_ino = ROOT_INO + 1
         self._handles = {}
         self._next_fh = 1
 
-    # -- nodes
+    # ------------------------------------------------------------ helpers
+
+    def _call(self, func, *args):
+        """Run a container call, turning its exceptions into FSError."""
+        try:
+            return func(*args)
+        except FSError:
+            raise
+        except (CtdsfsError, OSError) as exc:
+            raise FSError(_errno_of(exc), str(exc)) from None
 
     def _node(self, ino):
         try:
@@ -75,114 +118,300 @@ class ContainerFS:
         except KeyError:
             raise FSError(errno.ENOENT) from None
 
-    def _child(self, parent, name):
-        """The node for entry ``name`` of directory node ``parent`` (created once)."""
-        key = (id(parent.directory), name)
-        with self._lock:
-            ino = self._inos.get(key)
-            if ino is not None:
-                return self._nodes[ino]
-        nested = parent.directory.nested(name)
-        with self._lock:
-            ino = self._inos.get(key)
-            if ino is None:
-                ino = self._next_ino
-                self._next_ino += 1
-                self._inos[key] = ino
-                self._nodes[ino] = _Node(ino, parent.ino, parent.directory, name, nested)
-            return self._nodes[ino]
-
-    def _attr(self, node):
-        st = self._stat
-        readable = st.st_mode & 0o444
-        if node.directory is not None:
-            mode, nlink = stat.S_IFDIR | readable | (readable >> 2), 2  # r -> r-x
-        else:
-            mode, nlink = stat.S_IFREG | readable, 1
-        if node.owner is None:  # the root: the mounted container itself
-            size = nblocks = 0
-            blksize = node.directory.usage().block_size
-        else:
-            size = node.owner.entry_size(node.name)
-            nblocks = node.owner.entry_blocks(node.name)
-            blksize = node.owner.usage().block_size
-        return Attr(ino=node.ino, mode=mode, nlink=nlink, size=size,
-                    blocks=nblocks * blksize // 512, blksize=blksize,
-                    uid=st.st_uid, gid=st.st_gid, atime_ns=st.st_atime_ns,
-                    mtime_ns=st.st_mtime_ns, ctime_ns=st.st_ctime_ns)
-
     def _directory(self, ino):
         node = self._node(ino)
         if node.directory is None:
             raise FSError(errno.ENOTDIR)
         return node
 
-    # -- operations
+    def _child(self, parent, name):
+        """The node for entry ``name`` of directory node ``parent`` (created once)."""
+        key = (id(parent.directory), name)
+        ino = self._inos.get(key)
+        if ino is not None:
+            return self._nodes[ino]
+        nested = parent.directory.nested(name)
+        ino = self._next_ino
+        self._next_ino += 1
+        self._inos[key] = ino
+        self._nodes[ino] = _Node(ino, parent.ino, parent.directory, name, nested)
+        return self._nodes[ino]
 
-    def lookup(self, parent_ino, name):
-        parent = self._directory(parent_ino)
-        if name == ".":
-            return self._attr(parent)
-        if name == "..":
-            return self._attr(self._node(parent.parent))
-        if len(name.encode("utf-8", "surrogateescape")) > NAME_MAX:
-            raise FSError(errno.ENAMETOOLONG)
+    def _existing_child(self, parent, name):
         try:
             parent.directory.entry_size(name)
         except FileNotFoundError:
             raise FSError(errno.ENOENT) from None
-        return self._attr(self._child(parent, name))
+        return self._child(parent, name)
+
+    def _forget_name(self, container, name):
+        self._inos.pop((id(container), name), None)
+
+    def _attr(self, node):
+        st = os.stat(self.source_path)
+        perms = st.st_mode & (0o666 if self.writable else 0o444)
+        if node.directory is not None:
+            mode, nlink = stat.S_IFDIR | perms | ((perms & 0o444) >> 2), 2  # r -> r-x
+        else:
+            mode, nlink = stat.S_IFREG | perms, 1
+        if node.owner is None:  # the root: the mounted container itself
+            size = nblocks = 0
+            blksize = node.directory.usage().block_size
+        else:
+            size = node.owner.entry_size(node.key)
+            nblocks = node.owner.entry_blocks(node.key)
+            blksize = node.owner.usage().block_size
+        return Attr(ino=node.ino, mode=mode, nlink=nlink, size=size,
+                    blocks=nblocks * blksize // 512, blksize=blksize,
+                    uid=st.st_uid, gid=st.st_gid, atime_ns=st.st_atime_ns,
+                    mtime_ns=st.st_mtime_ns, ctime_ns=st.st_ctime_ns)
+
+    def _check_name(self, name):
+        if len(name.encode("utf-8", "surrogateescape")) > NAME_MAX:
+            raise FSError(errno.ENAMETOOLONG)
+        if name in ("", ".", "..") or "/" in name or "\0" in name:
+            raise FSError(errno.EINVAL)
+
+    def _check_writable(self):
+        if not self.writable or not self.root.writable:
+            raise FSError(errno.EROFS)
+
+    # ------------------------------------------------------------ reading
+
+    def lookup(self, parent_ino, name):
+        with self._lock:
+            parent = self._directory(parent_ino)
+            if name == ".":
+                return self._attr(parent)
+            if name == "..":
+                return self._attr(self._node(parent.parent))
+            if len(name.encode("utf-8", "surrogateescape")) > NAME_MAX:
+                raise FSError(errno.ENAMETOOLONG)
+            return self._attr(self._existing_child(parent, name))
 
     def getattr(self, ino):
-        return self._attr(self._node(ino))
+        with self._lock:
+            return self._attr(self._node(ino))
 
     def opendir(self, ino):
-        self._directory(ino)
-        return ino
+        with self._lock:
+            self._directory(ino)
+            return ino
 
     def readdir(self, ino, start=0):
-        """``(name, attr, next_offset)`` for entries from offset ``start`` on."""
-        parent = self._directory(ino)
-        names = parent.directory.names()
-        for index in range(start, len(names)):
-            yield names[index], self._attr(self._child(parent, names[index])), index + 1
+        """``[(name, attr, next_offset)]`` for entries from offset ``start`` on."""
+        with self._lock:
+            parent = self._directory(ino)
+            names = parent.directory.names()
+            return [(names[i], self._attr(self._child(parent, names[i])), i + 1)
+                    for i in range(start, len(names))]
 
     def open(self, ino, flags):
-        node = self._node(ino)
-        if node.directory is not None:
-            raise FSError(errno.EISDIR)
-        if flags & os.O_ACCMODE != os.O_RDONLY or flags & (os.O_TRUNC | os.O_APPEND):
-            raise FSError(errno.EROFS)
         with self._lock:
-            fh = self._next_fh
-            self._next_fh += 1
-            self._handles[fh] = node
+            node = self._node(ino)
+            if node.directory is not None:
+                raise FSError(errno.EISDIR)
+            writable = flags & os.O_ACCMODE != os.O_RDONLY
+            if writable or flags & os.O_TRUNC:
+                self._check_writable()
+            if flags & os.O_TRUNC:
+                self._call(node.owner.truncate, node.key, 0)
+            return self._new_handle(node, writable, bool(flags & os.O_APPEND))
+
+    def _new_handle(self, node, writable, append):
+        fh = self._next_fh
+        self._next_fh += 1
+        self._handles[fh] = _Handle(node, writable, append)
+        node.handles += 1
+        node.writers += writable
         return fh
 
-    def read(self, fh, offset, size):
+    def _handle(self, fh):
         try:
-            node = self._handles[fh]
+            return self._handles[fh]
         except KeyError:
             raise FSError(errno.EBADF) from None
-        try:
-            return node.owner.read(node.name, offset, size)
-        except BlockError as exc:
-            raise FSError(errno.EIO, str(exc)) from None
 
-    def release(self, fh):
-        with self._lock:
-            self._handles.pop(fh, None)
+    def read(self, fh, offset, size):
+        node = self._handle(fh).node
+        return self._call(node.owner.read, node.key, offset, size)
 
     def statfs(self):
         usage = self.root.usage()
+        free = usage.free_blocks
+        avail = 0
+        if self.writable:
+            disk = os.statvfs(self.source_path)
+            free += disk.f_bavail * disk.f_frsize // usage.block_size
+            avail = free
         return {
             "f_bsize": usage.block_size,
             "f_frsize": usage.block_size,
-            "f_blocks": usage.total_blocks,
-            "f_bfree": usage.free_blocks,
-            "f_bavail": 0,  # read-only: nothing can be allocated
+            "f_blocks": usage.total_blocks + (free - usage.free_blocks),
+            "f_bfree": free,
+            "f_bavail": avail,
             "f_files": len(self._nodes),
             "f_ffree": 0,
             "f_favail": 0,
             "f_namemax": NAME_MAX,
         }
+
+    # ------------------------------------------------------------ writing
+
+    def write(self, fh, offset, data):
+        with self._lock:
+            handle = self._handle(fh)
+            if not handle.writable:
+                raise FSError(errno.EBADF)
+            node = handle.node
+            if handle.append:
+                offset = node.owner.entry_size(node.key)
+            return self._call(node.owner.write, node.key, offset, data)
+
+    def create(self, parent_ino, name, flags):
+        """Create (or open, if it exists) a file; returns ``(fh, attr)``."""
+        with self._lock:
+            self._check_writable()
+            self._check_name(name)
+            parent = self._directory(parent_ino)
+            if name in parent.directory.names():
+                if flags & os.O_EXCL:
+                    raise FSError(errno.EEXIST)
+                node = self._child(parent, name)
+                return self.open(node.ino, flags), self._attr(node)
+            self._call(parent.directory.create, name)
+            node = self._child(parent, name)
+            fh = self._new_handle(node, flags & os.O_ACCMODE != os.O_RDONLY,
+                                  bool(flags & os.O_APPEND))
+            return fh, self._attr(node)
+
+    def setattr(self, ino, size=None):
+        """Only the size is stored; mode, owner and times are accepted and not kept."""
+        with self._lock:
+            node = self._node(ino)
+            if size is not None:
+                if node.directory is not None:
+                    raise FSError(errno.EISDIR)
+                self._check_writable()
+                self._call(node.owner.truncate, node.key, size)
+            return self._attr(node)
+
+    def mkdir(self, parent_ino, name):
+        with self._lock:
+            self._check_writable()
+            self._check_name(name)
+            parent = self._directory(parent_ino)
+            if name in parent.directory.names():
+                raise FSError(errno.EEXIST)
+            self._call(parent.directory.make_nested, name)
+            return self._attr(self._child(parent, name))
+
+    def unlink(self, parent_ino, name):
+        with self._lock:
+            self._check_writable()
+            parent = self._directory(parent_ino)
+            node = self._existing_child(parent, name)
+            if node.directory is not None:
+                raise FSError(errno.EISDIR)
+            self._drop(parent, node)
+
+    def _drop(self, parent, node):
+        """Remove ``node``'s entry; an open file lives on, unnamed, until its last release."""
+        name = node.key
+        orphan = self._call(parent.directory.remove, name, node.handles > 0)
+        self._forget_name(parent.directory, name)
+        if orphan is not None:
+            node.key = orphan
+        else:
+            self._nodes.pop(node.ino, None)
+
+    def rmdir(self, parent_ino, name):
+        with self._lock:
+            self._check_writable()
+            parent = self._directory(parent_ino)
+            node = self._existing_child(parent, name)
+            if node.directory is None:
+                raise FSError(errno.ENOTDIR)
+            if node.directory.names():
+                raise FSError(errno.ENOTEMPTY)
+            self._drop(parent, node)
+
+    def rename(self, old_parent_ino, old_name, new_parent_ino, new_name, noreplace=False):
+        with self._lock:
+            self._check_writable()
+            self._check_name(new_name)
+            src_parent = self._directory(old_parent_ino)
+            dst_parent = self._directory(new_parent_ino)
+            node = self._existing_child(src_parent, old_name)
+            src, dst = src_parent.directory, dst_parent.directory
+            if src is dst and old_name == new_name:
+                return
+            if new_name in dst.names():
+                if noreplace:
+                    raise FSError(errno.EEXIST)
+                target = self._child(dst_parent, new_name)
+                if node.directory is None and target.directory is not None:
+                    raise FSError(errno.EISDIR)
+                if node.directory is not None and target.directory is None:
+                    raise FSError(errno.ENOTDIR)
+                if target.directory is not None and target.directory.names():
+                    raise FSError(errno.ENOTEMPTY)
+                self._drop(dst_parent, target)
+            if src is dst:
+                self._call(src.rename, old_name, new_name)
+            elif node.directory is not None:
+                raise FSError(errno.EXDEV)
+            else:
+                self._copy_across(src, old_name, dst, new_name)
+                self._call(src.remove, old_name)
+                node.owner = dst
+            self._forget_name(src, old_name)
+            self._inos[(id(dst), new_name)] = node.ino
+            node.key = new_name
+            node.parent = dst_parent.ino
+
+    def _copy_across(self, src, old_name, dst, new_name):
+        self._call(dst.create, new_name)
+        size = src.entry_size(old_name)
+        for offset in range(0, size, COPY_CHUNK):
+            data = self._call(src.read, old_name, offset, COPY_CHUNK)
+            self._call(dst.write, new_name, offset, data)
+
+    def flush(self, fh):
+        self._handle(fh)
+
+    def fsync(self, fh=None):
+        with self._lock:
+            if fh is not None:
+                self._handle(fh)
+            self.commit()
+
+    def release(self, fh):
+        """Close a handle; the last writer's close commits, the last close frees an orphan."""
+        with self._lock:
+            handle = self._handles.pop(fh, None)
+            if handle is None:
+                return
+            node = handle.node
+            node.handles -= 1
+            node.writers -= handle.writable
+            if not isinstance(node.key, str) and node.handles == 0:
+                self._call(node.owner.release, node.key)
+                self._nodes.pop(node.ino, None)
+            if handle.writable and node.writers == 0:
+                self.commit()
+
+    def commit(self):
+        """Commit every pending change; a failure leaves the committed state and goes read-only."""
+        with self._lock:
+            if not self.writable or not self.root.writable:
+                return False
+            return self._call(self.root.commit)
+
+    def close(self):
+        """Unmount: commit what is pending and release the container."""
+        with self._lock:
+            try:
+                self.root.close()
+            except (CtdsfsError, OSError) as exc:
+                log.error("final commit failed: %s", exc)
