@@ -385,7 +385,7 @@ class MultiFile(Container):
                 if buffered is not None and buffered[0] == index:
                     del self._buffers[id(e)]
                 elif buffered is not None:
-                    self._flush_buffer(id(e))  # blocks are allocated in order
+                    self._flush_buffer(id(e))  # one buffered block per file
                 self._put_block(e, index, piece)
             else:
                 buf = self._buffer_for(e, index)
@@ -406,7 +406,10 @@ class MultiFile(Container):
             buf = bytearray(self._read_block(e, index))
             valid = max(0, e.size - index * bs)  # bytes past EOF are stale: never expose them
             buf[valid:] = bytes(bs - valid) if valid < bs else b""
-        else:
+        else:  # a new block: allocated now, as casacore's extend() does at write time
+            if not isinstance(e.blocks, array):
+                e.blocks = array("q", e.blocks.tolist())
+            e.blocks.append(self._allocate())
             buf = bytearray(bs)
         self._buffers[id(e)] = [index, buf, e]
         return buf
@@ -596,7 +599,8 @@ class MultiFile(Container):
         new = Header(version=h.version, block_size=bs, counter=h.counter + 1, nblocks=nblocks,
                      header_size=0, entries=h.entries, free_blocks=np.array(free, np.int64),
                      use_crc=h.use_crc, crcs=self._crcs[:nblocks] if h.use_crc else self._crcs[:0],
-                     cont_first=0, cont_sets=tuple(np.array(s, np.int64) for s in h.cont_sets),
+                     cont_first=h.cont_first,  # tells which set is active until re-laid out
+                     cont_sets=tuple(np.array(s, np.int64) for s in h.cont_sets),
                      cont_used=tuple(h.cont_used))
         if h.version == 1:
             self._write_header_v1(new)
@@ -627,7 +631,7 @@ class MultiFile(Container):
         """casacore's writeHeader: continuation pieces in the inactive set, then block 0."""
         bs = self.block_size
         active = h.active_cont_set
-        sets = [list(s) for s in h.cont_sets]
+        sets = [np.asarray(s).tolist() for s in h.cont_sets]
         used = list(h.cont_used)
         used[active] = 0
         h.cont_sets, h.cont_used, h.cont_first = tuple(map(np.array, sets)), tuple(used), 0
