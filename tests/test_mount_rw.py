@@ -1,0 +1,341 @@
+"""Read-write mounts: real programs write, casacore reads back, crashes lose nothing committed."""
+
+import errno
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from ctdsfs.container import open_container
+
+from .conftest import SCRIPTS, Mount, is_mounted, make_casacore_table, unmount
+from .test_write import check_crcs, snapshot
+
+pytestmark = pytest.mark.fuse
+
+
+def new_container(path, block_size=4096, crc=False):
+    cmd = ["ctdsfs", "new", str(path), "--block-size", str(block_size)] + (["--crc"] if crc else [])
+    subprocess.run(cmd, check=True)
+    return path
+
+
+def dump_table(path, home):
+    out = subprocess.run([sys.executable, str(SCRIPTS / "make_sample_table.py"), "--dump",
+                          str(path)], check=True, capture_output=True, text=True,
+                         env=dict(os.environ, HOME=str(home)))
+    return json.loads(out.stdout)
+
+
+def validate(path):
+    """Strict consistency: no hidden entries, blocks used once, free list disjoint, CRCs right."""
+    def walk(c):
+        assert c.problems == []
+        used = [b for n in c.names() for b in c._entry(n).blocks.tolist()]
+        free = c.header.free_blocks.tolist()
+        cont = [b for s in c.header.cont_sets for b in s.tolist()]
+        everything = used + free + cont
+        assert len(everything) == len(set(everything)), "a block is claimed twice"
+        assert all(0 < b < c.header.nblocks for b in everything)
+        for n in c.names():
+            if c.nested(n) is not None:
+                walk(c.nested(n))
+    c = open_container(path)
+    walk(c)
+    if c.header.use_crc:
+        check_crcs(path)
+    c.close()
+
+
+@pytest.mark.tools
+@pytest.mark.parametrize("crc", [False, True])
+def test_python_casacore_writes_a_table_inside_a_mount(mount, tmp_path, crc):
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / ".casarc").write_text("\n")
+    container = new_container(tmp_path / "ms.mf", block_size=4096, crc=crc)
+    m = mount(container, options=["rw"])
+    subprocess.run([sys.executable, str(SCRIPTS / "make_sample_table.py"),
+                    str(m.mountpoint / "obs.tab"), "300"], check=True,
+                   env=dict(os.environ, HOME=str(home)))
+    assert m.close() == 0
+    reference = make_casacore_table(tmp_path / "ref.tab", rows=300, multifile=False)
+    validate(container)
+    info = subprocess.run(["ctdsfs", "info", "--json", str(container)], check=True,
+                          capture_output=True, text=True)
+    assert json.loads(info.stdout)["files"][0] == {
+        "name": "obs.tab", "size": json.loads(info.stdout)["files"][0]["size"], "nested": True,
+        "blocks": json.loads(info.stdout)["files"][0]["blocks"]}
+    again = mount(container)
+    assert sorted(os.listdir(again.mountpoint / "obs.tab" / "ANTENNA")) == sorted(
+        os.listdir(reference / "ANTENNA"))
+    assert dump_table(again.mountpoint / "obs.tab", home) == dump_table(reference, home)
+
+
+@pytest.mark.tools
+@pytest.mark.parametrize("crc", [False, True])
+def test_containers_ctdsfs_writes_are_read_by_casacore(mount, tmp_path, crc):
+    home = tmp_path / "home"
+    home.mkdir()
+    table = make_casacore_table(tmp_path / "orig.tab", block_size=4096, rows=200)
+    expected = dump_table(table, home)
+    original = mount(table / "table.mf")
+    copy = new_container(tmp_path / "copy.mf", block_size=4096, crc=crc)
+    target = mount(copy, options=["rw"])
+    for name in os.listdir(original.mountpoint):
+        shutil.copyfile(original.mountpoint / name, target.mountpoint / name)
+    assert target.close() == 0
+    original.close()
+    os.replace(copy, table / "table.mf")
+    assert dump_table(table, home) == expected  # casacore checks the CRCs we wrote
+    if crc:
+        data = bytearray((table / "table.mf").read_bytes())
+        data[4096 + 10] ^= 0xFF  # casacore must notice a corrupted block
+        (table / "table.mf").write_bytes(data)
+        with pytest.raises(subprocess.CalledProcessError):
+            dump_table(table, home)
+
+
+def test_posix_write_semantics(mount, tmp_path):
+    container = new_container(tmp_path / "p.mf", block_size=512)
+    m = mount(container, options=["rw"])
+    root = m.mountpoint
+    (root / "a").write_bytes(b"hello")
+    with open(root / "a", "ab") as f:
+        f.write(b" world")
+    assert (root / "a").read_bytes() == b"hello world"
+    with open(root / "a", "r+b") as f:
+        f.seek(2000)
+        f.write(b"!")
+    assert (root / "a").read_bytes() == b"hello world" + bytes(2000 - 11) + b"!"
+    os.truncate(root / "a", 3)
+    assert (root / "a").read_bytes() == b"hel"
+    os.truncate(root / "a", 700)
+    assert (root / "a").read_bytes() == b"hel" + bytes(697)
+    with open(root / "a", "wb") as f:  # O_TRUNC
+        f.write(b"new")
+    assert (root / "a").read_bytes() == b"new"
+
+    f = open(root / "a", "r+b")  # unlinked while open: still readable and writable
+    os.unlink(root / "a")
+    assert not (root / "a").exists()
+    f.write(b"NEW")
+    f.seek(0)
+    assert f.read() == b"NEW"
+    f.close()
+
+    os.mkdir(root / "d")
+    (root / "d" / "x").write_bytes(b"x" * 3000)
+    with pytest.raises(OSError) as exc:
+        os.rmdir(root / "d")
+    assert exc.value.errno == errno.ENOTEMPTY
+    (root / "b").write_bytes(b"b")
+    os.rename(root / "b", root / "d" / "x")  # across containers, replacing
+    assert (root / "d" / "x").read_bytes() == b"b" and not (root / "b").exists()
+    os.mkdir(root / "e")
+    with pytest.raises(OSError) as exc:
+        os.rename(root / "e", root / "d" / "e")
+    assert exc.value.errno == errno.EXDEV
+    shutil.move(str(root / "e"), str(root / "d" / "e"))  # mv copies instead
+    assert os.path.isdir(root / "d" / "e")
+    os.rename(root / "d", root / "D")
+    assert (root / "D" / "x").read_bytes() == b"b"
+    os.chmod(root / "D" / "x", 0o600)  # accepted, nothing stored
+    os.utime(root / "D" / "x", (0, 0))
+    st = os.statvfs(root)
+    assert st.f_bsize == 512 and st.f_bavail > 0
+    assert m.close() == 0
+    validate(container)
+    r = open_container(container)
+    assert snapshot(r) == {"D/": b"", "D/x": b"b", "D/e/": b""}
+
+
+def test_second_read_write_mount_is_refused(mount, tmp_path):
+    container = new_container(tmp_path / "l.mf")
+    mount(container, options=["rw"])
+    other = tmp_path / "other"
+    other.mkdir()
+    result = subprocess.run(["mount.ctdsfs", "-o", "rw", str(container), str(other)],
+                            capture_output=True, text=True)
+    assert result.returncode == 1 and "another writer" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_create_option_and_daemon_commit_on_unmount(tmp_path):
+    container = tmp_path / "made.mf"
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    try:
+        subprocess.run(["mount.ctdsfs", "-o", "create,blocksize=1024,crc,commit=3600",
+                        str(container), str(mnt)], check=True)
+        (mnt / "f").write_bytes(b"f" * 5000)
+        os.mkdir(mnt / "sub")
+        (mnt / "sub" / "g").write_bytes(b"g")
+    finally:
+        unmount(mnt)
+    deadline = time.monotonic() + 20
+    while True:  # the daemon commits after the unmount, then exits
+        try:
+            state = snapshot(open_container(container))
+            if state.get("sub/g") == b"g":
+                break
+        except Exception:
+            pass
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    assert state == {"f": b"f" * 5000, "sub/": b"", "sub/g": b"g"}
+    c = open_container(container)
+    assert c.block_size == 1024 and c.header.use_crc
+
+
+def test_change_under_a_read_write_mount_goes_read_only(mount, tmp_path):
+    container = new_container(tmp_path / "x.mf")
+    m = mount(container, options=["rw"])
+    (m.mountpoint / "f").write_bytes(b"one")
+    with open(container, "r+b") as f:  # another writer commits behind our back
+        f.seek(16)
+        f.write((1000).to_bytes(8, "big"))
+    with pytest.raises(OSError):
+        (m.mountpoint / "g").write_bytes(b"two")  # its close fails to commit
+    with pytest.raises(OSError) as exc:
+        (m.mountpoint / "h").write_bytes(b"three")
+    assert exc.value.errno == errno.EROFS
+    assert "switched to read-only" in m.log_text()
+
+
+def random_tree_ops(rng, roots, steps):
+    """The same random operations on every root (mount and shadow directory)."""
+    names = [f"f{i}" for i in range(6)]
+    dirs = ["", "s1/", "s1/s2/"]
+    for root in roots:
+        for d in dirs[1:]:
+            os.makedirs(os.path.join(root, d), exist_ok=True)
+    for _ in range(steps):
+        d = rng.choice(dirs)
+        name = d + rng.choice(names)
+        op = rng.random()
+        offset = rng.randrange(0, 20000)
+        data = rng.randbytes(rng.randrange(0, 9000))
+        size = rng.randrange(0, 25000)
+        other = rng.choice(dirs) + rng.choice(names)
+        for root in roots:
+            path = os.path.join(root, name)
+            if op < 0.4:
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT)
+                os.pwrite(fd, data, offset)
+                os.close(fd)
+            elif not os.path.exists(path):
+                continue
+            elif op < 0.55:
+                os.truncate(path, size)
+            elif op < 0.65:
+                os.unlink(path)
+            elif op < 0.8:
+                os.rename(path, os.path.join(root, other))
+            else:
+                with open(path, "rb") as f:
+                    f.seek(offset)
+                    f.read(len(data))
+
+
+def tree(root):
+    out = {}
+    for dirpath, dirs, files in os.walk(root):
+        rel = os.path.relpath(dirpath, root)
+        for f in files:
+            with open(os.path.join(dirpath, f), "rb") as fh:
+                out[os.path.join(rel, f)] = fh.read()
+        for d in dirs:
+            out[os.path.join(rel, d) + "/"] = b""
+    return out
+
+
+@pytest.mark.parametrize("crc", [False, True])
+def test_random_operations_match_a_shadow_directory(mount, tmp_path, crc):
+    rng = random.Random(100 + crc)
+    container = new_container(tmp_path / "r.mf", block_size=1024, crc=crc)
+    shadow = tmp_path / "shadow"
+    shadow.mkdir()
+    m = mount(container, options=["rw", "commit=1"])
+    for _ in range(10):
+        random_tree_ops(rng, [str(m.mountpoint), str(shadow)], 150)
+        assert tree(m.mountpoint) == tree(shadow)
+    assert m.close() == 0
+    validate(container)
+    again = mount(container)
+    assert tree(again.mountpoint) == tree(shadow)
+
+
+CRASH_POINTS = int(os.environ.get("CTDSFS_CRASH_POINTS", "100"))
+
+
+def test_kill_9_never_loses_a_commit(tmp_path):
+    """kill -9 the daemon at random moments; the container is always the last or next commit."""
+    if not os.path.exists("/dev/fuse"):
+        pytest.skip("FUSE is not available")
+    rng = random.Random(9)
+    container = new_container(tmp_path / "crash.mf", block_size=512, crc=True)
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    state = {}
+    names = ["a", "b", "c", "sub/x", "sub/y"]
+    outcomes = {"old": 0, "new": 0}
+    for point in range(CRASH_POINTS):
+        m = Mount(container, mnt, options=["rw", "commit=3600"], log=tmp_path / "crash.log")
+        delay = rng.uniform(0.0, 0.25)
+        killer = threading.Timer(delay, lambda p=m.proc: p.send_signal(signal.SIGKILL))
+        killer.start()
+        try:
+            while True:
+                name = rng.choice(names)
+                expected = dict(state)
+                path = mnt / name
+                if name.startswith("sub/") and "sub/" not in expected:
+                    os.mkdir(mnt / "sub")
+                    expected["sub/"] = b""
+                op = rng.random()
+                if op < 0.6 or name not in expected:
+                    offset = rng.randrange(0, 3000)
+                    data = rng.randbytes(rng.randrange(1, 4000))
+                    old = expected.get(name, b"").ljust(offset, b"\0")
+                    expected[name] = old[:offset] + data + old[offset + len(data):]
+                    fd = os.open(path, os.O_WRONLY | os.O_CREAT)
+                    os.pwrite(fd, data, offset)
+                    os.close(fd)  # the last writer's close commits
+                elif op < 0.8:
+                    size = rng.randrange(0, 5000)
+                    expected[name] = expected[name][:size].ljust(size, b"\0")
+                    os.truncate(path, size)
+                else:
+                    del expected[name]
+                    os.unlink(path)
+                dirfd = os.open(mnt, os.O_RDONLY)
+                try:
+                    os.fsync(dirfd)  # commits what the operation left pending
+                finally:
+                    os.close(dirfd)
+                state = expected
+        except OSError:
+            pass  # the daemon is gone
+        killer.join()
+        m.proc.wait(timeout=20)
+        unmount(mnt)
+        m.logfile.close()
+        got = snapshot(open_container(container))
+        if got == state:
+            outcomes["old"] += 1
+        else:
+            assert got == expected, f"kill point {point}: neither the last nor the next commit"
+            outcomes["new"] += 1
+            state = expected
+        validate(container)
+    assert sum(outcomes.values()) == CRASH_POINTS
+    if CRASH_POINTS >= 20:  # the kills really hit commits in flight, and between them
+        assert outcomes["new"] > 0 and outcomes["old"] > 0, outcomes
