@@ -8,6 +8,8 @@ the targets of the read-only milestone:
   repeated read through ctdsfs (kernel cache)/ direct read, hot                    >= 0.5
   first read with CRC checks, cache dropped  / direct read, cache dropped          >= 0.2
   mount of 100,000 files / 1,000,000 blocks: time to live < 2 s, peak RSS < 300 MB
+  sequential write through a read-write mount / the same bytes to a plain file >= 0.6
+  commit of a container with 100,000 files < 1 s; small writes write no header
 
 Needs root (drop_caches, mounting). Usage:
   python3 scripts/benchmark.py [--size-mib 1024] [--block-size 65536] [--dir DIR]
@@ -109,6 +111,25 @@ def read_through(path, bufsize=1 << 20):
     finally:
         os.close(fd)
     return total / (time.perf_counter() - start) / 1e9
+
+
+def write_through(path, size, chunk):
+    """Sequential write of ``size`` bytes in ``chunk``-sized writes, fsync, close; GB/s."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    start = time.perf_counter()
+    try:
+        for _ in range(size // len(chunk)):
+            os.write(fd, chunk)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return size / (time.perf_counter() - start) / 1e9
+
+
+def header_counter(path):
+    with open(path, "rb") as f:
+        f.seek(16)
+        return int.from_bytes(f.read(8), "big")
 
 
 def is_mounted(path):
@@ -238,6 +259,19 @@ def main():
             ctdsfs_crc_cold = read_through(tmp / "m2" / "big.bin")
         container.unlink()
 
+        print("writing the same bytes to a plain file and through a read-write mount ...",
+              flush=True)
+        chunk = pool[:1 << 20]
+        plain_write = write_through(tmp / "plain.bin", size, chunk)
+        (tmp / "plain.bin").unlink()
+        written = tmp / "written.mf"
+        subprocess.run(["ctdsfs", "new", str(written), "--block-size", str(args.block_size)],
+                       check=True)
+        with Mounted(["mount.ctdsfs", "-f", "-o", "rw,commit=3600", str(written),
+                      str(tmp / "m4")], str(tmp / "m4")):
+            mount_write = write_through(tmp / "m4" / "big.bin", size, chunk)
+        written.unlink()
+
         print("building a sparse container with 100,000 files and 1,000,000 blocks ...",
               flush=True)
         many = tmp / "many.mf"
@@ -249,6 +283,25 @@ def main():
             listed = len(os.listdir(tmp / "m3"))
             rss = m.peak_rss_mb()
 
+        from ctdsfs.container import open_container
+        big = open_container(many, writable=True)
+        big.write("table.f0", 100, b"changed")
+        start = time.perf_counter()
+        big.commit()
+        commit_seconds = time.perf_counter() - start
+        big.close()
+
+        counter = header_counter(many)
+        with Mounted(["mount.ctdsfs", "-f", "-o", "rw,commit=3600", str(many), str(tmp / "m5")],
+                     str(tmp / "m5")):
+            fd = os.open(tmp / "m5" / "table.f7", os.O_WRONLY)
+            start = time.perf_counter()
+            for i in range(1000):
+                os.pwrite(fd, b"small write", (i * 7919) % 40000)
+            small_write_us = (time.perf_counter() - start) * 1e3
+            header_writes = header_counter(many) - counter
+            os.close(fd)
+
     rows = [
         ("direct read of the container, cold", direct_cold, None, None),
         ("direct read of the container, hot", direct_hot, None, None),
@@ -257,6 +310,8 @@ def main():
         ("ctdsfs first read, cold (vs direct cold)", ctdsfs_cold, direct_cold, 0.3),
         ("ctdsfs repeated read (vs direct hot)", ctdsfs_repeat, direct_hot, 0.5),
         ("ctdsfs first read with CRC checks (vs direct cold)", ctdsfs_crc_cold, direct_cold, 0.2),
+        ("plain file sequential write + fsync", plain_write, None, None),
+        ("ctdsfs sequential write + fsync (vs plain file)", mount_write, plain_write, 0.6),
     ]
     print(f"\n{'measurement':<52} {'GB/s':>6} {'ratio':>6} {'target':>7}")
     for name, value, base, target in rows:
@@ -265,6 +320,9 @@ def main():
         print(f"{name:<52} {value:6.2f} {ratio:>6} {goal:>7}")
     print(f"\nmount with 100,000 files / 1,000,000 blocks: live after {mount_seconds:.2f} s "
           f"(target < 2 s), peak RSS {rss:.0f} MB after listing {listed} files (target < 300 MB)")
+    print(f"commit of that container after a change: {commit_seconds:.2f} s (target < 1 s)")
+    print(f"1000 small random writes through a read-write mount: {small_write_us:.0f} us each, "
+          f"{header_writes} header writes (target: none before the commit)")
 
 
 if __name__ == "__main__":

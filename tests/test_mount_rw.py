@@ -339,3 +339,20 @@ def test_kill_9_never_loses_a_commit(tmp_path):
     assert sum(outcomes.values()) == CRASH_POINTS
     if CRASH_POINTS >= 20:  # the kills really hit commits in flight, and between them
         assert outcomes["new"] > 0 and outcomes["old"] > 0, outcomes
+
+
+def test_read_only_mount_follows_another_writer(mount, tmp_path):
+    from ctdsfs.container import create_container
+    container = tmp_path / "live.mf"
+    writer = create_container(container, block_size=1024)
+    writer.create("data")
+    writer.write("data", 0, b"a" * 5000)
+    writer.commit()
+    m = mount(container)
+    assert (m.mountpoint / "data").read_bytes() == b"a" * 5000  # now in the page cache
+    writer.write("data", 0, b"b" * 5000)
+    writer.create("new")
+    writer.commit()
+    assert sorted(os.listdir(m.mountpoint)) == ["data", "new"]
+    assert (m.mountpoint / "data").read_bytes() == b"b" * 5000
+    writer.close()

@@ -104,3 +104,38 @@ def test_statfs_in_container_blocks():
     st = fs.statfs()
     assert (st["f_bsize"], st["f_blocks"], st["f_bfree"], st["f_bavail"]) == (4096, 7, 3, 0)
     assert st["f_namemax"] == 255
+
+
+def test_reload_when_another_process_commits(tmp_path):
+    from ctdsfs.container import create_container
+    path = tmp_path / "shared.mf"
+    writer = create_container(path, block_size=256)
+    writer.create("keep")
+    writer.write("keep", 0, b"v1")
+    writer.create("gone")
+    writer.make_nested("SUB").create("x")
+    writer.commit()
+    fs = ContainerFS(open_container(path), path)
+    keep = fs.lookup(ROOT_INO, "keep").ino
+    sub = fs.lookup(ROOT_INO, "SUB").ino
+    fs.lookup(sub, "x")
+    fh = fs.open(keep, os.O_RDONLY)
+    assert fs.may_keep_cache(fh) is False  # first open: nothing cached yet
+    fs.release(fh)
+
+    writer.write("keep", 0, b"v2")
+    writer.remove("gone")
+    writer.nested("SUB").create("y")
+    writer.commit()
+
+    assert [n for n, _, _ in fs.readdir(ROOT_INO)] == ["keep", "SUB"]
+    assert fs.lookup(ROOT_INO, "keep").ino == keep  # same inode after the reload
+    fh = fs.open(keep, os.O_RDONLY)
+    assert fs.may_keep_cache(fh) is False  # the kernel must drop pages of before
+    assert fs.read(fh, 0, 10) == b"v2"
+    assert sorted(n for n, _, _ in fs.readdir(sub)) == ["x", "y"]
+    with pytest.raises(FSError):
+        fs.lookup(ROOT_INO, "gone")
+    fs.release(fh)
+    fh = fs.open(keep, os.O_RDONLY)
+    assert fs.may_keep_cache(fh) is True  # unchanged since: keep the cache

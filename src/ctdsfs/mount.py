@@ -139,7 +139,7 @@ def mount(source, mountpoint, opts, foreground=False):
         opts.writable = True
     else:
         container = open_container(source, verify_crc=opts.verify_crc, writable=opts.writable)
-    fs = ContainerFS(container, source, writable=opts.writable)
+    fs = ContainerFS(container, source, writable=opts.writable, kernel_appends=opts.writable)
     fuse_options = {"rw" if opts.writable else "ro", "subtype=ctdsfs",
                     "fsname=" + source.replace(",", "\\,")}
     fuse_options |= opts.kernel

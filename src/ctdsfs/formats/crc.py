@@ -21,4 +21,6 @@ def _reverse32(x):
 
 def crc32_bzip2(data):
     """CRC-32/BZIP2 of ``data`` (any bytes-like object)."""
-    return _reverse32(zlib.crc32(bytes(data).translate(_REVERSED_BYTES)))
+    if not isinstance(data, bytes):
+        data = bytes(data)
+    return _reverse32(zlib.crc32(data.translate(_REVERSED_BYTES)))

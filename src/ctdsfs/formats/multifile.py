@@ -28,8 +28,8 @@ import numpy as np
 from ..container import Container, Usage
 from ..errors import BlockError, CtdsfsError, FormatError, ReadOnlyError
 from .crc import crc32_bzip2
-from .multifile_header import (FIXED_V2, Entry, Header, encode_header_v1, encode_header_v2,
-                               looks_like_v2, read_header)
+from .multifile_header import (FIXED_V2, Entry, Header, encode_body_v2, encode_header_v1,
+                               encode_header_v2, looks_like_v2, read_header)
 from .store import VirtualFileStore
 
 log = logging.getLogger(__name__)
@@ -103,6 +103,7 @@ class MultiFile(Container):
         self.block_size = header.block_size
         self.problems = []
         self._entries = self._validate()
+        self._orphans = 0  # unlinked files still open: their blocks are in no header list
         if self.writable and self.problems:
             raise FormatError(f"{self.label}: damaged entries ({self.problems[0]}); "
                               "mount it read-only")
@@ -129,6 +130,29 @@ class MultiFile(Container):
         used = np.zeros(int(blocks.max()) + 1, bool)
         used[blocks] = True
         return used
+
+    def reload_if_changed(self):
+        """Re-read the header if another process committed since (its counter moved on).
+
+        Only a top-level container with nothing pending reloads; with local
+        changes the next commit detects the conflict instead. True if reloaded.
+        """
+        with self._lock:
+            lead = self.store.pread(16, 8)
+            if self.depth or len(lead) < 8 or int.from_bytes(lead, "big", signed=True) == \
+                    self.header.counter or self.dirty or self._orphans:
+                return False
+            header = read_header(self.store, self.hdrext_path, self.verify_crc)
+            log.info("%s: changed by another process (header counter %d -> %d): reloaded",
+                     self.label, self.header.counter, header.counter)
+            for child in self._nested.values():
+                if child is not None:
+                    child._set_read_only(f"{child.label} was reloaded")
+            try:
+                self._load(header)
+            except FormatError as exc:  # damaged by the other writer: keep serving, read-only
+                self._set_read_only(str(exc))
+            return True
 
     @property
     def dirty(self):
@@ -336,6 +360,8 @@ class MultiFile(Container):
             self._check_writable()
             try:
                 return func(*args)
+            except (FileExistsError, FileNotFoundError):
+                raise  # a wrong name, not a failed write
             except (OSError, BlockError) as exc:
                 self._fail(exc)
                 raise
@@ -378,15 +404,16 @@ class MultiFile(Container):
         pos, done, end = offset, 0, offset + length
         while pos < end:
             index, start = divmod(pos, bs)
-            n = min(bs - start, end - pos)
+            whole = (end - pos) // bs if start == 0 else 0  # full blocks from here on
+            n = whole * bs if whole else min(bs - start, end - pos)
             piece = bytes(n) if data is None else data[done:done + n]
-            if start == 0 and n == bs:
+            if whole:
                 buffered = self._buffers.get(id(e))
-                if buffered is not None and buffered[0] == index:
-                    del self._buffers[id(e)]
+                if buffered is not None and index <= buffered[0] < index + whole:
+                    del self._buffers[id(e)]  # about to be overwritten whole
                 elif buffered is not None:
                     self._flush_buffer(id(e))  # one buffered block per file
-                self._put_block(e, index, piece)
+                self._put_blocks(e, index, piece)
             else:
                 buf = self._buffer_for(e, index)
                 buf[start:start + n] = piece
@@ -424,26 +451,40 @@ class MultiFile(Container):
 
     def _flush_buffer(self, key):
         index, buf, e = self._buffers.pop(key)
-        self._put_block(e, index, bytes(buf))
+        self._put_blocks(e, index, bytes(buf))
 
     def _flush_buffers(self):
         for key in list(self._buffers):
             self._flush_buffer(key)
 
-    def _put_block(self, e, index, data):
-        """Write one whole block of ``e``, to a fresh block if the committed state uses it."""
+    def _put_blocks(self, e, index, data):
+        """Write whole blocks of ``e`` from ``index`` on; committed blocks get fresh ones.
+
+        Physically consecutive blocks go out in one pwrite.
+        """
         if not isinstance(e.blocks, array):
             e.blocks = array("q", e.blocks.tolist())
-        if index == len(e.blocks):
-            e.blocks.append(self._allocate())
-        elif self._is_committed(e.blocks[index]):
-            self._pending_free.append(e.blocks[index])
-            self._crcs_set(e.blocks[index], 0)
-            e.blocks[index] = self._allocate()
-        block = e.blocks[index]
-        self.store.pwrite(block * self.block_size, data)
-        self._crcs_set(block, crc32_bzip2(data))
-        self._verified.pop(block, None)
+        bs = self.block_size
+        count = len(data) // bs
+        targets = []
+        for i in range(index, index + count):
+            if i == len(e.blocks):
+                e.blocks.append(self._allocate())
+            elif self._is_committed(e.blocks[i]):
+                self._pending_free.append(e.blocks[i])
+                self._crcs_set(e.blocks[i], 0)
+                e.blocks[i] = self._allocate()
+            targets.append(e.blocks[i])
+        view = memoryview(data)
+        run = 0
+        for k in range(1, count + 1):
+            if k == count or targets[k] != targets[k - 1] + 1:
+                self.store.pwrite(targets[run] * bs, view[run * bs:k * bs])
+                run = k
+        for k, block in enumerate(targets):
+            if self.header.use_crc:
+                self._crcs[block] = crc32_bzip2(view[k * bs:(k + 1) * bs])
+            self._verified.pop(block, None)
         self._dirty = True
 
     def _is_committed(self, block):
@@ -504,6 +545,7 @@ class MultiFile(Container):
         if child is not None:
             child._set_read_only(f"{child.label} was removed")
         e.name = ""
+        self._orphans += keep_open
         if not keep_open:
             self._buffers.pop(id(e), None)
             self._release(e.blocks.tolist())
@@ -516,6 +558,7 @@ class MultiFile(Container):
         """Free the blocks of an unlinked file whose last user is gone."""
         def run():
             self._buffers.pop(id(orphan), None)
+            self._orphans -= 1
             self._release(orphan.blocks.tolist())
             orphan.blocks = array("q")
             self._dirty = True
@@ -635,7 +678,8 @@ class MultiFile(Container):
         used = list(h.cont_used)
         used[active] = 0
         h.cont_sets, h.cont_used, h.cont_first = tuple(map(np.array, sets)), tuple(used), 0
-        raw = encode_header_v2(h)
+        body = encode_body_v2(h)
+        raw = encode_header_v2(h, body)
         if len(raw) > bs:
             target = 1 - active
             while True:
@@ -645,7 +689,7 @@ class MultiFile(Container):
                 h.cont_first = sets[target][0] if sets[target] else 0
                 if h.use_crc:
                     h.crcs = _grown(h.crcs, h.nblocks)[:h.nblocks]  # continuation blocks: CRC 0
-                raw = encode_header_v2(h)
+                raw = encode_header_v2(h, body)
                 needed = -(-(len(raw) - bs) // (bs - 8))
                 if needed <= len(sets[target]):
                     break

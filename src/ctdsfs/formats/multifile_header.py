@@ -332,39 +332,72 @@ def _read_header_v2(store, physical, verify_crc):
 
 # ---------------------------------------------------------------- header encode
 
-def encode_header_v2(header):
-    """The logical v2 header (all continuation pieces joined), CRC filled in if used.
+def encode_indexes(block_lists):
+    """``Int64 n`` + packed index per list, all lists in one vectorised pass (big-endian)."""
+    count = len(block_lists)
+    lengths = np.fromiter((len(b) for b in block_lists), np.int64, count)
+    if not lengths.any():
+        return bytes(8 * count)
+    blocks = np.concatenate([np.asarray(b, dtype=np.int64) for b in block_lists if len(b)])
+    owner = np.repeat(np.arange(count), lengths)
+    starts_run = np.ones(len(blocks), bool)
+    starts_run[1:] = (np.diff(blocks) != 1) | (owner[1:] != owner[:-1])
+    run_first = np.flatnonzero(starts_run)
+    run_length = np.diff(np.append(run_first, len(blocks)))
+    run_owner = owner[run_first]
+    items = 1 + (run_length > 1)  # a start, and a run count if the run is longer than one
+    per_entry = np.bincount(run_owner, weights=items, minlength=count).astype(np.int64)
+    out = np.zeros(count + int(per_entry.sum()), np.int64)
+    entry_at = np.cumsum(per_entry + 1) - (per_entry + 1)  # where each entry's count goes
+    out[entry_at] = per_entry
+    # Items of each run go after its entry's count and the items of earlier runs of it.
+    run_items_before = np.cumsum(items) - items
+    first_run_of_owner = np.searchsorted(run_owner, run_owner, side="left")
+    pos = entry_at[run_owner] + 1 + run_items_before - run_items_before[first_run_of_owner]
+    out[pos] = blocks[run_first]
+    long_runs = run_length > 1
+    out[pos[long_runs] + 1] = 1 - run_length[long_runs]
+    return out.astype(">i8").tobytes()
 
-    ``header.cont_first`` and the continuation vectors are written as given; the
-    caller that splits the result into blocks decides them.
-    """
+
+def encode_body_v2(header):
+    """The part of a v2 header that continuation layout never changes: entries and indexes."""
     w = AipsWriter()
-    w.out += FIXED_V2.pack(0, header.cont_first, header.counter, 2, 0, 0, header.block_size,
-                           header.nblocks, 1 if header.use_crc else 0, bytes(7))
     w.start("MultiFile", 2, outer=True)
     w.start("Block", 1)
     w.u32(len(header.entries))
+    pack = struct.Struct(">I").pack
+    tail = struct.Struct(">qB").pack
+    parts = []
     for e in header.entries:
-        w.string(e.name)
-        w.i64(e.size)
-        w.bool(e.nested_flag)
+        name = e.name.encode("utf-8", "surrogateescape")
+        parts += (pack(len(name)), name, tail(e.size, 1 if e.nested_flag else 0))
+    w.out += b"".join(parts)
     w.end()
     w.end()
+    return w.getvalue() + encode_indexes([e.blocks for e in header.entries])
 
+
+def encode_header_v2(header, body=None):
+    """The logical v2 header (all continuation pieces joined), CRC filled in if used.
+
+    ``header.cont_first``, ``nblocks`` and the continuation vectors are written
+    as given; the caller that splits the result into blocks decides them and
+    may pass the ``encode_body_v2`` result once for all its attempts.
+    """
     def vector(values, dtype):
         values = np.asarray(values, dtype=dtype)
-        w.i64(len(values))
-        w.out += values.tobytes()
+        return struct.pack(">q", len(values)) + values.tobytes()
 
-    for e in header.entries:
-        vector(pack_index(e.blocks), ">i8")
-    vector(pack_index(header.free_blocks), ">i8")
-    vector(header.crcs, ">u4")
-    vector(header.cont_sets[0], ">i8")
-    vector(header.cont_sets[1], ">i8")
-    w.u32(header.cont_used[0])
-    w.u32(header.cont_used[1])
-    out = w.out
+    out = bytearray(FIXED_V2.pack(0, header.cont_first, header.counter, 2, 0, 0,
+                                  header.block_size, header.nblocks,
+                                  1 if header.use_crc else 0, bytes(7)))
+    out += body if body is not None else encode_body_v2(header)
+    out += vector(pack_index(header.free_blocks), ">i8")
+    out += vector(header.crcs, ">u4")
+    out += vector(header.cont_sets[0], ">i8")
+    out += vector(header.cont_sets[1], ">i8")
+    out += struct.pack(">II", *header.cont_used)
     out[32:40] = struct.pack(">q", len(out))
     if header.use_crc:
         out[28:32] = struct.pack(">I", crc32_bzip2(out))

@@ -12,6 +12,11 @@ like rename(2), moves files between containers by copying, and refuses to
 move a directory into another container (EXDEV, so ``mv`` copies instead).
 Changes are committed when the last writer of a file closes it, on fsync,
 on ``commit()`` (the adapter's timer and unmount).
+
+Coherence: lookup, readdir and open first ask the container whether another
+process committed since (its header counter); if so the tree is reloaded and
+nodes are rebound by path, and the kernel is told not to keep pages cached
+before the change (``may_keep_cache``).
 """
 
 import errno
@@ -62,6 +67,7 @@ class _Node:
     directory: object  # the container this node shows as a directory, or None
     handles: int = 0
     writers: int = 0
+    generation: int = -1  # the tree generation whose content the kernel may have cached
 
 
 @dataclass
@@ -90,16 +96,19 @@ def _errno_of(exc):
 class ContainerFS:
     """The mounted tree: every operation the FUSE adapter forwards, as plain calls."""
 
-    def __init__(self, root, source_path, writable=False):
+    def __init__(self, root, source_path, writable=False, kernel_appends=False):
         self.root = root
         self.source_path = source_path
         self.writable = writable
+        # With the kernel's writeback cache the kernel places O_APPEND writes itself.
+        self.kernel_appends = kernel_appends
         self._lock = threading.RLock()
         self._nodes = {ROOT_INO: _Node(ROOT_INO, ROOT_INO, None, "", root)}
         self._inos = {}
         self._next_ino = ROOT_INO + 1
         self._handles = {}
         self._next_fh = 1
+        self.generation = 0  # bumped whenever the tree is reloaded
 
     # ------------------------------------------------------------ helpers
 
@@ -176,10 +185,51 @@ class ContainerFS:
         if not self.writable or not self.root.writable:
             raise FSError(errno.EROFS)
 
+    # ------------------------------------------------------------ coherence
+
+    def _refresh(self):
+        """Reload the tree if another process changed the container; rebind nodes by path."""
+        try:
+            changed = self.root.reload_if_changed()
+        except (CtdsfsError, OSError) as exc:
+            log.error("cannot re-read the changed container: %s", exc)
+            return
+        if not changed:
+            return
+        self.generation += 1
+        self._inos.clear()
+        rebound = {ROOT_INO: self._nodes[ROOT_INO]}
+        for node in sorted(self._nodes.values(), key=self._depth):
+            parent = rebound.get(node.parent)
+            if node.ino == ROOT_INO or parent is None or parent.directory is None:
+                continue
+            if not isinstance(node.key, str) or node.key not in parent.directory.names():
+                continue  # gone: the kernel gets ENOENT on its next use
+            node.owner = parent.directory
+            node.directory = parent.directory.nested(node.key)
+            self._inos[(id(node.owner), node.key)] = node.ino
+            rebound[node.ino] = node
+        self._nodes = rebound
+
+    def _depth(self, node):
+        depth = 0
+        while node.ino != ROOT_INO and node.parent in self._nodes and depth < 64:
+            node, depth = self._nodes[node.parent], depth + 1
+        return depth
+
+    def may_keep_cache(self, fh):
+        """Whether the kernel's cached pages of this file are still valid (no reload since)."""
+        with self._lock:
+            node = self._handle(fh).node
+            keep = node.generation == self.generation
+            node.generation = self.generation
+            return keep
+
     # ------------------------------------------------------------ reading
 
     def lookup(self, parent_ino, name):
         with self._lock:
+            self._refresh()
             parent = self._directory(parent_ino)
             if name == ".":
                 return self._attr(parent)
@@ -195,12 +245,15 @@ class ContainerFS:
 
     def opendir(self, ino):
         with self._lock:
+            self._refresh()
             self._directory(ino)
             return ino
 
     def readdir(self, ino, start=0):
         """``[(name, attr, next_offset)]`` for entries from offset ``start`` on."""
         with self._lock:
+            if start == 0:
+                self._refresh()
             parent = self._directory(ino)
             names = parent.directory.names()
             return [(names[i], self._attr(self._child(parent, names[i])), i + 1)
@@ -208,6 +261,7 @@ class ContainerFS:
 
     def open(self, ino, flags):
         with self._lock:
+            self._refresh()
             node = self._node(ino)
             if node.directory is not None:
                 raise FSError(errno.EISDIR)
@@ -264,7 +318,7 @@ class ContainerFS:
             if not handle.writable:
                 raise FSError(errno.EBADF)
             node = handle.node
-            if handle.append:
+            if handle.append and not self.kernel_appends:
                 offset = node.owner.entry_size(node.key)
             return self._call(node.owner.write, node.key, offset, data)
 
