@@ -150,7 +150,9 @@ class Mounted:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"mount failed: {self.proc.stderr.read().decode()}")
             time.sleep(0.005)
+        os.stat(mountpoint)  # answered once the file system serves requests
         self.mount_seconds = time.perf_counter() - self.start
+        time.sleep(0.2)  # ctdsfs tunes the mount's readahead right after that
 
     def peak_rss_mb(self):
         with open(f"/proc/{self.proc.pid}/status") as f:

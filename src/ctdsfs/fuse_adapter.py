@@ -174,13 +174,18 @@ class FuseOperations(pyfuse3.Operations):
                 log.error("periodic commit failed: %s", exc)
 
 
-async def _serve(operations, target):
+async def _serve(operations, target, on_mounted):
     """Run pyfuse3's loop until unmounted; SIGINT/SIGTERM end it. True if a signal did."""
     import signal
 
-    async def tune_readahead():
-        await trio.sleep(0.5)  # the kernel sets readahead when it handles FUSE_INIT
+    async def when_live():
+        # The kernel holds every request until FUSE_INIT is answered, so once this
+        # stat (answered by our own loop) returns, the mount is fully live and the
+        # kernel has set its readahead, which we may now raise.
+        await trio.to_thread.run_sync(os.stat, target)
         _raise_readahead(target)
+        if on_mounted is not None:
+            on_mounted()
 
     async with trio.open_nursery() as nursery:
         stopped_by_signal = False
@@ -195,7 +200,7 @@ async def _serve(operations, target):
                     return
 
         nursery.start_soon(watch_signals)
-        nursery.start_soon(tune_readahead)
+        nursery.start_soon(when_live)
         if operations.commit_interval:
             nursery.start_soon(operations.commit_periodically)
         await pyfuse3.main()
@@ -222,14 +227,13 @@ def _raise_readahead(target):
 
 
 def serve(operations, mountpoint, fuse_options, on_mounted=None):
-    """Mount, call ``on_mounted()`` once the mount is live, serve until unmount, commit."""
+    """Mount, call ``on_mounted()`` once the mount answers requests, serve until unmount,
+    commit."""
     target = os.path.realpath(mountpoint)  # resolved before it becomes our own mount
     pyfuse3.init(operations, mountpoint, fuse_options)
     unmount = True
     try:
-        if on_mounted is not None:
-            on_mounted()
-        unmount = trio.run(_serve, operations, target)
+        unmount = trio.run(_serve, operations, target, on_mounted)
     finally:
         pyfuse3.close(unmount=unmount)
         operations.fs.close()
