@@ -195,19 +195,31 @@ def test_create_option_and_daemon_commit_on_unmount(tmp_path):
     assert c.block_size == 1024 and c.header.use_crc
 
 
-def test_change_under_a_read_write_mount_goes_read_only(mount, tmp_path):
+def bump_header_counter(container, value):
+    """What another writer's commit looks like to us: the header counter moves on."""
+    with open(container, "r+b") as f:
+        f.seek(16)
+        f.write(value.to_bytes(8, "big"))
+
+
+def test_change_under_a_read_write_mount(mount, tmp_path):
     container = new_container(tmp_path / "x.mf")
     m = mount(container, options=["rw"])
     (m.mountpoint / "f").write_bytes(b"one")
-    with open(container, "r+b") as f:  # another writer commits behind our back
-        f.seek(16)
-        f.write((1000).to_bytes(8, "big"))
+    bump_header_counter(container, 1000)  # nothing pending here: the mount reloads
+    (m.mountpoint / "g").write_bytes(b"two")
+    assert open_container(container).header.counter > 1000
+    held = open(m.mountpoint / "f", "r+b")
+    held.write(b"ONE")
+    held.flush()  # pending, not committed: the other writer's change now conflicts
+    bump_header_counter(container, 5000)
     with pytest.raises(OSError):
-        (m.mountpoint / "g").write_bytes(b"two")  # its close fails to commit
+        held.close()  # the last writer's close commits, and that fails
     with pytest.raises(OSError) as exc:
         (m.mountpoint / "h").write_bytes(b"three")
     assert exc.value.errno == errno.EROFS
     assert "switched to read-only" in m.log_text()
+    assert snapshot(open_container(container)) == {"f": b"one", "g": b"two"}
 
 
 def random_tree_ops(rng, roots, steps):

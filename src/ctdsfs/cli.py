@@ -11,7 +11,8 @@ from .errors import CtdsfsError
 
 MOUNT_DESCRIPTION = """\
 Mount a casacore MultiFile container (.mf): every virtual file becomes an
-ordinary file, every nested MultiFile (a subtable) a directory. Versions 1
+ordinary file, every nested MultiFile (a subtable) a directory. A .pycauset
+file mounts as payload, payload.npy, metadata.json and header.json. Versions 1
 (with its SOURCE_hdrext file) and 2 are read, with per-block CRC checks where
 the container has CRCs. Read-only unless -o rw; read-write mounts translate
 every write, truncate, unlink, rename and mkdir into the container's own
@@ -68,8 +69,9 @@ examples:
   fusermount3 -u /mnt/ms"""
 
 MAIN_DESCRIPTION = """\
-ctdsfs shows the insides of casacore MultiFile containers as ordinary
-directories (mount), and describes them without mounting (info, ls)."""
+ctdsfs shows the insides of casacore MultiFile containers and .pycauset files
+as ordinary directories (mount), and describes them without mounting (info,
+ls)."""
 
 MAIN_EPILOG = """\
 commands:
@@ -154,7 +156,29 @@ def _main_parser():
     return parser
 
 
+def _print_pycauset_info(info, out):
+    lines = [f"{info['container']}: .pycauset version {info['preamble']['format_version']}, "
+             f"{info['file_size']} bytes, active slot {info['active_slot']}"]
+    for name, slot in info["slots"].items():
+        state = "valid" if slot["valid"] else f"INVALID: {slot['problem']}"
+        lines.append(f"  slot {name}  generation {slot['generation']}, payload "
+                     f"{slot['payload_length']} bytes at {slot['payload_offset']}, metadata "
+                     f"{slot['metadata_length']} bytes at {slot['metadata_offset']} ({state})")
+    block = info["metadata_block"]
+    lines.append(f"  metadata block  {block['magic']} v{block['block_version']}, encoding "
+                 f"v{block['encoding_version']}, payload {block['payload_length']} bytes, "
+                 f"crc32 0x{block['payload_crc32']:08x}")
+    lines.append("  metadata")
+    lines += ["    " + line for line in json.dumps(info["metadata"], indent=2,
+                                                  sort_keys=True).splitlines()]
+    lines.append("  files")
+    lines += [f"    {f['size']:>10}  {f['name']}" for f in info["files"]]
+    print("\n".join(lines), file=out)
+
+
 def _print_info(info, out):
+    if info["format"] == "pycauset":
+        return _print_pycauset_info(info, out)
     version = info["version"]
     lines = [f"{info['container']}: {info['format']} version {version}",
              f"  block size       {info['block_size']}",

@@ -27,6 +27,8 @@ class Container(ABC):
     label: str  # names the container (and the nesting path) in messages
     format_name: str
     problems: list  # entries hidden or shown as plain files, with the reason
+    checks_reads = False  # reads do real work (CRCs): worth a worker thread
+    kernel_write_cache = False  # the kernel may gather writes and send them late
 
     @abstractmethod
     def names(self):
@@ -68,6 +70,7 @@ def open_container(path, *, verify_crc=True, writable=False):
     """
     from .formats.multifile import MultiFile
     from .formats.multifile_header import looks_like_multifile
+    from .formats.pycauset import Pycauset, looks_like_pycauset
     from .formats.store import FileStore
 
     path = os.fspath(path)
@@ -78,10 +81,14 @@ def open_container(path, *, verify_crc=True, writable=False):
     try:
         if not os.path.isfile(path):
             raise NotAContainer(f"{path}: not a regular file")
-        if not looks_like_multifile(store.pread(0, 68)):
-            raise NotAContainer(f"{path}: not a casacore MultiFile (unknown header)")
+        first = store.pread(0, 68)
         if writable:
             store.lock()
+        if looks_like_pycauset(first):
+            return Pycauset(store)
+        if not looks_like_multifile(first):
+            raise NotAContainer(f"{path}: not a casacore MultiFile or .pycauset file "
+                                "(unknown header)")
         return MultiFile(store, hdrext_path=path + "_hdrext", verify_crc=verify_crc,
                          writable=writable)
     except BaseException:

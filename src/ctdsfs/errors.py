@@ -20,6 +20,10 @@ class ReadOnlyError(CtdsfsError):
     """A write was asked of a container that is read-only (by choice or after a failure)."""
 
 
+class NotPermitted(CtdsfsError):
+    """The container's format does not allow this change (EPERM)."""
+
+
 class BlockError(CtdsfsError):
     """One block of a virtual file cannot be read correctly (bad CRC, past end of file).
 

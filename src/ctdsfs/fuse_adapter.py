@@ -68,11 +68,11 @@ def _entry(attr):
 class FuseOperations(pyfuse3.Operations):
     """pyfuse3 request handlers delegating to a :class:`ctdsfs.vfs.ContainerFS`."""
 
-    def __init__(self, fs, *, threaded_reads, commit_interval=None):
+    def __init__(self, fs, *, threaded_reads, write_cache=False, commit_interval=None):
         super().__init__()
-        # Read-write: let the kernel gather writes in its page cache and send
-        # them in large batches (flushed before every close and fsync).
-        self.enable_writeback_cache = fs.writable
+        # Let the kernel gather writes in its page cache and send them in large
+        # batches (it sends them before every flush and fsync).
+        self.enable_writeback_cache = write_cache
         self.fs = fs
         self.threaded_reads = threaded_reads
         self.commit_interval = commit_interval

@@ -139,13 +139,14 @@ def mount(source, mountpoint, opts, foreground=False):
         opts.writable = True
     else:
         container = open_container(source, verify_crc=opts.verify_crc, writable=opts.writable)
-    fs = ContainerFS(container, source, writable=opts.writable, kernel_appends=opts.writable)
+    write_cache = opts.writable and container.kernel_write_cache
+    fs = ContainerFS(container, source, writable=opts.writable, kernel_appends=write_cache)
     fuse_options = {"rw" if opts.writable else "ro", "subtype=ctdsfs",
                     "fsname=" + source.replace(",", "\\,")}
     fuse_options |= opts.kernel
     operations = FuseOperations(
-        fs, threaded_reads=not opts.writable and opts.verify_crc and container.header.use_crc,
-        commit_interval=opts.commit_seconds if opts.writable else None)
+        fs, threaded_reads=not opts.writable and container.checks_reads,
+        write_cache=write_cache, commit_interval=opts.commit_seconds if opts.writable else None)
 
     if foreground:
         serve(operations, mountpoint, fuse_options)

@@ -64,6 +64,11 @@ class MultiFile(Container):
     """One MultiFile (top-level or nested); nested ones are reached through ``nested()``."""
 
     format_name = "MultiFile"
+    kernel_write_cache = True  # committed on flush/fsync, after the kernel sent its pages
+
+    @property
+    def checks_reads(self):
+        return self.verify_crc and self.header.use_crc
 
     def __init__(self, store, *, hdrext_path=None, verify_crc=True, writable=False, depth=0,
                  lock=None, header=None):

@@ -10,8 +10,9 @@ Write semantics: a file unlinked while open stays readable and writable
 through its handles until the last one closes; rename replaces its target
 like rename(2), moves files between containers by copying, and refuses to
 move a directory into another container (EXDEV, so ``mv`` copies instead).
-Changes are committed when the last writer of a file closes it, on fsync,
-on ``commit()`` (the adapter's timer and unmount).
+Changes are committed when the last writer of a file closes it (at flush,
+so close() reports a failed commit), on fsync, on ``commit()`` (the
+adapter's timer and unmount).
 
 Coherence: lookup, readdir and open first ask the container whether another
 process committed since (its header counter); if so the tree is reloaded and
@@ -26,7 +27,7 @@ import stat
 import threading
 from dataclasses import dataclass
 
-from ..errors import BlockError, CtdsfsError, ReadOnlyError
+from ..errors import BlockError, CtdsfsError, NotPermitted, ReadOnlyError
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +89,8 @@ def _errno_of(exc):
         return errno.EIO
     if isinstance(exc, ReadOnlyError):
         return errno.EROFS
+    if isinstance(exc, NotPermitted):
+        return errno.EPERM
     if isinstance(exc, CtdsfsError):
         return errno.EINVAL
     return errno.EIO
@@ -432,7 +435,11 @@ class ContainerFS:
             self._call(dst.write, new_name, offset, data)
 
     def flush(self, fh):
-        self._handle(fh)
+        """close(): the last writer's close commits, and close() reports a failure."""
+        with self._lock:
+            handle = self._handle(fh)
+            if handle.writable and handle.node.writers == 1:
+                self.commit()
 
     def fsync(self, fh=None):
         with self._lock:
@@ -452,8 +459,8 @@ class ContainerFS:
             if not isinstance(node.key, str) and node.handles == 0:
                 self._call(node.owner.release, node.key)
                 self._nodes.pop(node.ino, None)
-            if handle.writable and node.writers == 0:
-                self.commit()
+            if handle.writable and node.writers == 0 and self.root.dirty:
+                self.commit()  # normally done at flush; kept for handles never flushed
 
     def commit(self):
         """Commit every pending change; a failure leaves the committed state and goes read-only."""

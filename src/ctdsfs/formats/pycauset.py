@@ -1,0 +1,587 @@
+"""The ``.pycauset`` container: codec, and a container of four derived files.
+
+Layout (spec in shared/seeds, typed metadata in FORMAT-NOTES; all little-endian):
+a 16-byte preamble (``PYCAUSET``, u32 version 1, u8 endian 1, u16 header bytes
+4096, u8 0), slots A and B (128 bytes at 16 and 144: seven u64 fields, a zlib
+CRC-32 of those 56 bytes, 68 zero bytes), the payload at a 4096-aligned offset,
+and append-only metadata blocks (``PCMB`` framing of 32 bytes + payload, at a
+16-aligned offset). The valid slot with the highest generation is active
+(ties go to B, as pycauset decides).
+
+Shown as a directory:
+
+* ``payload``: the raw payload bytes; in-place writes go to the file, its size is fixed;
+* ``payload.npy``: for dense layouts with a NumPy element type, an ``.npy`` header
+  followed by the payload bytes (nothing copied), so ``numpy.load(mmap_mode="r")``
+  works; writes past the header land in the payload;
+* ``metadata.json``: the active metadata as JSON (mapping below); writing a new
+  document commits it the crash-consistent way (append block, fsync, write the
+  inactive slot with generation + 1, fsync); invalid documents change nothing;
+* ``header.json``: read-only, the preamble, both slots and the metadata framing.
+
+JSON mapping of the typed values, lossless both ways: bool, string, array and
+map as themselves; integers as JSON integers (negative ones are i64, the
+others u64, which is pycauset's own rule); f64 as JSON numbers with a
+fraction or exponent. Values JSON cannot say are tagged one-key objects:
+``{"$bytes": "<base64>"}``, ``{"$i64": n}`` (a non-negative i64),
+``{"$f64": "nan"|"inf"|"-inf"}``, and ``{"$map": {...}}`` for a map whose only
+key starts with ``$``.
+"""
+
+import base64
+import json
+import logging
+import math
+import struct
+import threading
+import zlib
+from dataclasses import dataclass
+
+from ..container import Container, Usage
+from ..errors import CtdsfsError, FormatError, NotPermitted, ReadOnlyError
+
+log = logging.getLogger(__name__)
+
+MAGIC = b"PYCAUSET"
+PREAMBLE = struct.Struct("<8sIBHB")
+SLOT_FIELDS = struct.Struct("<7Q")
+SLOT_SIZE = 128
+SLOT_OFFSETS = {"A": 16, "B": 16 + SLOT_SIZE}
+HEADER_BYTES = 4096
+BLOCK_MAGIC = b"PCMB"
+BLOCK_HEAD = struct.Struct("<4sIIIQII")  # 32 bytes of metadata block framing
+MAX_METADATA = 256 << 20  # refuse to read a larger metadata block (hostile length)
+MAX_DEPTH = 256  # nesting of typed arrays/maps
+
+NUMPY_TYPES = {
+    "FLOAT64": "<f8", "FLOAT32": "<f4", "FLOAT16": "<f2",
+    "INT8": "|i1", "INT16": "<i2", "INT32": "<i4", "INT64": "<i8",
+    "UINT8": "|u1", "UINT16": "<u2", "UINT32": "<u4", "UINT64": "<u8",
+    "COMPLEX_FLOAT64": "<c16", "COMPLEX_FLOAT32": "<c8",
+}
+
+
+# ---------------------------------------------------------------- typed metadata
+
+class _Cursor:
+    def __init__(self, data):
+        self.data = data
+        self.pos = 0
+
+    def take(self, n):
+        if self.pos + n > len(self.data):
+            raise FormatError("metadata payload is truncated")
+        self.pos += n
+        return self.data[self.pos - n:self.pos]
+
+    def unpack(self, fmt):
+        st = struct.Struct(fmt)
+        return st.unpack(self.take(st.size))[0]
+
+
+def decode_typed(payload):
+    """The top-level typed map, as ``(tag, value)`` trees that keep i64 vs u64 apart."""
+    cur = _Cursor(bytes(payload))
+    value = _decode_value(cur, 0)
+    if cur.pos != len(cur.data):
+        raise FormatError("trailing bytes after the metadata map")
+    if value[0] != "map":
+        raise FormatError("top-level metadata is not a map")
+    return value
+
+
+def _decode_value(cur, depth):
+    if depth > MAX_DEPTH:
+        raise FormatError("metadata nested too deeply")
+    tag = cur.unpack("<B")
+    if tag == 0x01:
+        return ("bool", cur.unpack("<B") != 0)
+    if tag == 0x02:
+        return ("i64", cur.unpack("<q"))
+    if tag == 0x03:
+        return ("u64", cur.unpack("<Q"))
+    if tag == 0x04:
+        return ("f64", cur.unpack("<d"))
+    if tag in (0x05, 0x06):
+        raw = cur.take(cur.unpack("<I"))
+        if tag == 0x06:
+            return ("bytes", raw)
+        try:
+            return ("str", raw.decode("utf-8"))
+        except UnicodeDecodeError:
+            raise FormatError("metadata string is not UTF-8") from None
+    if tag == 0x07:
+        count = cur.unpack("<I")
+        if count > len(cur.data) - cur.pos:  # every value takes at least one byte
+            raise FormatError("metadata array count exceeds the payload")
+        return ("array", [_decode_value(cur, depth + 1) for _ in range(count)])
+    if tag == 0x08:
+        count = cur.unpack("<I")
+        if count > len(cur.data) - cur.pos:
+            raise FormatError("metadata map count exceeds the payload")
+        items = []
+        for _ in range(count):
+            key = cur.take(cur.unpack("<H"))
+            try:
+                items.append((key.decode("utf-8"), _decode_value(cur, depth + 1)))
+            except UnicodeDecodeError:
+                raise FormatError("metadata key is not UTF-8") from None
+        return ("map", items)
+    raise FormatError(f"unknown metadata tag 0x{tag:02x}")
+
+
+def encode_typed(value):
+    """Bytes of a ``(tag, value)`` tree (map keys sorted, as pycauset writes them)."""
+    out = bytearray()
+    _encode_value(value, out)
+    return bytes(out)
+
+
+def _encode_value(value, out):
+    tag, v = value
+    if tag == "bool":
+        out += b"\x01" + (b"\x01" if v else b"\x00")
+    elif tag == "i64":
+        out += b"\x02" + struct.pack("<q", v)
+    elif tag == "u64":
+        out += b"\x03" + struct.pack("<Q", v)
+    elif tag == "f64":
+        out += b"\x04" + struct.pack("<d", v)
+    elif tag in ("str", "bytes"):
+        raw = v.encode("utf-8") if tag == "str" else bytes(v)
+        out += (b"\x05" if tag == "str" else b"\x06") + struct.pack("<I", len(raw)) + raw
+    elif tag == "array":
+        out += b"\x07" + struct.pack("<I", len(v))
+        for item in v:
+            _encode_value(item, out)
+    else:
+        out += b"\x08" + struct.pack("<I", len(v))
+        for key, item in sorted(v, key=lambda kv: kv[0]):
+            raw = key.encode("utf-8")
+            out += struct.pack("<H", len(raw)) + raw
+            _encode_value(item, out)
+
+
+def to_json(value):
+    """A ``(tag, value)`` tree as JSON-ready Python values (the documented mapping)."""
+    tag, v = value
+    if tag in ("bool", "str", "u64"):
+        return v
+    if tag == "i64":
+        return v if v < 0 else {"$i64": v}
+    if tag == "f64":
+        if math.isfinite(v):
+            return v
+        return {"$f64": "nan" if math.isnan(v) else ("inf" if v > 0 else "-inf")}
+    if tag == "bytes":
+        return {"$bytes": base64.b64encode(v).decode("ascii")}
+    if tag == "array":
+        return [to_json(item) for item in v]
+    obj = {key: to_json(item) for key, item in v}
+    if len(obj) == 1 and next(iter(obj)).startswith("$"):
+        return {"$map": obj}
+    return obj
+
+
+def from_json(obj, depth=0):
+    """The inverse of :func:`to_json`; raises ValueError for what cannot be encoded."""
+    if depth > MAX_DEPTH:
+        raise ValueError("nested too deeply")
+    if isinstance(obj, bool):
+        return ("bool", obj)
+    if isinstance(obj, int):
+        if -(1 << 63) <= obj < 0:
+            return ("i64", obj)
+        if 0 <= obj < (1 << 64):
+            return ("u64", obj)
+        raise ValueError(f"integer {obj} does not fit in 64 bits")
+    if isinstance(obj, float):
+        return ("f64", obj)
+    if isinstance(obj, str):
+        obj.encode("utf-8")  # lone surrogates cannot be stored
+        return ("str", obj)
+    if isinstance(obj, list):
+        return ("array", [from_json(item, depth + 1) for item in obj])
+    if isinstance(obj, dict):
+        if len(obj) == 1:
+            (key, inner), = obj.items()
+            if key == "$bytes" and isinstance(inner, str):
+                return ("bytes", base64.b64decode(inner, validate=True))
+            if key == "$i64" and isinstance(inner, int) and not isinstance(inner, bool):
+                if not -(1 << 63) <= inner < (1 << 63):
+                    raise ValueError(f"$i64 {inner} out of range")
+                return ("i64", inner)
+            if key == "$f64" and inner in ("nan", "inf", "-inf"):
+                return ("f64", float(inner))
+            if key == "$map" and isinstance(inner, dict):
+                return ("map", [(k, from_json(v, depth + 1)) for k, v in inner.items()])
+            if key.startswith("$"):
+                raise ValueError(f"unknown tag {key!r} (wrap such a map in {{\"$map\": ...}})")
+        for key in obj:
+            if len(key.encode("utf-8")) > 0xFFFF:
+                raise ValueError("map key longer than 65535 bytes")
+        return ("map", [(k, from_json(v, depth + 1)) for k, v in obj.items()])
+    raise ValueError(f"{type(obj).__name__} values cannot be stored (null?)")
+
+
+# ---------------------------------------------------------------- header
+
+@dataclass
+class Slot:
+    name: str
+    generation: int
+    payload_offset: int
+    payload_length: int
+    metadata_offset: int
+    metadata_length: int
+    hot_offset: int
+    hot_length: int
+    crc_stored: int
+    crc_ok: bool
+    problem: str = None  # why the slot is not valid, or None
+
+    def pack(self):
+        head = SLOT_FIELDS.pack(self.generation, self.payload_offset, self.payload_length,
+                                self.metadata_offset, self.metadata_length,
+                                self.hot_offset, self.hot_length)
+        return head + struct.pack("<I", zlib.crc32(head)) + bytes(68)
+
+
+def parse_slot(name, raw, file_size):
+    fields = SLOT_FIELDS.unpack(raw[:56])
+    stored = struct.unpack("<I", raw[56:60])[0]
+    slot = Slot(name, *fields, crc_stored=stored, crc_ok=zlib.crc32(raw[:56]) == stored)
+    if not slot.crc_ok:
+        slot.problem = "slot CRC mismatch"
+    elif slot.payload_offset % 4096:
+        slot.problem = "payload offset not aligned to 4096"
+    elif slot.metadata_offset % 16:
+        slot.problem = "metadata offset not aligned to 16"
+    elif slot.payload_offset + slot.payload_length > file_size:
+        slot.problem = "payload range past the end of the file"
+    elif slot.metadata_offset + slot.metadata_length > file_size:
+        slot.problem = "metadata range past the end of the file"
+    return slot
+
+
+def read_preamble(data, label):
+    if len(data) < HEADER_BYTES:
+        raise FormatError(f"{label}: truncated header ({len(data)} of {HEADER_BYTES} bytes)")
+    magic, version, endian, header_bytes, reserved = PREAMBLE.unpack(data[:16])
+    if magic != MAGIC:
+        raise FormatError(f"{label}: magic mismatch (not a .pycauset file)")
+    if version != 1:
+        raise FormatError(f"{label}: unsupported format version {version}")
+    if endian != 1:
+        raise FormatError(f"{label}: unsupported endian marker {endian}")
+    if header_bytes != HEADER_BYTES:
+        raise FormatError(f"{label}: unsupported header size {header_bytes}")
+    if reserved != 0:
+        raise FormatError(f"{label}: reserved preamble byte is not zero")
+    return {"magic": magic.decode(), "format_version": version, "endian": endian,
+            "header_bytes": header_bytes}
+
+
+def read_metadata_block(store, slot, label):
+    """Framing and typed metadata of the block a slot points at."""
+    if slot.metadata_length < BLOCK_HEAD.size:
+        raise FormatError(f"{label}: metadata block framing too short ({slot.metadata_length})")
+    if slot.metadata_length > MAX_METADATA:
+        raise FormatError(f"{label}: metadata block of {slot.metadata_length} bytes is too large")
+    block = store.pread(slot.metadata_offset, slot.metadata_length)
+    if len(block) != slot.metadata_length:
+        raise FormatError(f"{label}: metadata block truncated")
+    magic, version, encoding, reserved0, length, crc, reserved1 = BLOCK_HEAD.unpack(block[:32])
+    framing = {"offset": slot.metadata_offset, "length": slot.metadata_length,
+               "magic": magic.decode("latin-1"), "block_version": version,
+               "encoding_version": encoding, "payload_length": length,
+               "payload_crc32": crc}
+    if magic != BLOCK_MAGIC:
+        raise FormatError(f"{label}: metadata block magic mismatch")
+    if version != 1 or encoding != 1:
+        raise FormatError(f"{label}: unsupported metadata block/encoding version "
+                          f"{version}/{encoding}")
+    if reserved0 or reserved1:
+        raise FormatError(f"{label}: metadata block reserved fields are not zero")
+    if BLOCK_HEAD.size + length != slot.metadata_length:
+        raise FormatError(f"{label}: metadata block length mismatch")
+    payload = block[32:]
+    if zlib.crc32(payload) != crc:
+        raise FormatError(f"{label}: metadata block CRC mismatch")
+    try:
+        return framing, decode_typed(payload)
+    except FormatError as exc:
+        raise FormatError(f"{label}: metadata does not decode: {exc}") from None
+
+
+def metadata_block(payload):
+    """The 32-byte framing plus payload of a new metadata block."""
+    return BLOCK_HEAD.pack(BLOCK_MAGIC, 1, 1, 0, len(payload), zlib.crc32(payload), 0) + payload
+
+
+def looks_like_pycauset(first_bytes):
+    return first_bytes[:8] == MAGIC
+
+
+# ---------------------------------------------------------------- the container
+
+def npy_header(descr, shape, fortran_order):
+    """A version 1.0 ``.npy`` header, padded so the data starts at a multiple of 64."""
+    text = f"{{'descr': '{descr}', 'fortran_order': {fortran_order}, 'shape': {shape!r}, }}"
+    pad = 64 - (10 + len(text) + 1) % 64
+    text += " " * (pad % 64) + "\n"
+    return b"\x93NUMPY\x01\x00" + struct.pack("<H", len(text)) + text.encode("latin-1")
+
+
+class Pycauset(Container):
+    """A .pycauset file shown as payload, payload.npy, metadata.json and header.json."""
+
+    format_name = "pycauset"
+    block_size = 4096
+    checks_reads = False
+    kernel_write_cache = False  # writes are checked (fixed sizes, JSON) as they come
+
+    def __init__(self, store):
+        self.store = store
+        self.label = store.label
+        self.writable = store.writable
+        self.failure = None
+        self.problems = []
+        self._lock = threading.RLock()
+        self._load()
+        self._staged = None  # a metadata.json being written: bytearray, applied on commit
+
+    def _load(self):
+        size = self.store.size()
+        head = self.store.pread(0, HEADER_BYTES)
+        self.preamble = read_preamble(head, self.label)
+        self.slots = {n: parse_slot(n, head[o:o + SLOT_SIZE], size) for n, o in SLOT_OFFSETS.items()}
+        valid = [s for s in self.slots.values() if s.problem is None]
+        if not valid:
+            reasons = "; ".join(f"slot {s.name}: {s.problem}" for s in self.slots.values())
+            raise FormatError(f"{self.label}: no valid header slot ({reasons})")
+        self.active = max(valid, key=lambda s: (s.generation, s.name))
+        self.framing, self.metadata = read_metadata_block(self.store, self.active, self.label)
+        self._metadata_json = (json.dumps(to_json(self.metadata), indent=2, sort_keys=True,
+                                          allow_nan=False) + "\n").encode()
+        self._npy = self._npy_header()
+        self._header_json = (json.dumps(self._describe_header(), indent=2) + "\n").encode()
+
+    def _meta(self, key):
+        for k, v in self.metadata[1]:
+            if k == key:
+                return v
+        return None
+
+    def _npy_header(self):
+        """The .npy header for a dense payload with a NumPy element type, else None."""
+        def plain(key):
+            value = self._meta(key)
+            return None if value is None else to_json(value)
+        layout = plain("payload_layout") or {}
+        descr = NUMPY_TYPES.get(plain("data_type"))
+        rows, cols = plain("rows"), plain("cols")
+        if layout.get("kind") != "raw_dense" or descr is None:
+            return None
+        if not isinstance(rows, int) or not isinstance(cols, int):
+            return None
+        itemsize = int(descr[2:])
+        if rows * cols * itemsize != self.active.payload_length:
+            return None
+        view = plain("view") or {}
+        if plain("matrix_type") == "VECTOR":
+            return npy_header(descr, (rows,), False)
+        if view.get("is_transposed"):  # the stored rows are the logical columns
+            return npy_header(descr, (cols, rows), True)
+        return npy_header(descr, (rows, cols), False)
+
+    def _describe_header(self):
+        def slot(s):
+            return {"offset": SLOT_OFFSETS[s.name], "generation": s.generation,
+                    "payload_offset": s.payload_offset, "payload_length": s.payload_length,
+                    "metadata_offset": s.metadata_offset, "metadata_length": s.metadata_length,
+                    "hot_offset": s.hot_offset, "hot_length": s.hot_length,
+                    "slot_crc32": s.crc_stored, "crc_ok": s.crc_ok,
+                    "valid": s.problem is None, "problem": s.problem}
+        return {"preamble": self.preamble, "active_slot": self.active.name,
+                "slots": {n: slot(s) for n, s in self.slots.items()},
+                "metadata_block": self.framing, "file_size": self.store.size()}
+
+    # -- Container interface
+
+    def names(self):
+        names = ["payload"] + (["payload.npy"] if self._npy else [])
+        return names + ["metadata.json", "header.json"]
+
+    def _content(self, name):
+        """(bytes held in memory, or None for payload-backed) and the size."""
+        if name == "payload":
+            return None, self.active.payload_length
+        if name == "payload.npy" and self._npy:
+            return None, len(self._npy) + self.active.payload_length
+        if name == "metadata.json":
+            data = self._staged if self._staged is not None else self._metadata_json
+            return data, len(data)
+        if name == "header.json":
+            return self._header_json, len(self._header_json)
+        raise FileNotFoundError(name)
+
+    def entry_size(self, name):
+        with self._lock:
+            return self._content(name)[1]
+
+    def entry_blocks(self, name):
+        return -(-self.entry_size(name) // self.block_size)
+
+    def nested(self, name):
+        self._content(name)
+        return None
+
+    def usage(self):
+        size = self.store.size()
+        return Usage(self.block_size, -(-size // self.block_size), 0)
+
+    def read(self, name, offset, size):
+        with self._lock:
+            data, total = self._content(name)
+            end = min(offset + size, total)
+            if offset >= end:
+                return b""
+            if data is not None:
+                return bytes(data[offset:end])
+            prefix = b""
+            if name == "payload.npy":
+                header = self._npy
+                prefix = header[offset:end]
+                offset, end = max(0, offset - len(header)), end - len(header)
+                if end <= 0:
+                    return prefix
+            return prefix + self.store.pread(self.active.payload_offset + offset, end - offset)
+
+    # -- writing
+
+    def _check_writable(self):
+        if not self.writable:
+            raise ReadOnlyError(self.failure or f"{self.label} is read-only")
+
+    def write(self, name, offset, data):
+        with self._lock:
+            self._check_writable()
+            if name == "metadata.json":
+                if self._staged is None:
+                    self._staged = bytearray(self._metadata_json)
+                if offset > len(self._staged):
+                    self._staged.extend(bytes(offset - len(self._staged)))
+                self._staged[offset:offset + len(data)] = data
+                return len(data)
+            if name == "header.json":
+                raise NotPermitted("header.json is read-only")
+            base, limit = 0, self.active.payload_length
+            if name == "payload.npy":
+                header = self._npy
+                if offset < len(header):
+                    head_part = bytes(data[:len(header) - offset])
+                    if head_part != header[offset:offset + len(head_part)]:
+                        raise NotPermitted("the .npy header cannot be changed "
+                                          "(shape and dtype live in metadata.json)")
+                base = len(header)
+            elif name != "payload":
+                raise FileNotFoundError(name)
+            start = offset - base
+            skip = max(0, -start)
+            if start + len(data) > limit:
+                raise NotPermitted(f"{name}: the payload has a fixed size of {limit} bytes")
+            self.store.pwrite(self.active.payload_offset + start + skip, data[skip:])
+            return len(data)
+
+    def truncate(self, name, size):
+        with self._lock:
+            self._check_writable()
+            if name == "metadata.json":
+                if self._staged is None:
+                    self._staged = bytearray(self._metadata_json)
+                del self._staged[size:]
+                self._staged.extend(bytes(size - len(self._staged)))
+                return
+            if size != self.entry_size(name):
+                raise NotPermitted(f"{name}: size is fixed ({self.entry_size(name)} bytes)")
+
+    def create(self, name, *args):
+        """The four files are all there is: nothing can be added, removed or renamed."""
+        raise NotPermitted("a .pycauset container has a fixed set of files")
+
+    make_nested = remove = rename = create
+
+    @property
+    def dirty(self):
+        return self._staged is not None
+
+    def commit(self):
+        """Commit a written metadata.json: append the block, then flip the slot."""
+        with self._lock:
+            if self._staged is None or not self.writable:
+                return False
+            staged, self._staged = bytes(self._staged), None
+            if staged == self._metadata_json:
+                return False
+            try:
+                value = from_json(json.loads(staged.decode("utf-8")))
+            except (ValueError, UnicodeDecodeError) as exc:
+                raise CtdsfsError(f"metadata.json not stored: {exc}") from None
+            if value[0] != "map":
+                raise CtdsfsError("metadata.json not stored: the document must be an object")
+            self.commit_metadata(value)
+            return True
+
+    def commit_metadata(self, value):
+        """The spec's update rule: append, flush, write the inactive slot (gen + 1), flush."""
+        payload = encode_typed(value)
+        end = self.store.size()
+        offset = (end + 15) & ~15
+        block = metadata_block(payload)
+        try:
+            self.store.pwrite(end, bytes(offset - end) + block)
+            self.store.fsync()
+            active = self.active
+            inactive = "B" if active.name == "A" else "A"
+            slot = Slot(inactive, active.generation + 1, active.payload_offset,
+                        active.payload_length, offset, len(block), active.hot_offset,
+                        active.hot_length, 0, True)
+            self.store.pwrite(SLOT_OFFSETS[inactive], slot.pack())
+            self.store.fsync()
+        except OSError as exc:
+            self.writable = False
+            self.failure = f"{self.label}: metadata commit failed ({exc}); now read-only"
+            log.error("%s", self.failure)
+            raise
+        self._load()
+
+    def reload_if_changed(self):
+        """Re-read the header if another process committed (a slot now has a higher generation)."""
+        with self._lock:
+            if self._staged is not None:
+                return False
+            head = self.store.pread(0, HEADER_BYTES)
+            if head[16:16 + 2 * SLOT_SIZE] == b"".join(
+                    self.slots[n].pack() if self.slots[n].crc_ok else head[o:o + SLOT_SIZE]
+                    for n, o in SLOT_OFFSETS.items()):
+                return False
+            self._load()
+            return True
+
+    def describe(self):
+        info = self._describe_header()
+        info.update({"container": self.label, "format": "pycauset",
+                     "metadata": to_json(self.metadata), "files": [
+                         {"name": n, "size": self.entry_size(n)} for n in self.names()]})
+        return info
+
+    def close(self):
+        """Commit a metadata.json still pending (if it is valid), release the file."""
+        with self._lock:
+            try:
+                self.commit()
+            except CtdsfsError as exc:
+                log.error("%s", exc)
+            finally:
+                self.store.close()
