@@ -22,8 +22,8 @@ from ctdsfs.formats.store import FileStore
 
 from .conftest import Mount, unmount
 
-pycauset = pytest.importorskip("pycauset")
-from pycauset._internal.persistence import read_typed_metadata  # noqa: E402  (ground truth)
+import pycauset  # noqa: E402  (a test extra: the ground truth writer and reader)
+from pycauset._internal.persistence import read_typed_metadata  # noqa: E402
 
 MATRICES = {
     "float64": np.arange(12, dtype=np.float64).reshape(3, 4),
