@@ -22,29 +22,45 @@ class Usage(NamedTuple):
 
 
 class Container(ABC):
-    """Read access to one container. Implementations must be thread-safe for reads."""
+    """One container. Reads must be thread-safe; writes are serialised by the caller.
+
+    Entries are addressed by name, or (for a file unlinked while still open) by
+    the key ``remove(name, keep_open=True)`` returned. Formats that cannot do
+    something raise NotPermitted; a read-only container raises ReadOnlyError.
+    """
 
     label: str  # names the container (and the nesting path) in messages
     format_name: str
     problems: list  # entries hidden or shown as plain files, with the reason
+    writable: bool
     checks_reads = False  # reads do real work (CRCs): worth a worker thread
     kernel_write_cache = False  # the kernel may gather writes and send them late
+
+    # -- reading
 
     @abstractmethod
     def names(self):
         """Names of the visible virtual files, in the container's own order."""
 
-    @abstractmethod
-    def entry_size(self, name):
-        """Size in bytes of virtual file ``name``."""
+    def contains(self, name):
+        """Whether ``name`` is a visible virtual file (without listing them all)."""
+        try:
+            self.entry_size(name)
+        except FileNotFoundError:
+            return False
+        return True
 
     @abstractmethod
-    def entry_blocks(self, name):
-        """Number of container blocks that virtual file ``name`` occupies."""
+    def entry_size(self, key):
+        """Size in bytes of a virtual file."""
 
     @abstractmethod
-    def read(self, name, offset, size):
-        """Up to ``size`` bytes of ``name`` from ``offset``; raises BlockError for a bad block."""
+    def entry_blocks(self, key):
+        """Number of container blocks the virtual file occupies."""
+
+    @abstractmethod
+    def read(self, key, offset, size):
+        """Up to ``size`` bytes from ``offset``; raises BlockError for a bad block."""
 
     @abstractmethod
     def nested(self, name):
@@ -58,8 +74,51 @@ class Container(ABC):
     def describe(self):
         """A JSON-ready dict of the container's internals (``ctdsfs info``)."""
 
+    @abstractmethod
+    def reload_if_changed(self):
+        """Re-read the header if another process committed since; True if it did."""
+
+    # -- writing
+
+    @abstractmethod
+    def create(self, name):
+        """A new, empty virtual file (FileExistsError if there is one)."""
+
+    @abstractmethod
+    def write(self, key, offset, data):
+        """Write at any offset; a gap before ``offset`` reads as zeros. Returns the count."""
+
+    @abstractmethod
+    def truncate(self, key, size):
+        """Shrink or grow (with zeros) a virtual file."""
+
+    @abstractmethod
+    def remove(self, name, keep_open=False):
+        """Delete ``name``; with ``keep_open`` return a key that keeps its data until
+        :meth:`release`."""
+
+    def release(self, key):
+        """Free what an unlinked-but-open file still holds."""
+
+    @abstractmethod
+    def rename(self, old, new):
+        """Rename within this container, replacing an existing ``new``."""
+
+    @abstractmethod
+    def make_nested(self, name):
+        """A new virtual file holding an empty nested container; returns it."""
+
+    @property
+    @abstractmethod
+    def dirty(self):
+        """Whether there are changes that ``commit()`` would make durable."""
+
+    @abstractmethod
+    def commit(self):
+        """Make every change durable, crash-consistently; True if anything was written."""
+
     def close(self):
-        """Release the underlying file, if this container owns one."""
+        """Commit what is pending (if writable) and release the underlying file."""
 
 
 def open_container(path, *, verify_crc=True, writable=False):

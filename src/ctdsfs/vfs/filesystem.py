@@ -78,22 +78,9 @@ class _Handle:
     append: bool
 
 
-def _errno_of(exc):
-    if isinstance(exc, FSError):
-        return exc.errno
-    if isinstance(exc, FileNotFoundError):
-        return errno.ENOENT
-    if isinstance(exc, FileExistsError):
-        return errno.EEXIST
-    if isinstance(exc, BlockError):
-        return errno.EIO
-    if isinstance(exc, ReadOnlyError):
-        return errno.EROFS
-    if isinstance(exc, NotPermitted):
-        return errno.EPERM
-    if isinstance(exc, CtdsfsError):
-        return errno.EINVAL
-    return errno.EIO
+_ERRNOS = ((FileNotFoundError, errno.ENOENT), (FileExistsError, errno.EEXIST),
+           (BlockError, errno.EIO), (ReadOnlyError, errno.EROFS), (NotPermitted, errno.EPERM),
+           (CtdsfsError, errno.EINVAL))  # the first match wins; anything else is EIO
 
 
 class ContainerFS:
@@ -122,7 +109,8 @@ class ContainerFS:
         except FSError:
             raise
         except (CtdsfsError, OSError) as exc:
-            raise FSError(_errno_of(exc), str(exc)) from None
+            code = next((code for kind, code in _ERRNOS if isinstance(exc, kind)), errno.EIO)
+            raise FSError(code, str(exc)) from None
 
     def _node(self, ino):
         try:
@@ -150,10 +138,8 @@ class ContainerFS:
         return self._nodes[ino]
 
     def _existing_child(self, parent, name):
-        try:
-            parent.directory.entry_size(name)
-        except FileNotFoundError:
-            raise FSError(errno.ENOENT) from None
+        if not parent.directory.contains(name):
+            raise FSError(errno.ENOENT)
         return self._child(parent, name)
 
     def _forget_name(self, container, name):
@@ -206,7 +192,7 @@ class ContainerFS:
             parent = rebound.get(node.parent)
             if node.ino == ROOT_INO or parent is None or parent.directory is None:
                 continue
-            if not isinstance(node.key, str) or node.key not in parent.directory.names():
+            if not isinstance(node.key, str) or not parent.directory.contains(node.key):
                 continue  # gone: the kernel gets ENOENT on its next use
             node.owner = parent.directory
             node.directory = parent.directory.nested(node.key)
@@ -331,7 +317,7 @@ class ContainerFS:
             self._check_writable()
             self._check_name(name)
             parent = self._directory(parent_ino)
-            if name in parent.directory.names():
+            if parent.directory.contains(name):
                 if flags & os.O_EXCL:
                     raise FSError(errno.EEXIST)
                 node = self._child(parent, name)
@@ -358,7 +344,7 @@ class ContainerFS:
             self._check_writable()
             self._check_name(name)
             parent = self._directory(parent_ino)
-            if name in parent.directory.names():
+            if parent.directory.contains(name):
                 raise FSError(errno.EEXIST)
             self._call(parent.directory.make_nested, name)
             return self._attr(self._child(parent, name))
@@ -403,7 +389,7 @@ class ContainerFS:
             src, dst = src_parent.directory, dst_parent.directory
             if src is dst and old_name == new_name:
                 return
-            if new_name in dst.names():
+            if dst.contains(new_name):
                 if noreplace:
                     raise FSError(errno.EEXIST)
                 target = self._child(dst_parent, new_name)
