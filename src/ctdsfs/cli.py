@@ -80,6 +80,7 @@ commands:
   ls CONTAINER [PATH] [-l] [--json]        list a directory inside a container
   new OUT.mf [--block-size N] [--crc] [--version 2|1]
                                            create an empty container
+  tableinfo TABLE [--json]                 a casacore table's table.dat, decoded
 
 'ctdsfs SOURCE MOUNTPOINT -o OPTS' (no command) mounts too, as mount.fuse3
 calls it for 'mount -t fuse.ctdsfs'."""
@@ -153,6 +154,15 @@ def _main_parser():
                      help="keep a CRC-32/BZIP2 per block (version 2 only)")
     new.add_argument("--version", type=int, choices=(1, 2), default=2,
                      help="MultiFile format version (default 2)")
+
+    tableinfo = sub.add_parser(
+        "tableinfo", help="decode a casacore table's table.dat",
+        description="Decode TABLE/table.dat without casacore: rows, storage option "
+                    "(separate files, MultiFile, MultiHDF5) and block size, every column "
+                    "(type, shape, data manager, keywords), every data manager with the "
+                    "files it uses (also inside table.mf), and the table keywords.")
+    tableinfo.add_argument("table", metavar="TABLE", help="a table directory (or its table.dat)")
+    tableinfo.add_argument("--json", action="store_true", help="machine-readable output")
     return parser
 
 
@@ -243,6 +253,49 @@ def _ls(args, out):
             print(name, file=out)
 
 
+def _tableinfo(args, out):
+    import os
+
+    from .formats import tabledat
+
+    path = args.table
+    directory = os.path.dirname(path) if path.endswith("table.dat") else path
+    try:
+        with open(os.path.join(directory, "table.dat"), "rb") as f:
+            data = f.read()
+    except OSError as exc:
+        raise CtdsfsError(f"{directory}: not a casacore table ({exc.strerror})") from None
+    table = tabledat.decode(data, os.path.join(directory, "table.dat"))
+    files = set(os.listdir(directory))
+    if "table.mf" in files:
+        files |= set(open_container(os.path.join(directory, "table.mf")).names())
+    info = tabledat.describe(table, files)
+    if args.json:
+        json.dump(info, out, indent=2)
+        out.write("\n")
+        return 0
+    block = f", block size {info['block_size']}" if info["block_size"] else ""
+    lines = [f"{directory}: {info['rows']} rows, storage {info['storage_option']}{block} "
+             f"(Table v{info['table_version']}, ColumnSet v{info['column_set_version']}, "
+             f"{info['endian']} endian)", "  columns"]
+    for c in info["columns"]:
+        shape = f" shape {c['shape']}" if c.get("shape") else (
+            f" ndim {c['ndim']}" if "ndim" in c else "")
+        lines.append(f"    {c['name']:<20} {c['kind']:<16} {c['data_type']:<10}{shape} "
+                     f"-> {c['data_manager']}")
+        for key, value in c["keywords"].items():
+            lines.append(f"      {key} = {json.dumps(value)}")
+    lines.append("  data managers")
+    for dm in info["data_managers"]:
+        lines.append(f"    {dm['sequence_number']}: {dm['type']} columns {dm['columns']} "
+                     f"files {dm['files']}")
+    lines.append("  keywords")
+    for key, value in info["keywords"].items():
+        lines.append(f"    {key} = {json.dumps(value)}")
+    print("\n".join(lines), file=out)
+    return 0
+
+
 def _setup_cli_logging():
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("ctdsfs: %(levelname)s: %(message)s"))
@@ -272,7 +325,7 @@ def _mount_from_args(args):
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     parser = _main_parser()
-    commands = {"mount", "info", "ls", "new"}
+    commands = {"mount", "info", "ls", "new", "tableinfo"}
     if argv and not argv[0].startswith("-") and argv[0] not in commands:
         argv = ["mount"] + argv  # 'ctdsfs SOURCE MOUNTPOINT -o ...' as mount.fuse3 runs it
     args = parser.parse_args(argv)
@@ -291,6 +344,8 @@ def main(argv=None):
         return _run(info, "ctdsfs")
     if args.command == "ls":
         return _run(lambda: _ls(args, sys.stdout) or 0, "ctdsfs")
+    if args.command == "tableinfo":
+        return _run(lambda: _tableinfo(args, sys.stdout), "ctdsfs")
     if args.command == "new":
         def new():
             create_container(args.output, block_size=args.block_size, use_crc=args.crc,

@@ -99,6 +99,7 @@ class AipsReader:
         if expected_type is not None and type_name != expected_type:
             self._limits.pop()
             raise FormatError(f"AipsIO object is {type_name!r}, expected {expected_type!r}")
+        self.last_type = type_name  # for callers that accept several object types
         return self.u32()
 
     def end(self):
