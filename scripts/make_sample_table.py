@@ -49,8 +49,9 @@ def read_table(name):
     def columns(t):
         out = {}
         for col in t.colnames():
-            if t.isvarcol(col):
-                out[col] = [plain(t.getcell(col, r)) for r in range(t.nrows())]
+            if t.isvarcol(col):  # an undefined cell (a row added without it) is None
+                out[col] = [plain(t.getcell(col, r)) if t.iscelldefined(col, r) else None
+                            for r in range(t.nrows())]
             else:
                 out[col] = plain(t.getcol(col))
         return out

@@ -12,7 +12,14 @@ from .errors import CtdsfsError
 MOUNT_DESCRIPTION = """\
 Mount a casacore MultiFile container (.mf): every virtual file becomes an
 ordinary file, every nested MultiFile (a subtable) a directory. A .pycauset
-file mounts as payload, payload.npy, metadata.json and header.json. Versions 1
+file mounts as payload, payload.npy, metadata.json and header.json.
+
+SOURCE may also be a directory: plain files and directories pass through,
+container files inside it show as directories, and every casacore table
+stored as a MultiFile (table.dat + table.mf) shows as the same table stored
+in separate files, which casacore versions without MultiFile v2 (3.5) read
+and write; their writes go back into table.mf and table.dat keeps its
+storage option. Versions 1
 (with its SOURCE_hdrext file) and 2 are read, with per-block CRC checks where
 the container has CRCs. Read-only unless -o rw; read-write mounts translate
 every write, truncate, unlink, rename and mkdir into the container's own
@@ -36,6 +43,7 @@ mount options (-o, comma separated):
                        writer of a file closes it, and at unmount
   nocrc                do not verify block CRCs on read (faster; corruption
                        then goes unnoticed)
+  norecurse            directory sources: show container files as files
   allow_other          let other users access the mount (root, or
                        user_allow_other in /etc/fuse.conf)
   default_permissions  let the kernel check permissions against the modes
@@ -87,7 +95,8 @@ calls it for 'mount -t fuse.ctdsfs'."""
 
 
 def _add_mount_arguments(parser):
-    parser.add_argument("source", metavar="SOURCE", help="the container file (.mf)")
+    parser.add_argument("source", metavar="SOURCE",
+                        help="a container file (.mf, .pycauset) or a directory tree")
     parser.add_argument("mountpoint", metavar="MOUNTPOINT", help="an existing, empty directory")
     parser.add_argument("-o", dest="options", action="append", default=[], metavar="OPTS",
                         help="comma-separated mount options (below)")

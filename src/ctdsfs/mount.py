@@ -46,6 +46,7 @@ class MountOptions:
     new_crc: bool = False  # ditto: with per-block CRCs
     commit_seconds: float = DEFAULT_COMMIT_SECONDS
     verify_crc: bool = True
+    recurse: bool = True  # directory sources: container files shown as directories
     logfile: str = None
     debug: bool = False
 
@@ -81,6 +82,8 @@ def parse_options(text):
             opts.commit_seconds = _number(item, float)
         elif item == "nocrc":
             opts.verify_crc = False
+        elif item == "norecurse":
+            opts.recurse = False
         elif item == "debug":
             opts.debug = True
         elif item.startswith("logfile="):
@@ -137,6 +140,16 @@ def mount(source, mountpoint, opts, foreground=False):
     if opts.create and not os.path.exists(source):
         container = create_container(source, block_size=opts.block_size, use_crc=opts.new_crc)
         opts.writable = True
+    elif os.path.isdir(source):
+        from .vfs.directory import directory_or_table
+
+        target = os.path.realpath(mountpoint)
+        real_source = os.path.realpath(source)
+        if target == real_source or real_source.startswith(target + os.sep):
+            raise UsageError(f"{source}: the source lies under the mount point {mountpoint}")
+        container = directory_or_table(real_source, writable=opts.writable,
+                                       recurse=opts.recurse, verify_crc=opts.verify_crc,
+                                       hide={target})
     else:
         container = open_container(source, verify_crc=opts.verify_crc, writable=opts.writable)
     write_cache = opts.writable and container.kernel_write_cache

@@ -399,7 +399,12 @@ class ContainerFS:
                     raise FSError(errno.ENOTDIR)
                 if target.directory is not None and target.directory.names():
                     raise FSError(errno.ENOTEMPTY)
-                self._drop(dst_parent, target)
+                if src is dst and target.handles == 0:
+                    # The container replaces it itself (and a view may translate it).
+                    self._forget_name(dst, new_name)
+                    self._nodes.pop(target.ino, None)
+                else:
+                    self._drop(dst_parent, target)
             if src is dst:
                 self._call(src.rename, old_name, new_name)
             elif node.directory is not None:

@@ -1,0 +1,424 @@
+"""Directory sources: a real directory tree as a container, with translating views.
+
+``DirectorySource`` passes plain files and directories through (reads and
+writes go to the real files). Inside it two translations apply:
+
+* a casacore table directory stored as MultiFile (``table.dat`` plus
+  ``table.mf``) is a :class:`TableView`: the container's files appear next to
+  ``table.dat``, the container itself is hidden, and ``table.dat`` reads as the
+  table stored in separate files, exactly as casacore writes such a table. So
+  casacore versions that cannot read MultiFile v2 (3.5) open it. What they
+  write comes back: storage manager files go into the container, and a new
+  ``table.dat`` (written in place, or as ``table.dat_tmp`` renamed over it, as
+  casacore does) is stored with the table's original storage option again;
+* any other container file (``.mf``, ``.mfh5``, ``.pycauset``) shows as a
+  directory of the same name, unless recursion is off.
+"""
+
+import logging
+import os
+import threading
+from collections import OrderedDict
+
+from ..container import Container, Usage, open_container
+from ..errors import CtdsfsError, FormatError, NotPermitted, ReadOnlyError
+from ..formats import tabledat
+from .filesystem import FSError
+
+log = logging.getLogger(__name__)
+
+CONTAINER_SUFFIXES = (".mf", ".mfh5", ".pycauset")
+TABLE_CONTAINERS = ("table.mf", "table.mfh5")
+OPEN_FILES = 64  # file descriptors kept open for reads and writes
+
+
+class _Unlinked:
+    """A file removed while open: it lives on through its descriptor."""
+
+    def __init__(self, fd):
+        self.fd = fd
+
+
+class DirectorySource(Container):
+    """A real directory. Entries are its files and subdirectories, sorted by name."""
+
+    format_name = "directory"
+
+    def __init__(self, path, *, writable=False, recurse=True, verify_crc=True, hide=()):
+        self.path = os.fspath(path)
+        self.label = self.path
+        self.writable = writable
+        self.recurse = recurse
+        self.verify_crc = verify_crc
+        # Real paths never shown (the mount point, when it lies inside the source:
+        # looking at it would ask this very file system).
+        self.hide = frozenset(hide)
+        self.problems = []
+        self._lock = threading.RLock()
+        self._fds = OrderedDict()  # name -> fd (O_RDWR when writable)
+        self._nested = {}
+
+    def _real(self, name):
+        return os.path.join(self.path, name)
+
+    def _fd(self, name):
+        with self._lock:
+            fd = self._fds.get(name)
+            if fd is not None:
+                self._fds.move_to_end(name)
+                return fd
+            flags = (os.O_RDWR if self.writable else os.O_RDONLY) | os.O_CLOEXEC
+            fd = os.open(self._real(name), flags)
+            self._fds[name] = fd
+            while len(self._fds) > OPEN_FILES:
+                os.close(self._fds.popitem(last=False)[1])
+            return fd
+
+    def _forget_fd(self, name):
+        fd = self._fds.pop(name, None)
+        if fd is not None:
+            os.close(fd)
+
+    def _check_writable(self):
+        if not self.writable:
+            raise ReadOnlyError(f"{self.label} is read-only")
+
+    # -- reading
+
+    def names(self):
+        try:
+            return sorted(n for n in os.listdir(self.path) if self._real(n) not in self.hide)
+        except OSError as exc:
+            raise CtdsfsError(f"{self.path}: {exc.strerror}") from None
+
+    def contains(self, name):
+        real = self._real(name)
+        return name not in ("", ".", "..") and real not in self.hide and os.path.lexists(real)
+
+    def _stat(self, key):
+        if isinstance(key, _Unlinked):
+            return os.fstat(key.fd)
+        try:
+            return os.stat(self._real(key))
+        except FileNotFoundError:
+            raise FileNotFoundError(key) from None
+
+    def entry_size(self, key):
+        return self._stat(key).st_size
+
+    def entry_blocks(self, key):
+        return -(-self._stat(key).st_blocks * 512 // 4096)
+
+    def usage(self):
+        st = os.statvfs(self.path)
+        return Usage(st.f_frsize, st.f_blocks, st.f_bfree)
+
+    def read(self, key, offset, size):
+        fd = key.fd if isinstance(key, _Unlinked) else self._fd(key)
+        return os.pread(fd, size, offset)
+
+    def nested(self, name):
+        with self._lock:
+            if name not in self._nested:
+                self._nested[name] = self._open_nested(name)
+            return self._nested[name]
+
+    def _open_nested(self, name):
+        real = self._real(name)
+        if os.path.isdir(real):
+            return directory_or_table(real, writable=self.writable, recurse=self.recurse,
+                                      verify_crc=self.verify_crc, hide=self.hide)
+        if not (self.recurse and name.endswith(CONTAINER_SUFFIXES) and os.path.isfile(real)):
+            return None
+        try:
+            return open_container(real, verify_crc=self.verify_crc, writable=self.writable)
+        except CtdsfsError as exc:
+            self.problems.append(f"{name!r} shown as a file: {exc}")
+            log.warning("%s: %r shown as a file: %s", self.label, name, exc)
+            return None
+
+    def describe(self):
+        return {"container": self.label, "format": "directory",
+                "files": [{"name": n, "size": self.entry_size(n),
+                           "nested": self.nested(n) is not None} for n in self.names()],
+                "problems": list(self.problems)}
+
+    def reload_if_changed(self):
+        return False  # the kernel asks again for what a real directory holds
+
+    # -- writing
+
+    def _io(self, func, *args):
+        with self._lock:
+            self._check_writable()
+            try:
+                return func(*args)
+            except OSError as exc:  # the real file system's answer, errno and all
+                raise FSError(exc.errno, f"{self.path}: {exc.strerror}") from None
+
+    def create(self, name):
+        def run():
+            os.close(os.open(self._real(name), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+        return self._io(run)
+
+    def write(self, key, offset, data):
+        def run():
+            fd = key.fd if isinstance(key, _Unlinked) else self._fd(key)
+            return os.pwrite(fd, data, offset)
+        return self._io(run)
+
+    def truncate(self, key, size):
+        def run():
+            os.ftruncate(key.fd if isinstance(key, _Unlinked) else self._fd(key), size)
+        return self._io(run)
+
+    def remove(self, name, keep_open=False):
+        def run():
+            real = self._real(name)
+            child = self._nested.pop(name, None)
+            if os.path.isdir(real) and not os.path.islink(real):
+                os.rmdir(real)
+                return None
+            keep = _Unlinked(os.dup(self._fd(name))) if keep_open else None
+            self._forget_fd(name)
+            os.unlink(real)
+            if child is not None:
+                child.close()
+            return keep
+        return self._io(run)
+
+    def release(self, key):
+        os.close(key.fd)
+
+    def rename(self, old, new):
+        def run():
+            self._forget_fd(old)
+            self._forget_fd(new)
+            os.replace(self._real(old), self._real(new))
+            self._nested.pop(new, None)
+            if old in self._nested:
+                self._nested.pop(old).close()
+        return self._io(run)
+
+    def make_nested(self, name):
+        def run():
+            os.mkdir(self._real(name))
+            return self.nested(name)
+        return self._io(run)
+
+    @property
+    def dirty(self):
+        return any(c is not None and c.dirty for c in list(self._nested.values()))
+
+    def commit(self):
+        changed = False
+        for child in list(self._nested.values()):
+            if child is not None and child.dirty:
+                changed |= bool(child.commit())
+        return changed
+
+    def close(self):
+        with self._lock:
+            for child in self._nested.values():
+                if child is not None:
+                    child.close()
+            for fd in self._fds.values():
+                os.close(fd)
+            self._fds.clear()
+
+
+def is_table_directory(path):
+    return os.path.isfile(os.path.join(path, "table.dat")) and any(
+        os.path.isfile(os.path.join(path, name)) for name in TABLE_CONTAINERS)
+
+
+def directory_or_table(path, **options):
+    """A table directory stored in a container gets the table view; others pass through."""
+    if is_table_directory(path):
+        try:
+            return TableView(path, **options)
+        except CtdsfsError as exc:
+            log.warning("%s: shown as it is, not as a table: %s", path, exc)
+    return DirectorySource(path, **options)
+
+
+class TableView(DirectorySource):
+    """A MultiFile-stored casacore table shown as a table stored in separate files."""
+
+    format_name = "casacore table view"
+
+    def __init__(self, path, **options):
+        super().__init__(path, **options)
+        name = next(n for n in TABLE_CONTAINERS if os.path.isfile(self._real(n)))
+        self.container_name = name
+        self.container = open_container(self._real(name), verify_crc=self.verify_crc,
+                                        writable=self.writable)
+        self._staged = None  # a table.dat being written through the view
+        self._translated = None  # (stat key, bytes) of table.dat in separate-file form
+
+    def _in_container(self, key):
+        if isinstance(key, _Unlinked):
+            return False
+        if not isinstance(key, str):
+            return True  # a file of the container unlinked while open
+        return self.container.contains(key)
+
+    def _original(self):
+        with open(self._real("table.dat"), "rb") as f:
+            return tabledat.decode(f.read(), self._real("table.dat"))
+
+    def _table_dat(self):
+        """table.dat as casacore writes the table in separate files (cached per file state)."""
+        if self._staged is not None:
+            return bytes(self._staged)
+        st = os.stat(self._real("table.dat"))
+        key = (st.st_mtime_ns, st.st_size, st.st_ino)
+        if self._translated is None or self._translated[0] != key:
+            self._translated = (key, self._original().with_storage("SepFile").encode())
+        return self._translated[1]
+
+    # -- reading
+
+    def names(self):
+        hidden = {self.container_name, self.container_name + "_hdrext"}
+        own = [n for n in super().names() if n not in hidden]
+        return sorted(set(own) | set(self.container.names()))
+
+    def contains(self, name):
+        if name in (self.container_name, self.container_name + "_hdrext"):
+            return False
+        return self.container.contains(name) or super().contains(name)
+
+    def entry_size(self, key):
+        if key == "table.dat":
+            return len(self._table_dat())
+        if self._in_container(key):
+            return self.container.entry_size(key)
+        return super().entry_size(key)
+
+    def entry_blocks(self, key):
+        if self._in_container(key):
+            return self.container.entry_blocks(key)
+        return super().entry_blocks(key)
+
+    def read(self, key, offset, size):
+        if key == "table.dat":
+            return self._table_dat()[offset:offset + size]
+        if self._in_container(key):
+            return self.container.read(key, offset, size)
+        return super().read(key, offset, size)
+
+    def nested(self, name):
+        if self.container.contains(name):
+            return None
+        return super().nested(name)
+
+    # -- writing
+
+    def _store_table_dat(self, data):
+        """Store a table.dat written through the view with the table's own storage option."""
+        try:
+            written = tabledat.decode(bytes(data), self._real("table.dat"))
+        except FormatError as exc:
+            raise CtdsfsError(f"table.dat not stored: {exc}") from None
+        original = self._original()
+        if written.storage == "SepFile":
+            written = written.with_storage(original.storage, original.column_set.block_size)
+        tmp = self._real("table.dat.ctdsfs-new")
+        with open(tmp, "wb") as f:
+            f.write(written.encode())
+            f.flush()
+            os.fsync(f.fileno())
+        self._forget_fd("table.dat")
+        os.replace(tmp, self._real("table.dat"))
+
+    def create(self, name):
+        with self._lock:
+            self._check_writable()
+            if name.startswith("table.f") and name not in ("table.f",):
+                return self.container.create(name)
+            return super().create(name)
+
+    def write(self, key, offset, data):
+        with self._lock:
+            self._check_writable()
+            if key == "table.dat":
+                if self._staged is None:
+                    self._staged = bytearray(self._table_dat())
+                if offset > len(self._staged):
+                    self._staged.extend(bytes(offset - len(self._staged)))
+                self._staged[offset:offset + len(data)] = data
+                return len(data)
+            if self._in_container(key):
+                return self.container.write(key, offset, data)
+            return super().write(key, offset, data)
+
+    def truncate(self, key, size):
+        with self._lock:
+            self._check_writable()
+            if key == "table.dat":
+                if self._staged is None:
+                    self._staged = bytearray(self._table_dat())
+                del self._staged[size:]
+                self._staged.extend(bytes(size - len(self._staged)))
+                return None
+            if self._in_container(key):
+                return self.container.truncate(key, size)
+            return super().truncate(key, size)
+
+    def remove(self, name, keep_open=False):
+        with self._lock:
+            if name == "table.dat":
+                raise NotPermitted("table.dat of a table view cannot be removed")
+            if self.container.contains(name):
+                return self.container.remove(name, keep_open)
+            return super().remove(name, keep_open)
+
+    def release(self, key):
+        if isinstance(key, _Unlinked):
+            return super().release(key)
+        return self.container.release(key)
+
+    def rename(self, old, new):
+        with self._lock:
+            self._check_writable()
+            if new == "table.dat":  # casacore writes table.dat_tmp, then renames it
+                data = self.read(old, 0, self.entry_size(old))
+                self._store_table_dat(data)
+                self._staged = None
+                if self.container.contains(old):
+                    self.container.remove(old)
+                else:
+                    self._forget_fd(old)
+                    os.unlink(self._real(old))
+                return None
+            if self.container.contains(old):
+                if not new.startswith("table.f"):
+                    raise NotPermitted(f"{old} lives in {self.container_name}: "
+                                       "it keeps a table.f* name")
+                return self.container.rename(old, new)
+            return super().rename(old, new)
+
+    @property
+    def dirty(self):
+        return self._staged is not None or self.container.dirty or super().dirty
+
+    def commit(self):
+        with self._lock:
+            changed = False
+            if self._staged is not None:
+                staged, self._staged = self._staged, None
+                self._store_table_dat(staged)
+                changed = True
+            changed |= bool(self.container.commit())
+            return super().commit() or changed
+
+    def close(self):
+        with self._lock:
+            try:
+                self.commit()
+            except CtdsfsError as exc:
+                log.error("%s: %s", self.label, exc)
+            finally:
+                self.container.close()
+                super().close()
