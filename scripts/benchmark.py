@@ -10,6 +10,8 @@ the targets of the read-only milestone:
   mount of 100,000 files / 1,000,000 blocks: time to live < 2 s, peak RSS < 300 MB
   sequential write through a read-write mount / the same bytes to a plain file >= 0.6
   commit of a container with 100,000 files < 1 s; small writes write no header
+  every column of a >= 500 MB MeasurementSet: casacore 3.5 through the legacy
+    table view / python-casacore 3.8 reading the MultiFile original >= 0.8
 
 Needs root (drop_caches, mounting). Usage:
   python3 scripts/benchmark.py [--size-mib 1024] [--block-size 65536] [--dir DIR]
@@ -175,6 +177,56 @@ class Mounted:
             self.proc.wait()
 
 
+MAKE_MS = """
+import sys, numpy as np, casacore.tables as t
+rows, chunk = int(sys.argv[1]), 16384
+ms = t.default_ms("big.ms")
+ms.addcols(t.maketabdesc(t.makearrcoldesc("DATA", 0j, shape=[4, 64])),
+           dminfo={"TYPE": "TiledColumnStMan", "NAME": "tiled",
+                   "SPEC": {"DEFAULTTILESHAPE": [4, 64, 64]}})
+ms.addrows(rows)
+for start in range(0, rows, chunk):
+    n = min(chunk, rows - start)
+    ms.putcol("DATA", np.full((n, 4, 64), 1 + 2j, np.complex64), startrow=start, nrow=n)
+    ms.putcol("TIME", np.arange(start, start + n) * 1.5, startrow=start, nrow=n)
+ms.close()
+"""
+
+READ_ALL = """
+import sys, time, casacore.tables as t
+table = t.table(sys.argv[1], ack=False)
+start = time.perf_counter()
+for column in table.colnames():
+    try:
+        table.getcol(column)
+    except RuntimeError:
+        pass  # columns without values (FLAG_CATEGORY)
+print(time.perf_counter() - start)
+"""
+
+
+def legacy_view_ratio(tmp, size_mb):
+    """Seconds for python-casacore 3.8 (native) and casacore 3.5 (through the view)."""
+    rows = size_mb * 2 ** 20 // 2048  # DATA is 4 x 64 complex64 = 2 KiB per row
+    home = tmp / "home"
+    home.mkdir()
+    (home / ".casarc").write_text("table.storage.option: multifile\n"
+                                  "table.storage.blocksize: 1048576\n")
+    data = tmp / "legacy"
+    data.mkdir()
+    env = dict(os.environ, HOME=str(home))
+    subprocess.run([sys.executable, "-c", MAKE_MS, str(rows)], check=True, cwd=data, env=env)
+    drop_caches()
+    native = float(subprocess.run([sys.executable, "-c", READ_ALL, str(data / "big.ms")],
+                                  check=True, env=env, capture_output=True, text=True).stdout)
+    with Mounted(["mount.ctdsfs", "-f", str(data), str(tmp / "m6")], str(tmp / "m6")):
+        drop_caches()
+        legacy = float(subprocess.run(["/usr/bin/python3", "-c", READ_ALL,
+                                       str(tmp / "m6" / "big.ms")], check=True, env=env,
+                                      capture_output=True, text=True).stdout)
+    return native, legacy
+
+
 def serve_passthrough(source, mountpoint):
     """The reference: a minimal pyfuse3+trio file system exposing one file by os.pread."""
     import stat
@@ -221,6 +273,8 @@ def main():
     parser.add_argument("--size-mib", type=int, default=1024, help="virtual file size (MiB)")
     parser.add_argument("--block-size", type=int, default=65536, help="container block size")
     parser.add_argument("--dir", default=None, help="scratch directory (default: /var/tmp)")
+    parser.add_argument("--ms-mib", type=int, default=512,
+                        help="MeasurementSet size for the legacy view measurement (MiB)")
     parser.add_argument("--serve-passthrough", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve_passthrough:
@@ -303,6 +357,11 @@ def main():
             small_write_us = (time.perf_counter() - start) * 1e3
             header_writes = header_counter(many) - counter
             os.close(fd)
+        many.unlink()
+
+        print(f"writing a {args.ms_mib} MiB MeasurementSet and reading every column ...",
+              flush=True)
+        native_seconds, legacy_seconds = legacy_view_ratio(tmp, args.ms_mib)
 
     rows = [
         ("direct read of the container, cold", direct_cold, None, None),
@@ -325,6 +384,9 @@ def main():
     print(f"commit of that container after a change: {commit_seconds:.2f} s (target < 1 s)")
     print(f"1000 small random writes through a read-write mount: {small_write_us:.0f} us each, "
           f"{header_writes} header writes (target: none before the commit)")
+    print(f"every column of a {args.ms_mib} MiB MeasurementSet, cache dropped: python-casacore "
+          f"3.8 natively {native_seconds:.2f} s, casacore 3.5 through the view "
+          f"{legacy_seconds:.2f} s, ratio {native_seconds / legacy_seconds:.2f} (target >= 0.8)")
 
 
 if __name__ == "__main__":

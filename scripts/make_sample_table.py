@@ -59,8 +59,9 @@ def read_table(name):
     try:
         sub = ct.table(table.getkeyword("ANTENNA"), ack=False)
         try:
-            return {"main": columns(table), "ANTENNA": columns(sub),
-                    "keywords": {"TELESCOPE": table.getkeyword("TELESCOPE")}}
+            keywords = {k: str(v) for k, v in table.getkeywords().items()
+                        if not str(v).startswith("Table: ")}
+            return {"main": columns(table), "ANTENNA": columns(sub), "keywords": keywords}
         finally:
             sub.close()
     finally:

@@ -26,6 +26,27 @@ def dump(table, python=sys.executable, home=None):
     return result
 
 
+MAKE_MS = """
+import sys, numpy as np, casacore.tables as t
+rows = int(sys.argv[1])
+ms = t.default_ms("obs.ms")
+ms.addcols(t.maketabdesc(t.makearrcoldesc("DATA", 0j, shape=[4, 8])),
+           dminfo={"TYPE": "TiledColumnStMan", "NAME": "tiled",
+                   "SPEC": {"DEFAULTTILESHAPE": [4, 8, 32]}})
+ms.addrows(rows)
+ms.putcol("DATA", (np.arange(rows * 32) * (1 - 0.5j)).reshape(rows, 4, 8).astype(np.complex64))
+ms.putcol("ANTENNA1", np.arange(rows) % 7)
+ms.putcol("TIME", np.arange(rows) * 1.5)
+ms.putcol("UVW", np.arange(rows * 3.0).reshape(rows, 3))
+ms.putkeyword("OBSERVER", "ctdsfs")
+ant = t.table("obs.ms/ANTENNA", ack=False, readonly=False)
+ant.addrows(3)
+ant.putcol("NAME", ["A0", "A1", "A2"])
+ant.close()
+ms.close()
+"""
+
+
 def make_ms(tmp_path, rows=120):
     """A python-casacore 3.8 MeasurementSet stored as MultiFile, plus the sample table."""
     home = tmp_path / "home"
@@ -33,8 +54,8 @@ def make_ms(tmp_path, rows=120):
     (home / ".casarc").write_text("table.storage.option: multifile\ntable.storage.blocksize: 4096\n")
     data = tmp_path / "data"
     data.mkdir()
-    subprocess.run([sys.executable, "-c", "import casacore.tables as t; t.default_ms('obs.ms').close()"],
-                   check=True, cwd=data, env=dict(os.environ, HOME=str(home)))
+    subprocess.run([sys.executable, "-c", MAKE_MS, str(rows)], check=True, cwd=data,
+                   env=dict(os.environ, HOME=str(home)))
     make_casacore_table(data / "sample.tab", block_size=4096, rows=rows)
     return data, home
 
@@ -58,6 +79,12 @@ def test_casacore_3_5_reads_multifile_tables_through_the_view(mount, tmp_path):
     assert through.returncode == 0, through.stderr
     assert json.loads(through.stdout) == json.loads(expected.stdout)
 
+    ms_expected = dump(data / "obs.ms")
+    assert ms_expected.returncode == 0, ms_expected.stderr
+    ms_through = dump(m.mountpoint / "obs.ms", python=LEGACY_PYTHON, home=home)
+    assert ms_through.returncode == 0, ms_through.stderr
+    assert json.loads(ms_through.stdout) == json.loads(ms_expected.stdout)
+    assert len(json.loads(ms_expected.stdout)["main"]["DATA"]) == 120
     info = subprocess.run(["showtableinfo", f"in={m.mountpoint / 'obs.ms'}"], capture_output=True,
                           text=True, check=True).stdout
     assert "SubTables" in info and "ANTENNA" in info
@@ -76,7 +103,9 @@ def test_casacore_3_5_writes_through_the_view(mount, tmp_path):
     m = mount(data, options=["rw"])
     view = m.mountpoint / "sample.tab"
     for query in (f"update {view} set NAME='changed by 3.5', ANTENNA=ANTENNA+1000 where ANTENNA<3",
-                  f"insert into {view} (ANTENNA, NAME) values (7777, 'new row')"):
+                  f"insert into {view} (ANTENNA, NAME) values (7777, 'new row')",
+                  f"alter table {view} add column NEWCOL I4 dmtype='IncrementalStMan'",
+                  f"update {view} set NEWCOL=rownumber()*3"):
         subprocess.run(["taql", query], check=True, capture_output=True)
     assert m.close() == 0
     table = data / "sample.tab"
@@ -88,6 +117,8 @@ def test_casacore_3_5_writes_through_the_view(mount, tmp_path):
     assert after["ANTENNA"][:4] == [1000, 1001, 1002, 3] and after["ANTENNA"][-1] == 7777
     assert after["NAME"][:3] == ["changed by 3.5"] * 3 and after["NAME"][-1] == "new row"
     assert after["FLAGS"][-1] is None
+    assert after["NEWCOL"][:4] == [0, 3, 6, 9]  # a new column: its new file went into table.mf
+    assert "table.f2" in open_container(table / "table.mf").names()
     validate(table / "table.mf")
 
 
