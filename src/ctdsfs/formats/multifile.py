@@ -55,7 +55,9 @@ def name_problem(name):
         return "reserved name"
     if "/" in name or "\0" in name:
         return "name contains '/' or NUL"
-    if len(name.encode("utf-8", "surrogateescape")) > MAX_NAME_BYTES:
+    # (UTF-8 takes at most 4 bytes a character: short names need no encoding.)
+    if len(name) * 4 > MAX_NAME_BYTES and \
+            len(name.encode("utf-8", "surrogateescape")) > MAX_NAME_BYTES:
         return "name longer than 255 bytes"
     return None
 
@@ -188,11 +190,8 @@ class MultiFile(Container):
                 candidates[e.name] = (slot, e)
             else:
                 hidden[slot] = (e.name, why)
-        for slot, name in self._outside(candidates.values(), limit):
-            hidden[slot] = (name, "block number outside the container")
-            del candidates[name]
-        for slot, name in self._sharing_blocks(candidates.values()):
-            hidden[slot] = (name, "uses a block that an earlier entry (or itself) uses")
+        for slot, name, why in self._bad_blocks(candidates.values(), limit):
+            hidden[slot] = (name, why)
             del candidates[name]
         for slot in sorted(hidden):
             name, why = hidden[slot]
@@ -201,29 +200,24 @@ class MultiFile(Container):
         return {name: e for name, (_, e) in candidates.items()}
 
     @staticmethod
-    def _owners(candidates):
+    def _bad_blocks(candidates, limit):
+        """(slot, name, reason) of entries with a block outside ``1 .. limit-1``, or one that
+        an earlier entry (or the entry itself) already uses; all entries in one pass."""
         candidates = [(slot, e) for slot, e in candidates if len(e.blocks)]
         if not candidates:
-            return candidates, np.zeros(0, np.int64), np.zeros(0, np.int64)
+            return []
+        lengths = [len(e.blocks) for _, e in candidates]
         blocks = np.concatenate([e.blocks for _, e in candidates])
-        owner = np.repeat(np.arange(len(candidates)), [len(e.blocks) for _, e in candidates])
-        return candidates, blocks, owner
-
-    @classmethod
-    def _outside(cls, candidates, limit):
-        """(slot, name) of every entry with a block number outside ``1 .. limit-1``."""
-        candidates, blocks, owner = cls._owners(candidates)
-        bad = np.unique(owner[(blocks < 1) | (blocks >= limit)]).tolist()
-        return [(candidates[i][0], candidates[i][1].name) for i in bad]
-
-    @classmethod
-    def _sharing_blocks(cls, candidates):
-        """(slot, name) of every entry that reuses a block claimed before it."""
-        candidates, blocks, owner = cls._owners(candidates)
+        owner = np.repeat(np.arange(len(candidates)), lengths)
+        outside = (blocks < 1) | (blocks >= limit)
+        bad = {i: "block number outside the container" for i in np.unique(owner[outside]).tolist()}
+        inside = ~outside & ~np.isin(owner, list(bad))
+        blocks, owner = blocks[inside], owner[inside]
         order = np.argsort(blocks, kind="stable")
         repeated = blocks[order][1:] == blocks[order][:-1]
-        losers = np.unique(owner[order[1:][repeated]]).tolist()
-        return [(candidates[i][0], candidates[i][1].name) for i in losers]
+        for i in np.unique(owner[order[1:][repeated]]).tolist():
+            bad[i] = "uses a block that an earlier entry (or itself) uses"
+        return [(candidates[i][0], candidates[i][1].name, why) for i, why in sorted(bad.items())]
 
     # ------------------------------------------------------------ reading
 

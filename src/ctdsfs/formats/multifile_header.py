@@ -133,9 +133,10 @@ def unpack_indexes(packed_list, max_blocks):
     within = np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(run_lengths) - run_lengths,
                                                           run_lengths)
     expanded = np.repeat(starts, run_lengths) + within
-    for i, part in zip(np.flatnonzero(usable).tolist(),
-                       np.split(expanded, np.cumsum(totals)[:-1])):
-        results[i] = (part, None)
+    ends = np.cumsum(totals).tolist()
+    begins = [0] + ends[:-1]
+    for i, begin, end in zip(np.flatnonzero(usable).tolist(), begins, ends):
+        results[i] = (expanded[begin:end], None)
     return results
 
 
