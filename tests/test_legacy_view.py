@@ -122,7 +122,7 @@ def test_casacore_3_5_writes_through_the_view(mount, tmp_path):
     validate(table / "table.mf")
 
 
-def test_directory_source_passthrough_and_containers(mount, tmp_path):
+def test_directory_source_passthrough_and_containers(mount, tmp_path, monkeypatch):
     src = tmp_path / "src"
     src.mkdir()
     (src / "notes.txt").write_text("plain file\n")
@@ -132,9 +132,14 @@ def test_directory_source_passthrough_and_containers(mount, tmp_path):
     c.create("x")
     c.write("x", 0, b"inside")
     c.close()
+    import numpy as np
+    import pycauset
+    monkeypatch.chdir(tmp_path)  # pycauset makes a scratch folder in the working directory
+    pycauset.save(pycauset.matrix(np.eye(3)), str(src / "m.pycauset"))
     m = mount(src, options=["rw"])
     root = m.mountpoint
-    assert sorted(os.listdir(root)) == ["inner.mf", "mine.mf", "notes.txt", "sub"]
+    assert sorted(os.listdir(root)) == ["inner.mf", "m.pycauset", "mine.mf", "notes.txt", "sub"]
+    assert np.array_equal(np.load(root / "m.pycauset" / "payload.npy"), np.eye(3))
     assert os.path.isdir(root / "inner.mf") and (root / "inner.mf" / "SUB" / "y").read_bytes() == \
         b"0123456789"
     (root / "sub" / "new.txt").write_text("written through")
@@ -146,6 +151,7 @@ def test_directory_source_passthrough_and_containers(mount, tmp_path):
     assert snapshot(open_container(src / "mine.mf")) == {"x": b"inside", "y": b"new virtual file"}
     flat = mount(src, options=["norecurse"])
     assert os.path.isfile(flat.mountpoint / "inner.mf")
+    assert os.path.isfile(flat.mountpoint / "m.pycauset")
 
 
 def test_mount_point_inside_the_source_is_hidden(tmp_path):
