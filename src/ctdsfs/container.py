@@ -62,9 +62,20 @@ class Container(ABC):
     def read(self, key, offset, size):
         """Up to ``size`` bytes from ``offset``; raises BlockError for a bad block."""
 
-    @abstractmethod
     def nested(self, name):
-        """The container stored in virtual file ``name``, or None if it is a plain file."""
+        """The container stored in virtual file ``name``, or None if it is a plain file.
+
+        Opened once and kept (in ``self._nested``, under ``self._lock``), so every
+        caller sees the same nested container object.
+        """
+        with self._lock:
+            if name not in self._nested:
+                self._nested[name] = self._open_nested(name)
+            return self._nested[name]
+
+    def _open_nested(self, name):
+        """Open the container stored in ``name``; None for a plain file."""
+        return None
 
     @abstractmethod
     def usage(self):

@@ -307,12 +307,6 @@ class MultiFile(Container):
             parts.append(cached)
         return parts[0] if len(parts) == 1 else b"".join(parts)
 
-    def nested(self, name):
-        with self._lock:
-            if name not in self._nested:
-                self._nested[name] = self._open_nested(name)
-            return self._nested[name]
-
     def _open_nested(self, name):
         e = self._entry(name)
         if e.size < FIXED_V2.size:

@@ -117,12 +117,6 @@ class DirectorySource(Container):
         fd = key.fd if isinstance(key, _Unlinked) else self._fd(key)
         return os.pread(fd, size, offset)
 
-    def nested(self, name):
-        with self._lock:
-            if name not in self._nested:
-                self._nested[name] = self._open_nested(name)
-            return self._nested[name]
-
     def _open_nested(self, name):
         real = self._real(name)
         if os.path.isdir(real):
