@@ -195,9 +195,22 @@ def _print_pycauset_info(info, out):
     print("\n".join(lines), file=out)
 
 
+def _print_multihdf5_info(info, out):
+    lines = [f"{info['container']}: MultiHDF5",
+             f"  block size       {info['block_size']}",
+             f"  header counter   {info['header_counter']}",
+             f"  files            {len(info['files'])}"]
+    lines += [f"    {f['size']:>10}  {f['blocks']:>6}  {f['name']}"
+              f"{'/  (nested container)' if f['nested'] else ''}" for f in info["files"]]
+    lines += [f"  problem: {p}" for p in info["problems"]]
+    print("\n".join(lines), file=out)
+
+
 def _print_info(info, out):
     if info["format"] == "pycauset":
         return _print_pycauset_info(info, out)
+    if info["format"] == "MultiHDF5":
+        return _print_multihdf5_info(info, out)
     version = info["version"]
     lines = [f"{info['container']}: {info['format']} version {version}",
              f"  block size       {info['block_size']}",

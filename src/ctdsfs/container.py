@@ -140,6 +140,7 @@ def open_container(path, *, verify_crc=True, writable=False):
     """
     from .formats.multifile import MultiFile
     from .formats.multifile_header import looks_like_multifile
+    from .formats.multihdf5 import looks_like_hdf5, open_multihdf5
     from .formats.pycauset import Pycauset, looks_like_pycauset
     from .formats.store import FileStore
 
@@ -152,13 +153,16 @@ def open_container(path, *, verify_crc=True, writable=False):
         if not os.path.isfile(path):
             raise NotAContainer(f"{path}: not a regular file")
         first = store.pread(0, 68)
+        if looks_like_hdf5(first):
+            store.close()
+            return open_multihdf5(path, writable)
         if writable:
             store.lock()
         if looks_like_pycauset(first):
             return Pycauset(store)
         if not looks_like_multifile(first):
-            raise NotAContainer(f"{path}: not a casacore MultiFile or .pycauset file "
-                                "(unknown header)")
+            raise NotAContainer(f"{path}: not a casacore MultiFile, MultiHDF5 or .pycauset "
+                                "file (unknown header)")
         return MultiFile(store, hdrext_path=path + "_hdrext", verify_crc=verify_crc,
                          writable=writable)
     except BaseException:
