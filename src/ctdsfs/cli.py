@@ -10,20 +10,27 @@ from .container import create_container, open_container
 from .errors import CtdsfsError
 
 MOUNT_DESCRIPTION = """\
-Mount a casacore MultiFile container (.mf): every virtual file becomes an
-ordinary file, every nested MultiFile (a subtable) a directory. A .pycauset
-file mounts as payload, payload.npy, metadata.json and header.json.
+Mount SOURCE on MOUNTPOINT. SOURCE may be:
 
-SOURCE may also be a directory: plain files and directories pass through,
-container files inside it show as directories, and every casacore table
-stored as a MultiFile (table.dat + table.mf) shows as the same table stored
-in separate files, which casacore versions without MultiFile v2 (3.5) read
-and write; their writes go back into table.mf and table.dat keeps its
-storage option. Versions 1
-(with its SOURCE_hdrext file) and 2 are read, with per-block CRC checks where
-the container has CRCs. Read-only unless -o rw; read-write mounts translate
-every write, truncate, unlink, rename and mkdir into the container's own
-blocks, CRCs and header, and commit crash-safely.
+  a casacore MultiFile (.mf)  every virtual file becomes an ordinary file,
+                              every nested MultiFile (a subtable) a directory;
+                              versions 1 (with SOURCE_hdrext) and 2, with
+                              per-block CRC checks where the container has
+                              CRCs
+  a MultiHDF5 (.mfh5)         the same, read-only
+  a .pycauset file            payload, payload.npy, metadata.json, header.json
+  a directory                 plain files and directories pass through,
+                              container files inside it show as directories,
+                              and every casacore table stored as a MultiFile
+                              (table.dat + table.mf) shows as the same table
+                              stored in separate files, which casacore
+                              versions without MultiFile v2 (3.5) read and
+                              write; their writes go back into table.mf and
+                              table.dat keeps its storage option
+
+Read-only unless -o rw; read-write mounts translate every write, truncate,
+unlink, rename and mkdir into the container's own blocks, CRCs and header,
+and commit crash-safely.
 
 The command returns once the mount is live (exit status 0) or with a one-line
 error (exit status 1). The daemon unmounts and exits on SIGTERM or SIGINT, or
