@@ -96,6 +96,7 @@ commands:
   new OUT.mf [--block-size N] [--crc] [--version 2|1]
                                            create an empty container
   tableinfo TABLE [--json]                 a casacore table's table.dat, decoded
+  check CONTAINER [--json]                 verify CRCs and structure (exit 0 only if clean)
 
 'ctdsfs SOURCE MOUNTPOINT -o OPTS' (no command) mounts too, as mount.fuse3
 calls it for 'mount -t fuse.ctdsfs'."""
@@ -179,6 +180,17 @@ def _main_parser():
                     "files it uses (also inside table.mf), and the table keywords.")
     tableinfo.add_argument("table", metavar="TABLE", help="a table directory (or its table.dat)")
     tableinfo.add_argument("--json", action="store_true", help="machine-readable output")
+
+    check = sub.add_parser(
+        "check", help="verify a container's CRCs and structure",
+        description="Verify CONTAINER without trusting it: the header CRC and every block "
+                    "CRC, blocks outside the container or used twice (by files, the free list "
+                    "or the continuation sets), sizes against block counts, the file size "
+                    "against the block count, and nested containers recursively. Every "
+                    "problem is printed with its location; blocks that belong to nothing are "
+                    "notes. Exit status 0 only if there is no problem.")
+    check.add_argument("container", metavar="CONTAINER")
+    check.add_argument("--json", action="store_true", help="machine-readable output")
     return parser
 
 
@@ -354,7 +366,7 @@ def _mount_from_args(args):
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     parser = _main_parser()
-    commands = {"mount", "info", "ls", "new", "tableinfo"}
+    commands = {"mount", "info", "ls", "new", "tableinfo", "check"}
     if argv and not argv[0].startswith("-") and argv[0] not in commands:
         argv = ["mount"] + argv  # 'ctdsfs SOURCE MOUNTPOINT -o ...' as mount.fuse3 runs it
     args = parser.parse_args(argv)
@@ -373,6 +385,22 @@ def main(argv=None):
         return _run(info, "ctdsfs")
     if args.command == "ls":
         return _run(lambda: _ls(args, sys.stdout) or 0, "ctdsfs")
+    if args.command == "check":
+        def check():
+            from .formats.check import check_path
+            problems, notes = check_path(args.container)
+            if args.json:
+                json.dump({"container": args.container, "clean": not problems,
+                           "problems": problems, "notes": notes}, sys.stdout, indent=2)
+                sys.stdout.write("\n")
+            else:
+                for line in problems:
+                    print(f"problem: {line}")
+                for line in notes:
+                    print(f"note: {line}")
+                print(f"{args.container}: {'clean' if not problems else f'{len(problems)} problems'}")
+            return 1 if problems else 0
+        return _run(check, "ctdsfs")
     if args.command == "tableinfo":
         return _run(lambda: _tableinfo(args, sys.stdout), "ctdsfs")
     if args.command == "new":
