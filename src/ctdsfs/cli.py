@@ -97,6 +97,9 @@ commands:
                                            create an empty container
   tableinfo TABLE [--json]                 a casacore table's table.dat, decoded
   check CONTAINER [--json]                 verify CRCs and structure (exit 0 only if clean)
+  pack DIR OUT [--format mf2|mf1] [--block-size N] [--crc] [--quiet]
+                                           one container from a directory tree
+  unpack CONTAINER DIR [--quiet]           the tree back, byte for byte
 
 'ctdsfs SOURCE MOUNTPOINT -o OPTS' (no command) mounts too, as mount.fuse3
 calls it for 'mount -t fuse.ctdsfs'."""
@@ -191,6 +194,30 @@ def _main_parser():
                     "notes. Exit status 0 only if there is no problem.")
     check.add_argument("container", metavar="CONTAINER")
     check.add_argument("--json", action="store_true", help="machine-readable output")
+
+    pack = sub.add_parser(
+        "pack", help="one container from a directory tree",
+        description="Write every file of DIR into the new container OUT; subdirectories "
+                    "become nested containers (format mf2 only), so a whole MeasurementSet "
+                    "becomes one file that 'mount.ctdsfs OUT MOUNTPOINT' shows as the "
+                    "original tree. A progress bar shows on a terminal.")
+    pack.add_argument("directory", metavar="DIR")
+    pack.add_argument("output", metavar="OUT")
+    pack.add_argument("--format", choices=("mf2", "mf1"), default="mf2",
+                      help="MultiFile version 2 (default) or 1 (casacore 3.5, no nesting)")
+    pack.add_argument("--block-size", type=int, default=4 << 20, metavar="N",
+                      help="block size in bytes (default 4194304)")
+    pack.add_argument("--crc", action="store_true", help="keep a CRC per block (mf2)")
+    pack.add_argument("--quiet", action="store_true", help="no progress bar")
+
+    unpack = sub.add_parser(
+        "unpack", help="a container's tree back to a directory",
+        description="Write the tree CONTAINER holds to the new directory DIR, nested "
+                    "containers as subdirectories, byte for byte. DIR appears whole or not "
+                    "at all (it is built beside it, then renamed).")
+    unpack.add_argument("container", metavar="CONTAINER")
+    unpack.add_argument("output", metavar="DIR")
+    unpack.add_argument("--quiet", action="store_true", help="no progress bar")
     return parser
 
 
@@ -366,7 +393,7 @@ def _mount_from_args(args):
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     parser = _main_parser()
-    commands = {"mount", "info", "ls", "new", "tableinfo", "check"}
+    commands = {"mount", "info", "ls", "new", "tableinfo", "check", "pack", "unpack"}
     if argv and not argv[0].startswith("-") and argv[0] not in commands:
         argv = ["mount"] + argv  # 'ctdsfs SOURCE MOUNTPOINT -o ...' as mount.fuse3 runs it
     args = parser.parse_args(argv)
@@ -385,6 +412,19 @@ def main(argv=None):
         return _run(info, "ctdsfs")
     if args.command == "ls":
         return _run(lambda: _ls(args, sys.stdout) or 0, "ctdsfs")
+    if args.command == "pack":
+        def do_pack():
+            from .toolbox import pack
+            pack(args.directory, args.output, block_size=args.block_size, use_crc=args.crc,
+                 version=1 if args.format == "mf1" else 2, quiet=args.quiet)
+            return 0
+        return _run(do_pack, "ctdsfs")
+    if args.command == "unpack":
+        def do_unpack():
+            from .toolbox import unpack
+            unpack(args.container, args.output, quiet=args.quiet)
+            return 0
+        return _run(do_unpack, "ctdsfs")
     if args.command == "check":
         def check():
             from .formats.check import check_path
