@@ -1,4 +1,4 @@
-"""ctdsfs pack / unpack: whole MeasurementSets in one file and back, byte for byte."""
+"""ctdsfs pack / unpack / convert: whole MeasurementSets in one file and back, byte for byte."""
 
 import filecmp
 import json
@@ -8,9 +8,11 @@ import sys
 
 import pytest
 
+from ctdsfs.container import open_container
 from ctdsfs.formats.check import check_path
 
-from .conftest import SCRIPTS, make_casacore_table
+from .conftest import DATA, SCRIPTS, make_casacore_table
+from .test_write import snapshot
 
 pytestmark = pytest.mark.tools
 
@@ -87,3 +89,35 @@ def test_refusals_leave_nothing_behind(tmp_path):
     existing = ctdsfs("unpack", tmp_path / "ok.mf", tree, ok=False)
     assert existing.returncode == 1 and "already exists" in existing.stderr
     assert not [p for p in os.listdir(tmp_path) if p.startswith(".ctdsfs-unpack-")]
+
+
+def test_convert_round_trip_keeps_everything(tmp_path):
+    ctdsfs("convert", DATA / "casacore_test_v1.mf", tmp_path / "v2.mf", "--format", "mf2", "--crc")
+    ctdsfs("convert", tmp_path / "v2.mf", tmp_path / "v1.mf", "--format", "mf1")
+    ctdsfs("convert", DATA / "mf2_nested.mf", tmp_path / "n.mf", "--format", "mf2",
+           "--block-size", 512)
+    original = snapshot(open_container(DATA / "casacore_test_v1.mf"))
+    assert snapshot(open_container(tmp_path / "v2.mf")) == original
+    assert snapshot(open_container(tmp_path / "v1.mf")) == original
+    assert open_container(tmp_path / "v2.mf").header.use_crc
+    assert snapshot(open_container(tmp_path / "n.mf")) == snapshot(open_container(DATA / "mf2_nested.mf"))
+    nested = ctdsfs("convert", DATA / "mf2_nested.mf", tmp_path / "x.mf", "--format", "mf1", ok=False)
+    assert nested.returncode == 1 and "cannot nest" in nested.stderr
+    assert not (tmp_path / "x.mf").exists()
+
+
+def test_table_converted_to_v1_opens_in_casacore_3_5_natively(tmp_path):
+    table = make_casacore_table(tmp_path / "t.tab", block_size=4096, rows=40)
+    home = tmp_path / ".home-t.tab"
+    dump = [str(SCRIPTS / "make_sample_table.py"), "--dump", str(table)]
+    expected = json.loads(subprocess.run([sys.executable] + dump, capture_output=True, text=True,
+                                         check=True, env=dict(os.environ, HOME=str(home))).stdout)
+    for directory in (table, table / "ANTENNA"):
+        ctdsfs("convert", directory / "table.mf", directory / "v1.mf", "--format", "mf1")
+        os.replace(directory / "v1.mf", directory / "table.mf")
+        if (directory / "v1.mf_hdrext").exists():
+            os.replace(directory / "v1.mf_hdrext", directory / "table.mf_hdrext")
+    legacy = subprocess.run(["/usr/bin/python3"] + dump, capture_output=True, text=True,
+                            env=dict(os.environ, HOME=str(home)))
+    assert legacy.returncode == 0, legacy.stderr
+    assert json.loads(legacy.stdout) == expected

@@ -100,6 +100,8 @@ commands:
   pack DIR OUT [--format mf2|mf1] [--block-size N] [--crc] [--quiet]
                                            one container from a directory tree
   unpack CONTAINER DIR [--quiet]           the tree back, byte for byte
+  convert IN OUT --format mf2|mf1 [--block-size N] [--crc] [--quiet]
+                                           a container in another format
 
 'ctdsfs SOURCE MOUNTPOINT -o OPTS' (no command) mounts too, as mount.fuse3
 calls it for 'mount -t fuse.ctdsfs'."""
@@ -218,6 +220,19 @@ def _main_parser():
     unpack.add_argument("container", metavar="CONTAINER")
     unpack.add_argument("output", metavar="DIR")
     unpack.add_argument("--quiet", action="store_true", help="no progress bar")
+
+    convert = sub.add_parser(
+        "convert", help="a container in another format",
+        description="Copy container IN (MultiFile v1 or v2, MultiHDF5) into the new "
+                    "container OUT: MultiFile version 2 (mf2) or 1 (mf1, which casacore 3.5 "
+                    "reads natively; it cannot hold nested containers). Names, contents and "
+                    "nesting are kept; the block size is IN's unless given.")
+    convert.add_argument("input", metavar="IN")
+    convert.add_argument("output", metavar="OUT")
+    convert.add_argument("--format", choices=("mf2", "mf1"), required=True)
+    convert.add_argument("--block-size", type=int, default=None, metavar="N")
+    convert.add_argument("--crc", action="store_true", help="keep a CRC per block (mf2)")
+    convert.add_argument("--quiet", action="store_true", help="no progress bar")
     return parser
 
 
@@ -393,7 +408,8 @@ def _mount_from_args(args):
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     parser = _main_parser()
-    commands = {"mount", "info", "ls", "new", "tableinfo", "check", "pack", "unpack"}
+    commands = {"mount", "info", "ls", "new", "tableinfo", "check", "pack", "unpack",
+                "convert"}
     if argv and not argv[0].startswith("-") and argv[0] not in commands:
         argv = ["mount"] + argv  # 'ctdsfs SOURCE MOUNTPOINT -o ...' as mount.fuse3 runs it
     args = parser.parse_args(argv)
@@ -425,6 +441,13 @@ def main(argv=None):
             unpack(args.container, args.output, quiet=args.quiet)
             return 0
         return _run(do_unpack, "ctdsfs")
+    if args.command == "convert":
+        def do_convert():
+            from .toolbox import convert
+            convert(args.input, args.output, version=1 if args.format == "mf1" else 2,
+                    block_size=args.block_size, use_crc=args.crc, quiet=args.quiet)
+            return 0
+        return _run(do_convert, "ctdsfs")
     if args.command == "check":
         def check():
             from .formats.check import check_path

@@ -1,8 +1,10 @@
-"""Offline container jobs (``ctdsfs pack`` / ``unpack``), through the container interface.
+"""Offline container jobs (``ctdsfs pack`` / ``unpack`` / ``convert``), through the
+container interface.
 
 ``pack`` turns a directory tree into one container, subdirectories becoming
 nested containers (a whole MeasurementSet in one file); ``unpack`` is the
-reverse, byte for byte. Both show a progress bar with throughput and ETA on a
+reverse, byte for byte; ``convert`` copies one container into a new one of
+another format (MultiFile v2 <-> v1), keeping names, contents and nesting. Both show a progress bar with throughput and ETA on a
 terminal, and stay quiet otherwise or with ``quiet``.
 """
 
@@ -57,15 +59,55 @@ def _pack_into(container, directory, bar):
         if os.path.isdir(path):
             _pack_into(container.make_nested(name), path, bar)
         elif os.path.isfile(path):
-            container.create(name)
             with open(path, "rb") as f:
-                offset = 0
-                while chunk := f.read(CHUNK):
-                    container.write(name, offset, chunk)
-                    offset += len(chunk)
-                    bar.update(len(chunk))
+                _copy_file(container, name, iter(lambda: f.read(CHUNK), b""), bar)
         else:
             raise CtdsfsError(f"{path}: only files and directories can be packed")
+
+
+def _copy_file(container, name, chunks, bar):
+    """A new virtual file ``name`` in ``container`` holding the bytes of ``chunks``."""
+    container.create(name)
+    offset = 0
+    for chunk in chunks:
+        container.write(name, offset, chunk)
+        offset += len(chunk)
+        bar.update(len(chunk))
+
+
+def _chunks(container, name):
+    size = container.entry_size(name)
+    return (container.read(name, offset, CHUNK) for offset in range(0, size, CHUNK))
+
+
+def convert(source, output, *, version=2, block_size=None, use_crc=False, quiet=False):
+    """``source`` copied into the new container ``output`` of MultiFile ``version``."""
+    src = open_container(source)
+    try:
+        if block_size is None:
+            block_size = src.usage().block_size
+        dst = create_container(output, block_size=block_size, use_crc=use_crc, version=version)
+        try:
+            with _progress(_container_size(src), quiet, "convert") as bar:
+                _copy_tree(src, dst, bar)
+            dst.close()
+        except BaseException:
+            dst.store.close()
+            for leftover in (output, output + "_hdrext"):
+                if os.path.exists(leftover):
+                    os.unlink(leftover)
+            raise
+    finally:
+        src.close()
+
+
+def _copy_tree(src, dst, bar):
+    for name in src.names():
+        child = src.nested(name)
+        if child is not None:
+            _copy_tree(child, dst.make_nested(name), bar)
+        else:
+            _copy_file(dst, name, _chunks(src, name), bar)
 
 
 def _container_size(container):
@@ -102,9 +144,7 @@ def _unpack_into(container, directory, bar):
             os.mkdir(path)
             _unpack_into(child, path, bar)
             continue
-        size = container.entry_size(name)
         with open(path, "wb") as f:
-            for offset in range(0, size, CHUNK):
-                data = container.read(name, offset, CHUNK)
+            for data in _chunks(container, name):
                 f.write(data)
                 bar.update(len(data))
