@@ -37,11 +37,17 @@ def pack(source, output, *, block_size=4 << 20, use_crc=False, version=2, quiet=
     """One container holding the tree at ``source``; ``output`` must not exist."""
     if not os.path.isdir(source):
         raise CtdsfsError(f"{source}: not a directory")
-    container = create_container(output, block_size=block_size, use_crc=use_crc,
-                                 version=version)
+    _build(output, _tree_size(source), "pack", lambda c, bar: _pack_into(c, source, bar), quiet,
+           block_size=block_size, use_crc=use_crc, version=version)
+
+
+def _build(output, total, what, fill, quiet, **options):
+    """A new container at ``output`` filled by ``fill(container, bar)``; on any failure
+    nothing is left behind."""
+    container = create_container(output, **options)
     try:
-        with _progress(_tree_size(source), quiet, "pack") as bar:
-            _pack_into(container, source, bar)
+        with _progress(total, quiet, what) as bar:
+            fill(container, bar)
         container.close()
     except BaseException:
         container.store.close()
@@ -84,19 +90,10 @@ def convert(source, output, *, version=2, block_size=None, use_crc=False, quiet=
     """``source`` copied into the new container ``output`` of MultiFile ``version``."""
     src = open_container(source)
     try:
-        if block_size is None:
-            block_size = src.usage().block_size
-        dst = create_container(output, block_size=block_size, use_crc=use_crc, version=version)
-        try:
-            with _progress(_container_size(src), quiet, "convert") as bar:
-                _copy_tree(src, dst, bar)
-            dst.close()
-        except BaseException:
-            dst.store.close()
-            for leftover in (output, output + "_hdrext"):
-                if os.path.exists(leftover):
-                    os.unlink(leftover)
-            raise
+        _build(output, _container_size(src), "convert",
+               lambda dst, bar: _copy_tree(src, dst, bar), quiet,
+               block_size=block_size or src.usage().block_size, use_crc=use_crc,
+               version=version)
     finally:
         src.close()
 
