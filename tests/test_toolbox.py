@@ -121,3 +121,58 @@ def test_table_converted_to_v1_opens_in_casacore_3_5_natively(tmp_path):
                             env=dict(os.environ, HOME=str(home)))
     assert legacy.returncode == 0, legacy.stderr
     assert json.loads(legacy.stdout) == expected
+
+
+def dump_values(table, python=sys.executable):
+    result = subprocess.run([python, str(SCRIPTS / "make_sample_table.py"), "--dump", str(table)],
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def tree_bytes(root):
+    out = {}
+    for dirpath, _, files in os.walk(root):
+        for f in files:
+            if f != "table.lock":  # casacore rewrites its lock file when it opens a table
+                with open(os.path.join(dirpath, f), "rb") as fh:
+                    out[os.path.relpath(os.path.join(dirpath, f), root)] = fh.read()
+    return out
+
+
+def test_to_multifile_and_back(tmp_path):
+    table = make_casacore_table(tmp_path / "t.tab", rows=200, multifile=False)
+    original, values = tree_bytes(table), dump_values(table)
+    ctdsfs("to-multifile", "--block-size", 4096, table)
+    assert sorted(os.listdir(table)) == ["ANTENNA", "table.dat", "table.info", "table.lock",
+                                         "table.mf"]
+    assert "table.mf" in os.listdir(table / "ANTENNA")
+    assert dump_values(table) == values  # python-casacore 3.8, natively
+    ctdsfs("to-sepfile", table)
+    assert dump_values(table, python="/usr/bin/python3") == values  # casacore 3.5, natively
+    assert tree_bytes(table) == original  # byte for byte the table casacore wrote
+    assert not [p for p in os.listdir(tmp_path) if ".ctdsfs-" in p]
+
+
+@pytest.mark.parametrize("command", ["to-multifile", "to-sepfile"])
+def test_kill_9_during_storage_change_leaves_a_readable_table(tmp_path, command):
+    import random
+    import time
+    rng = random.Random(command)
+    table = make_casacore_table(tmp_path / "t.tab", rows=100000,
+                                multifile=command == "to-sepfile")
+    values = dump_values(table)
+    staging = tmp_path / "t.tab.ctdsfs-new"
+    mid_run = 0
+    for attempt in range(8):
+        proc = subprocess.Popen(["ctdsfs", command, "--quiet", str(table)])
+        while proc.poll() is None and not staging.exists():
+            time.sleep(0.0005)  # wait until the conversion itself has begun
+        time.sleep(rng.uniform(0, 0.06))
+        proc.kill()  # SIGKILL, somewhere in building, swapping or cleaning up
+        mid_run += proc.wait() == -9
+        assert dump_values(table) == values, f"attempt {attempt}"
+    assert mid_run >= 4  # most kills really hit a conversion in progress
+    ctdsfs(command, table)  # a later run cleans up what the killed ones left
+    assert dump_values(table) == values
+    assert not [p for p in os.listdir(tmp_path) if ".ctdsfs-" in p]

@@ -102,6 +102,8 @@ commands:
   unpack CONTAINER DIR [--quiet]           the tree back, byte for byte
   convert IN OUT --format mf2|mf1 [--block-size N] [--crc] [--quiet]
                                            a container in another format
+  to-multifile TABLE [--block-size N] [--crc] [--quiet]
+  to-sepfile TABLE [--quiet]               switch a table tree's storage, in place
 
 'ctdsfs SOURCE MOUNTPOINT -o OPTS' (no command) mounts too, as mount.fuse3
 calls it for 'mount -t fuse.ctdsfs'."""
@@ -233,6 +235,27 @@ def _main_parser():
     convert.add_argument("--block-size", type=int, default=None, metavar="N")
     convert.add_argument("--crc", action="store_true", help="keep a CRC per block (mf2)")
     convert.add_argument("--quiet", action="store_true", help="no progress bar")
+
+    to_mf = sub.add_parser(
+        "to-multifile", help="store a table tree as MultiFile tables, in place",
+        description="Turn every table of TABLE (subtables too) stored in separate files "
+                    "into one stored as a MultiFile: its table.f* files go into one "
+                    "table.mf and table.dat records the MultiFile option, as casacore "
+                    "writes it. The new tree is built beside TABLE and swapped in "
+                    "atomically: a crash leaves the old form or the new one.")
+    to_mf.add_argument("table", metavar="TABLE")
+    to_mf.add_argument("--block-size", type=int, default=4 << 20, metavar="N",
+                       help="block size of the table.mf files (default 4194304)")
+    to_mf.add_argument("--crc", action="store_true", help="keep a CRC per block")
+    to_mf.add_argument("--quiet", action="store_true", help="no progress bar")
+
+    to_sep = sub.add_parser(
+        "to-sepfile", help="store a MultiFile table tree in separate files, in place",
+        description="Turn every MultiFile table of TABLE (subtables too) into one stored "
+                    "in separate files, exactly as casacore writes it (casacore 3.5 reads "
+                    "the result). Built beside TABLE and swapped in atomically.")
+    to_sep.add_argument("table", metavar="TABLE")
+    to_sep.add_argument("--quiet", action="store_true", help="no progress bar")
     return parser
 
 
@@ -409,7 +432,7 @@ def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     parser = _main_parser()
     commands = {"mount", "info", "ls", "new", "tableinfo", "check", "pack", "unpack",
-                "convert"}
+                "convert", "to-multifile", "to-sepfile"}
     if argv and not argv[0].startswith("-") and argv[0] not in commands:
         argv = ["mount"] + argv  # 'ctdsfs SOURCE MOUNTPOINT -o ...' as mount.fuse3 runs it
     args = parser.parse_args(argv)
@@ -441,6 +464,16 @@ def main(argv=None):
             unpack(args.container, args.output, quiet=args.quiet)
             return 0
         return _run(do_unpack, "ctdsfs")
+    if args.command in ("to-multifile", "to-sepfile"):
+        def do_storage():
+            from .toolbox import to_multifile, to_sepfile
+            if args.command == "to-sepfile":
+                to_sepfile(args.table, quiet=args.quiet)
+            else:
+                to_multifile(args.table, block_size=args.block_size, use_crc=args.crc,
+                             quiet=args.quiet)
+            return 0
+        return _run(do_storage, "ctdsfs")
     if args.command == "convert":
         def do_convert():
             from .toolbox import convert

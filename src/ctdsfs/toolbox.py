@@ -145,3 +145,97 @@ def _unpack_into(container, directory, bar):
             for data in _chunks(container, name):
                 f.write(data)
                 bar.update(len(data))
+
+
+# ---------------------------------------------------------------- table storage
+
+def _exchange(a, b):
+    """Swap two directories atomically (Linux renameat2 RENAME_EXCHANGE)."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    at_fdcwd, rename_exchange = -100, 2
+    if libc.renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange):
+        err = ctypes.get_errno()
+        raise CtdsfsError(f"cannot swap {a} and {b}: {os.strerror(err)}")
+
+
+def _replace_tree(table, build):
+    """Build the new form of ``table`` beside it, swap it in, drop the old form.
+
+    A crash leaves the old form (with a stray ``.ctdsfs-new`` beside it) or the
+    new one (with a stray ``.ctdsfs-old``): the table always opens.
+    """
+    table = os.path.abspath(table)
+    staging, old = table + ".ctdsfs-new", table + ".ctdsfs-old"
+    for leftover in (staging, old):  # from a run that crashed
+        if os.path.lexists(leftover):
+            shutil.rmtree(leftover)
+    try:
+        build(staging)
+        with open(os.path.join(staging, "table.dat"), "rb") as f:
+            os.fsync(f.fileno())
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    _exchange(staging, table)
+    os.rename(staging, old)
+    shutil.rmtree(old)
+
+
+def _require_table(table):
+    if not os.path.isfile(os.path.join(table, "table.dat")):
+        raise CtdsfsError(f"{table}: not a casacore table (no table.dat)")
+
+
+def to_sepfile(table, *, quiet=False):
+    """Store a MultiFile table tree (subtables too) as separate files, in place."""
+    from .vfs.directory import directory_or_table
+
+    _require_table(table)
+    view = directory_or_table(os.path.abspath(table))
+    try:
+        total = _container_size(view)
+
+        def build(staging):
+            os.mkdir(staging)
+            with _progress(total, quiet, "to-sepfile") as bar:
+                _unpack_into(view, staging, bar)
+        _replace_tree(table, build)
+    finally:
+        view.close()
+
+
+def to_multifile(table, *, block_size=4 << 20, use_crc=False, quiet=False):
+    """Store a table tree in separate files as MultiFile tables (subtables too), in place."""
+    from .formats import tabledat
+
+    _require_table(table)
+
+    def convert_dir(src, dst, bar):
+        os.mkdir(dst)
+        names = sorted(os.listdir(src))
+        is_table = "table.dat" in names
+        if is_table and "table.mf" not in names:
+            def fill(container, bar):
+                for name in names:
+                    if name.startswith("table.f") and os.path.isfile(os.path.join(src, name)):
+                        with open(os.path.join(src, name), "rb") as f:
+                            _copy_file(container, name, iter(lambda: f.read(CHUNK), b""), bar)
+            _build(os.path.join(dst, "table.mf"), 0, "to-multifile", fill, True,
+                   block_size=block_size, use_crc=use_crc)
+        for name in names:
+            path = os.path.join(src, name)
+            if os.path.isdir(path):
+                convert_dir(path, os.path.join(dst, name), bar)
+            elif is_table and name == "table.dat" and "table.mf" not in names:
+                with open(path, "rb") as f:
+                    stored = tabledat.decode(f.read(), path)
+                with open(os.path.join(dst, name), "wb") as f:
+                    f.write(stored.with_storage("MultiFile", block_size).encode())
+            elif not (is_table and "table.mf" not in names and name.startswith("table.f")):
+                shutil.copy2(path, os.path.join(dst, name))
+            bar.update(os.path.getsize(path) if os.path.isfile(path) else 0)
+
+    with _progress(_tree_size(table), quiet, "to-multifile") as bar:
+        _replace_tree(table, lambda staging: convert_dir(os.path.abspath(table), staging, bar))
