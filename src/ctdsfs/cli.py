@@ -123,6 +123,22 @@ def _add_mount_arguments(parser):
     parser.add_argument("-t", "-N", dest="ignored_value", help=argparse.SUPPRESS)
 
 
+def _standard(parser, *names, block_size=4 << 20):
+    """Options several commands share, worded once."""
+    for name in names:
+        if name == "json":
+            parser.add_argument("--json", action="store_true", help="machine-readable output")
+        elif name == "quiet":
+            parser.add_argument("--quiet", action="store_true", help="no progress bar")
+        elif name == "crc":
+            parser.add_argument("--crc", action="store_true",
+                                help="keep a CRC-32/BZIP2 per block (MultiFile v2 only)")
+        elif name == "block-size":
+            default = "the input's" if block_size is None else f"{block_size}"
+            parser.add_argument("--block-size", type=int, default=block_size, metavar="N",
+                                help=f"block size in bytes (default {default})")
+
+
 def _mount_parser(prog):
     parser = argparse.ArgumentParser(
         prog=prog, description=MOUNT_DESCRIPTION, epilog=MOUNT_EPILOG,
@@ -151,7 +167,7 @@ def _main_parser():
                     "virtual file, its size and block count. Nested containers are "
                     "marked; problems (hidden entries) are listed at the end.")
     info.add_argument("container", metavar="CONTAINER")
-    info.add_argument("--json", action="store_true", help="machine-readable output")
+    _standard(info, "json")
     info.add_argument("--nocrc", action="store_true", help="do not verify the header CRC")
 
     ls = sub.add_parser(
@@ -162,7 +178,7 @@ def _main_parser():
     ls.add_argument("path", metavar="PATH", nargs="?", default="")
     ls.add_argument("-l", dest="long", action="store_true",
                     help="long format: type, size, blocks, name")
-    ls.add_argument("--json", action="store_true", help="machine-readable output")
+    _standard(ls, "json")
     ls.add_argument("--nocrc", action="store_true", help="do not verify CRCs")
 
     new = sub.add_parser(
@@ -172,10 +188,7 @@ def _main_parser():
                     "(nested containers, optional CRCs); version 1 is what casacore 3.5 "
                     "reads (its header continues in OUT_hdrext when large).")
     new.add_argument("output", metavar="OUT.mf")
-    new.add_argument("--block-size", type=int, default=4 << 20, metavar="N",
-                     help="block size in bytes (default 4194304, casacore's default for tables)")
-    new.add_argument("--crc", action="store_true",
-                     help="keep a CRC-32/BZIP2 per block (version 2 only)")
+    _standard(new, "block-size", "crc")
     new.add_argument("--version", type=int, choices=(1, 2), default=2,
                      help="MultiFile format version (default 2)")
 
@@ -186,7 +199,7 @@ def _main_parser():
                     "(type, shape, data manager, keywords), every data manager with the "
                     "files it uses (also inside table.mf), and the table keywords.")
     tableinfo.add_argument("table", metavar="TABLE", help="a table directory (or its table.dat)")
-    tableinfo.add_argument("--json", action="store_true", help="machine-readable output")
+    _standard(tableinfo, "json")
 
     check = sub.add_parser(
         "check", help="verify a container's CRCs and structure",
@@ -197,7 +210,7 @@ def _main_parser():
                     "problem is printed with its location; blocks that belong to nothing are "
                     "notes. Exit status 0 only if there is no problem.")
     check.add_argument("container", metavar="CONTAINER")
-    check.add_argument("--json", action="store_true", help="machine-readable output")
+    _standard(check, "json")
 
     pack = sub.add_parser(
         "pack", help="one container from a directory tree",
@@ -209,10 +222,7 @@ def _main_parser():
     pack.add_argument("output", metavar="OUT")
     pack.add_argument("--format", choices=("mf2", "mf1"), default="mf2",
                       help="MultiFile version 2 (default) or 1 (casacore 3.5, no nesting)")
-    pack.add_argument("--block-size", type=int, default=4 << 20, metavar="N",
-                      help="block size in bytes (default 4194304)")
-    pack.add_argument("--crc", action="store_true", help="keep a CRC per block (mf2)")
-    pack.add_argument("--quiet", action="store_true", help="no progress bar")
+    _standard(pack, "block-size", "crc", "quiet")
 
     unpack = sub.add_parser(
         "unpack", help="a container's tree back to a directory",
@@ -221,7 +231,7 @@ def _main_parser():
                     "at all (it is built beside it, then renamed).")
     unpack.add_argument("container", metavar="CONTAINER")
     unpack.add_argument("output", metavar="DIR")
-    unpack.add_argument("--quiet", action="store_true", help="no progress bar")
+    _standard(unpack, "quiet")
 
     convert = sub.add_parser(
         "convert", help="a container in another format",
@@ -231,10 +241,9 @@ def _main_parser():
                     "nesting are kept; the block size is IN's unless given.")
     convert.add_argument("input", metavar="IN")
     convert.add_argument("output", metavar="OUT")
-    convert.add_argument("--format", choices=("mf2", "mf1"), required=True)
-    convert.add_argument("--block-size", type=int, default=None, metavar="N")
-    convert.add_argument("--crc", action="store_true", help="keep a CRC per block (mf2)")
-    convert.add_argument("--quiet", action="store_true", help="no progress bar")
+    convert.add_argument("--format", choices=("mf2", "mf1"), required=True,
+                         help="MultiFile version 2 or 1 for OUT")
+    _standard(convert, "block-size", "crc", "quiet", block_size=None)
 
     to_mf = sub.add_parser(
         "to-multifile", help="store a table tree as MultiFile tables, in place",
@@ -244,10 +253,7 @@ def _main_parser():
                     "writes it. The new tree is built beside TABLE and swapped in "
                     "atomically: a crash leaves the old form or the new one.")
     to_mf.add_argument("table", metavar="TABLE")
-    to_mf.add_argument("--block-size", type=int, default=4 << 20, metavar="N",
-                       help="block size of the table.mf files (default 4194304)")
-    to_mf.add_argument("--crc", action="store_true", help="keep a CRC per block")
-    to_mf.add_argument("--quiet", action="store_true", help="no progress bar")
+    _standard(to_mf, "block-size", "crc", "quiet")
 
     to_sep = sub.add_parser(
         "to-sepfile", help="store a MultiFile table tree in separate files, in place",
@@ -255,7 +261,7 @@ def _main_parser():
                     "in separate files, exactly as casacore writes it (casacore 3.5 reads "
                     "the result). Built beside TABLE and swapped in atomically.")
     to_sep.add_argument("table", metavar="TABLE")
-    to_sep.add_argument("--quiet", action="store_true", help="no progress bar")
+    _standard(to_sep, "quiet")
     return parser
 
 
