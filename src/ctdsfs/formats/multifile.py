@@ -145,9 +145,8 @@ class MultiFile(Container):
         changes the next commit detects the conflict instead. True if reloaded.
         """
         with self._lock:
-            lead = self.store.pread(16, 8)
-            if self.depth or len(lead) < 8 or int.from_bytes(lead, "big", signed=True) == \
-                    self.header.counter or self.dirty or self._orphans:
+            if self.depth or self._counter_on_disk() == self.header.counter or self.dirty \
+                    or self._orphans:
                 return False
             header = read_header(self.store, self.hdrext_path, self.verify_crc)
             log.info("%s: changed by another process (header counter %d -> %d): reloaded",
@@ -436,11 +435,10 @@ class MultiFile(Container):
 
     def _read_block(self, e, index):
         b = e.blocks[index]
-        data = self.store.pread(b * self.block_size, self.block_size)
-        if self.verify_crc and self.header.use_crc and crc32_bzip2(
-                data.ljust(self.block_size, b"\0")) != int(self._crcs[b]):
+        data = self.store.pread(b * self.block_size, self.block_size).ljust(self.block_size, b"\0")
+        if self.verify_crc and self.header.use_crc and crc32_bzip2(data) != int(self._crcs[b]):
             raise self._block_error(e.name, index, f"(container block {b}) fails its CRC check")
-        return data.ljust(self.block_size, b"\0")
+        return data
 
     def _flush_buffer(self, key):
         index, buf, e = self._buffers.pop(key)
@@ -654,11 +652,15 @@ class MultiFile(Container):
             self.store.truncate(new.nblocks * bs)
         self._dirty = False
 
+    def _counter_on_disk(self):
+        """The header counter as the file holds it now (offset 16 in both versions)."""
+        lead = self.store.pread(16, 8)
+        return int.from_bytes(lead, "big", signed=True) if len(lead) == 8 else None
+
     def _check_not_changed_on_disk(self):
         """Another writer must not have committed since we read the header."""
         if self.depth == 0 and self.header.counter:
-            lead = self.store.pread(16, 8)  # hdrCounter, in both versions
-            on_disk = int.from_bytes(lead, "big", signed=True) if len(lead) == 8 else None
+            on_disk = self._counter_on_disk()
             if on_disk != self.header.counter:
                 raise OSError(f"the container was changed by another writer "
                               f"(header counter {on_disk}, expected {self.header.counter})")

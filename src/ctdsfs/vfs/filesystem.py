@@ -145,8 +145,9 @@ class ContainerFS:
     def _forget_name(self, container, name):
         self._inos.pop((id(container), name), None)
 
-    def _attr(self, node):
-        st = os.stat(self.source_path)
+    def _attr(self, node, st=None):
+        """Attributes of ``node``; ``st`` is the source's stat when the caller has one."""
+        st = st or os.stat(self.source_path)
         perms = st.st_mode & (0o666 if self.writable else 0o444)
         if node.directory is not None:
             mode, nlink = stat.S_IFDIR | perms | ((perms & 0o444) >> 2), 2  # r -> r-x
@@ -245,7 +246,8 @@ class ContainerFS:
                 self._refresh()
             parent = self._directory(ino)
             names = parent.directory.names()
-            return [(names[i], self._attr(self._child(parent, names[i])), i + 1)
+            st = os.stat(self.source_path)  # once for the whole listing
+            return [(names[i], self._attr(self._child(parent, names[i]), st), i + 1)
                     for i in range(start, len(names))]
 
     def open(self, ino, flags):
