@@ -1,4 +1,5 @@
-"""MultiHDF5 (casacore's HDF5 container), read-only: casacore-written files through the mount."""
+"""MultiHDF5 (casacore's HDF5 container): casacore-written files read, edited and mounted;
+files ctdsfs writes laid out exactly as casacore's."""
 
 import os
 import shutil
@@ -8,10 +9,40 @@ import h5py
 import numpy as np
 import pytest
 
-from ctdsfs.container import open_container
-from ctdsfs.errors import CtdsfsError
+from ctdsfs.container import create_container, open_container
+from ctdsfs.errors import ContainerFull, CtdsfsError
+from ctdsfs.formats import multihdf5
+from ctdsfs.formats.tabledat import decode as decode_table_dat
 
 from .conftest import DATA, pattern
+from .test_write import snapshot
+
+HEADER = "__MultiHDF5_Header__"
+
+
+def layout(path):
+    """What casacore's layout rules fix: header attribute types and shapes, every FileData
+    dataset's type, shape, chunking, fill and allocation, and the superblock version."""
+    out = {"superblock": open(path, "rb").read(9)[8]}
+    with h5py.File(path, "r") as f:
+        attrs = f[HEADER].attrs
+        for key in attrs:
+            a = attrs.get_id(key)
+            t = a.get_type()
+            info = [t.get_class(), t.get_size(), a.shape]
+            if t.get_class() == h5py.h5t.STRING:
+                info += [t.get_cset(), t.get_strpad(), t.is_variable_str()]
+            elif t.get_class() == h5py.h5t.INTEGER:
+                info += [t.get_order(), t.get_sign()]
+            out[f"@{key}"] = info
+        out["names"] = [n.decode() if isinstance(n, bytes) else n for n in attrs["names"]]
+        out["sizes"] = attrs["sizes"].tolist()
+        for name in out["names"]:
+            d = f[name]["FileData"]
+            plist = d.id.get_create_plist()
+            out[name] = [d.dtype.str, d.shape, d.maxshape, d.chunks, d.compression,
+                         plist.get_fill_time(), plist.get_alloc_time(), sorted(f[name])]
+    return out
 
 
 def test_casacore_multihdf5_fixture():
@@ -29,9 +60,112 @@ def test_table_fixture_files():
     assert sorted(c.names()) == ["table.f0", "table.f0i"]
 
 
-def test_writing_is_refused_clearly(tmp_path):
-    with pytest.raises(CtdsfsError, match="MultiHDF5 containers mount read-only"):
-        open_container(DATA / "mh5_basic.mfh5", writable=True)
+def test_ctdsfs_writes_casacore_s_layout(tmp_path):
+    """The fixture's own content written by ctdsfs the way tomf writes it: the same layout."""
+    path = tmp_path / "mine.mfh5"
+    c = create_container(path, format="hdf5", block_size=4096)
+    for name in ("empty.bin", "data10000.bin", "hello.txt"):
+        c.create(name)
+        data = (DATA / "inputs" / name).read_bytes()
+        for offset in range(0, len(data), 4096):  # tomf's block-sized writes
+            c.write(name, offset, data[offset:offset + 4096])
+    c.close()
+    mine, casacore = layout(path), layout(DATA / "mh5_basic.mfh5")
+    assert mine == casacore
+    assert mine["data10000.bin"][1] == (4, 4096)  # casacore's spare row, kept
+    assert snapshot(open_container(path)) == snapshot(open_container(DATA / "mh5_basic.mfh5"))
+
+
+def test_editing_a_casacore_file(tmp_path):
+    path = tmp_path / "edit.mfh5"
+    shutil.copy(DATA / "mh5_basic.mfh5", path)
+    c = open_container(path, writable=True)
+    c.write("hello.txt", 5, b", world")
+    c.truncate("data10000.bin", 5000)
+    c.truncate("data10000.bin", 6000)  # the bytes after 5000 come back as zeros
+    c.remove("empty.bin")
+    c.create("new.bin")  # casacore reuses the deleted slot
+    c.write("new.bin", 9000, b"x")
+    c.close()
+    with h5py.File(path, "r") as f:
+        attrs = f[HEADER].attrs
+        assert [n.decode() if isinstance(n, bytes) else n for n in attrs["names"]] == \
+            ["new.bin", "data10000.bin", "hello.txt"]
+        assert attrs["sizes"].tolist() == [9001, 6000, 12] and attrs["hdrCounter"] == 2
+        assert "empty.bin" not in f
+    r = open_container(path)
+    assert r.read("hello.txt", 0, 100) == b"hello, world"
+    assert r.read("data10000.bin", 0, 10000) == pattern(10000, 7, 3)[:5000] + bytes(1000)
+    assert r.read("new.bin", 0, 10000) == bytes(9000) + b"x"
+
+
+def test_empty_vectors_as_casacore_writes_them(tmp_path):
+    """casacore's HDF5Record stores an empty vector as an {emptyarray, rank, casatype} scalar."""
+    path = tmp_path / "empty.mfh5"
+    create_container(path, format="hdf5", block_size=512).close()
+    with h5py.File(path, "r") as f:
+        attrs = f[HEADER].attrs
+        assert attrs["names"].tolist() == (1, 1, 11)  # TpString
+        assert attrs["sizes"].tolist() == (1, 1, 29)  # TpInt64
+        assert attrs["names"].dtype.names == ("emptyarray", "rank", "casatype")
+    c = open_container(path)
+    assert c.names() == [] and c.block_size == 512 and c.problems == []
+
+
+def test_nested_groups_and_limits(tmp_path):
+    path = tmp_path / "n.mfh5"
+    c = create_container(path, format="hdf5", block_size=256)
+    sub = c.make_nested("SUB")
+    sub.create("x")
+    sub.write("x", 0, b"inner" * 100)
+    c.rename("SUB", "RENAMED")
+    sub.write("x", 500, b"!")  # still the same nested container after the rename
+    for bad in (HEADER, multihdf5.ORPHAN_PREFIX + "1", "a/b", ".."):
+        with pytest.raises(CtdsfsError):
+            c.create(bad)
+    c.close()
+    with h5py.File(path, "r") as f:
+        # as casacore's nested MultiHDF5: the file group keeps its (unused) dataset
+        assert sorted(f["RENAMED"]) == ["FileData", HEADER, "x"]
+        assert f["RENAMED"][HEADER].attrs["blockSize"] == 256
+    assert snapshot(open_container(path)) == {"RENAMED/": b"",
+                                              "RENAMED/x": b"inner" * 100 + b"!"}
+    many = create_container(tmp_path / "many.mfh5", format="hdf5", block_size=64)
+    for i in range(multihdf5.MAX_SLOTS):
+        many.create(f"f{i}")
+    with pytest.raises(ContainerFull, match="at most 4000"):
+        many.create("one-too-many")
+    many.close()
+    assert len(open_container(tmp_path / "many.mfh5").names()) == multihdf5.MAX_SLOTS
+
+
+def test_unlinked_open_file_and_leftovers_of_a_dead_writer(tmp_path):
+    path = tmp_path / "o.mfh5"
+    c = create_container(path, format="hdf5", block_size=128)
+    c.create("a")
+    c.write("a", 0, b"A" * 300)
+    key = c.remove("a", keep_open=True)
+    c.write(key, 300, b"B")
+    assert c.read(key, 0, 1000) == b"A" * 300 + b"B" and c.names() == []
+    c.commit()
+    c.file.close()  # the writer dies before releasing it
+    with h5py.File(path, "r") as f:
+        assert any(k.startswith(multihdf5.ORPHAN_PREFIX) for k in f)
+    again = open_container(path, writable=True)  # the next writer drops it
+    again.close()
+    with h5py.File(path, "r") as f:
+        assert list(f) == [HEADER]
+
+
+def test_damaged_files_give_one_line(tmp_path):
+    path = tmp_path / "cut.mfh5"
+    data = (DATA / "mh5_basic.mfh5").read_bytes()
+    path.write_bytes(data[:len(data) // 3])
+    with pytest.raises(CtdsfsError) as exc:
+        open_container(path)
+    assert "not a readable HDF5 file" in str(exc.value) and "\n" not in str(exc.value)
+    result = subprocess.run(["ctdsfs", "check", str(path)], capture_output=True, text=True)
+    assert result.returncode == 1 and "Traceback" not in result.stderr
 
 
 def test_inconsistent_headers(tmp_path):
@@ -63,3 +197,27 @@ def test_mount_and_legacy_view(mount, tmp_path):
     assert "10 selected rows" in out or "select result of 10 rows" in out
     for r in (0, 4, 9):
         assert f"{r}\t{r}\t" in out  # A and S columns: A=r, S=str(r)
+
+
+@pytest.mark.fuse
+@pytest.mark.tools
+def test_casacore_3_5_writes_a_multihdf5_table_through_the_view(mount, tmp_path):
+    """taql 3.5 updates casacore 3.8's MultiHDF5 table through the view; the changes land in
+    table.mfh5 and table.dat keeps the MultiHDF5 storage option."""
+    src = tmp_path / "src"
+    shutil.copytree(DATA / "t_mh5.tab", src / "t.tab")
+    m = mount(src, options=["rw"])
+    view = m.mountpoint / "t.tab"
+    for query in (f"update {view} set A=A+100, S='changed' where A<3",
+                  f"insert into {view} (A, S) values (777, 'new row')"):
+        subprocess.run(["taql", query], check=True, capture_output=True)
+    assert m.close() == 0
+    table = src / "t.tab"
+    assert "table.f0" not in os.listdir(table)
+    stored = decode_table_dat((table / "table.dat").read_bytes())
+    assert stored.storage == "MultiHDF5" and stored.nrow == 11
+    again = mount(src)
+    out = subprocess.run(["taql", f"select A, S from {again.mountpoint / 't.tab'}"],
+                         capture_output=True, text=True, check=True).stdout
+    assert "100\tchanged" in out and "102\tchanged" in out and "3\t3" in out
+    assert "777\tnew row" in out

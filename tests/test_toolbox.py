@@ -33,24 +33,30 @@ def ctdsfs(*args, ok=True):
     return result
 
 
-@pytest.mark.parametrize("multifile", [False, True])
-def test_pack_unpack_measurement_set_byte_exact(tmp_path, multifile):
+@pytest.mark.parametrize("multifile,fmt", [(False, "mf2"), (True, "mf2"), (False, "hdf5"),
+                                          (True, "hdf5")])
+def test_pack_unpack_measurement_set_byte_exact(tmp_path, multifile, fmt):
     home = tmp_path / "home"
     home.mkdir()
     (home / ".casarc").write_text("table.storage.option: multifile\n" if multifile else "\n")
     subprocess.run([sys.executable, "-c", "import casacore.tables as t; t.default_ms('obs.ms').close()"],
                    check=True, cwd=tmp_path, env=dict(os.environ, HOME=str(home)))
-    ctdsfs("pack", "--block-size", 4096, "--crc", tmp_path / "obs.ms", tmp_path / "obs.mf")
-    assert check_path(tmp_path / "obs.mf")[0] == []
-    ctdsfs("unpack", tmp_path / "obs.mf", tmp_path / "back.ms")
+    crc = ["--crc"] if fmt == "mf2" else []
+    ctdsfs("pack", "--format", fmt, "--block-size", 4096, *crc, tmp_path / "obs.ms",
+           tmp_path / "obs.container")
+    assert open_container(tmp_path / "obs.container").format_name == \
+        ("MultiHDF5" if fmt == "hdf5" else "MultiFile")
+    assert check_path(tmp_path / "obs.container")[0] == []
+    ctdsfs("unpack", tmp_path / "obs.container", tmp_path / "back.ms")
     same_tree(tmp_path / "obs.ms", tmp_path / "back.ms")
 
 
 @pytest.mark.fuse
-def test_packed_table_read_by_casacore_through_the_mount(mount, tmp_path):
+@pytest.mark.parametrize("output", ["t.mf", "t.mfh5"])
+def test_packed_table_read_by_casacore_through_the_mount(mount, tmp_path, output):
     table = make_casacore_table(tmp_path / "t.tab", rows=80, multifile=False)
-    ctdsfs("pack", "--block-size", 8192, table, tmp_path / "t.mf")
-    m = mount(tmp_path / "t.mf")
+    ctdsfs("pack", "--block-size", 8192, table, tmp_path / output)  # the format from the name
+    m = mount(tmp_path / output)
     dump = [sys.executable, str(SCRIPTS / "make_sample_table.py"), "--dump"]
     through = subprocess.run(dump + [str(m.mountpoint)], capture_output=True, text=True)
     original = subprocess.run(dump + [str(table)], capture_output=True, text=True, check=True)
@@ -104,6 +110,29 @@ def test_convert_round_trip_keeps_everything(tmp_path):
     nested = ctdsfs("convert", DATA / "mf2_nested.mf", tmp_path / "x.mf", "--format", "mf1", ok=False)
     assert nested.returncode == 1 and "cannot nest" in nested.stderr
     assert not (tmp_path / "x.mf").exists()
+
+
+def test_convert_v1_v2_hdf5_v2_round_trip_is_identical(tmp_path):
+    steps = [("v2.mf", "mf2"), ("h.mfh5", "hdf5"), ("back.mf", "mf2")]
+    source = DATA / "casacore_test_v1.mf"
+    for name, fmt in steps:
+        ctdsfs("convert", source, tmp_path / name, "--format", fmt)
+        source = tmp_path / name
+    original = snapshot(open_container(DATA / "casacore_test_v1.mf"))
+    assert original  # the fixture has files
+    for name, _ in steps:
+        assert snapshot(open_container(tmp_path / name)) == original, name
+    assert open_container(tmp_path / "h.mfh5").format_name == "MultiHDF5"
+    # Nesting survives the trip through MultiHDF5 too.
+    ctdsfs("convert", DATA / "mf2_nested.mf", tmp_path / "n.mfh5", "--format", "hdf5")
+    ctdsfs("convert", tmp_path / "n.mfh5", tmp_path / "n.mf", "--format", "mf2")
+    nested = snapshot(open_container(DATA / "mf2_nested.mf"))
+    assert "SUB/" in nested
+    assert snapshot(open_container(tmp_path / "n.mfh5")) == nested
+    assert snapshot(open_container(tmp_path / "n.mf")) == nested
+    crc = ctdsfs("convert", DATA / "mf2_basic.mf", tmp_path / "c.mfh5", "--format", "hdf5",
+                 "--crc", ok=False)
+    assert crc.returncode == 1 and "no CRCs" in crc.stderr and not (tmp_path / "c.mfh5").exists()
 
 
 def test_table_converted_to_v1_opens_in_casacore_3_5_natively(tmp_path):

@@ -6,7 +6,7 @@ import logging
 import sys
 
 from . import __version__
-from .container import create_container, open_container
+from .container import FORMATS, create_container, open_container
 from .errors import CtdsfsError
 
 MOUNT_DESCRIPTION = """\
@@ -17,7 +17,8 @@ Mount SOURCE on MOUNTPOINT. SOURCE may be:
                               versions 1 (with SOURCE_hdrext) and 2, with
                               per-block CRC checks where the container has
                               CRCs
-  a MultiHDF5 (.mfh5)         the same, read-only
+  a MultiHDF5 (.mfh5)         the same (nested MultiHDF5 groups are
+                              directories)
   a .pycauset file            payload, payload.npy, metadata.json, header.json
   a directory                 plain files and directories pass through,
                               container files inside it show as directories,
@@ -42,9 +43,10 @@ mount options (-o, comma separated):
   rw                   read-write; takes an advisory lock on SOURCE, so a
                        second read-write mount of it is refused
   create               make SOURCE as a new, empty container if it does not
-                       exist (implies rw), with:
+                       exist (implies rw): a MultiHDF5 if its name ends in
+                       .mfh5, else a MultiFile version 2, with:
     blocksize=N        its block size in bytes (default 4194304, as casacore)
-    crc                per-block CRCs (CRC-32/BZIP2, as casacore)
+    crc                per-block CRCs (CRC-32/BZIP2, as casacore; MultiFile)
   commit=SECONDS       commit pending changes at least this often (default 5);
                        changes are also committed on fsync, when the last
                        writer of a file closes it, and at unmount
@@ -72,6 +74,11 @@ last committed state (or the new one) intact. A write or commit that fails
 (I/O error, bad CRC, the container changed by another writer) switches the
 mount to read-only and logs why; the committed state stays intact.
 
+MultiHDF5 has no crash-safe commit: HDF5 rewrites its metadata in place. A
+commit flushes and fsyncs the file, so a crash between commits loses nothing
+committed, but a crash during a write can leave it unreadable by HDF5 (the
+next mount then says so). Use MultiFile where that matters.
+
 MultiFile stores no owners, modes or times: files show those of SOURCE, and
 chmod, chown and utimens succeed without changing anything.
 
@@ -84,23 +91,24 @@ examples:
   fusermount3 -u /mnt/ms"""
 
 MAIN_DESCRIPTION = """\
-ctdsfs shows the insides of casacore MultiFile containers and .pycauset files
-as ordinary directories (mount), and describes them without mounting (info,
-ls)."""
+ctdsfs shows the insides of casacore MultiFile and MultiHDF5 containers and
+.pycauset files as ordinary directories (mount), describes them without
+mounting (info, ls, check, tableinfo), and does the common container jobs
+offline (new, pack, unpack, convert, to-multifile, to-sepfile)."""
 
 MAIN_EPILOG = """\
 commands:
   mount SOURCE MOUNTPOINT [-o OPTS] [-f]   mount a container (see 'ctdsfs mount --help')
   info CONTAINER [--json]                  header facts and every virtual file
   ls CONTAINER [PATH] [-l] [--json]        list a directory inside a container
-  new OUT.mf [--block-size N] [--crc] [--version 2|1]
+  new OUT [--format mf2|mf1|hdf5] [--block-size N] [--crc]
                                            create an empty container
   tableinfo TABLE [--json]                 a casacore table's table.dat, decoded
   check CONTAINER [--json]                 verify CRCs and structure (exit 0 only if clean)
-  pack DIR OUT [--format mf2|mf1] [--block-size N] [--crc] [--quiet]
+  pack DIR OUT [--format mf2|mf1|hdf5] [--block-size N] [--crc] [--quiet]
                                            one container from a directory tree
   unpack CONTAINER DIR [--quiet]           the tree back, byte for byte
-  convert IN OUT --format mf2|mf1 [--block-size N] [--crc] [--quiet]
+  convert IN OUT --format mf2|mf1|hdf5 [--block-size N] [--crc] [--quiet]
                                            a container in another format
   to-multifile TABLE [--block-size N] [--crc] [--quiet]
   to-sepfile TABLE [--quiet]               switch a table tree's storage, in place
@@ -123,7 +131,7 @@ def _add_mount_arguments(parser):
     parser.add_argument("-t", "-N", dest="ignored_value", help=argparse.SUPPRESS)
 
 
-def _standard(parser, *names, block_size=4 << 20):
+def _standard(parser, *names, block_size=4 << 20, format_required=False):
     """Options several commands share, worded once."""
     for name in names:
         if name == "json":
@@ -133,6 +141,13 @@ def _standard(parser, *names, block_size=4 << 20):
         elif name == "crc":
             parser.add_argument("--crc", action="store_true",
                                 help="keep a CRC-32/BZIP2 per block (MultiFile v2 only)")
+        elif name == "format":
+            parser.add_argument("--format", choices=FORMATS, required=format_required,
+                                help="mf2: MultiFile version 2, what casacore >= 3.6 writes "
+                                     "(nesting, optional CRCs); mf1: version 1, what casacore "
+                                     "3.5 reads (no nesting); hdf5: MultiHDF5"
+                                     + ("" if format_required else
+                                        " (default: hdf5 if OUT ends in .mfh5, else mf2)"))
         elif name == "block-size":
             default = "the input's" if block_size is None else f"{block_size}"
             parser.add_argument("--block-size", type=int, default=block_size, metavar="N",
@@ -183,14 +198,11 @@ def _main_parser():
 
     new = sub.add_parser(
         "new", help="create an empty container",
-        description="Create an empty MultiFile container as casacore does: block 0 holds "
-                    "the header, nothing else. Version 2 is what casacore >= 3.6 writes "
-                    "(nested containers, optional CRCs); version 1 is what casacore 3.5 "
-                    "reads (its header continues in OUT_hdrext when large).")
-    new.add_argument("output", metavar="OUT.mf")
-    _standard(new, "block-size", "crc")
-    new.add_argument("--version", type=int, choices=(1, 2), default=2,
-                     help="MultiFile format version (default 2)")
+        description="Create an empty container as casacore does. A MultiFile's block 0 "
+                    "holds the header, nothing else (version 1's header continues in "
+                    "OUT_hdrext when large); a MultiHDF5 holds its header group only.")
+    new.add_argument("output", metavar="OUT")
+    _standard(new, "format", "block-size", "crc", block_size=65536)
 
     tableinfo = sub.add_parser(
         "tableinfo", help="decode a casacore table's table.dat",
@@ -215,14 +227,12 @@ def _main_parser():
     pack = sub.add_parser(
         "pack", help="one container from a directory tree",
         description="Write every file of DIR into the new container OUT; subdirectories "
-                    "become nested containers (format mf2 only), so a whole MeasurementSet "
+                    "become nested containers (mf2 and hdf5), so a whole MeasurementSet "
                     "becomes one file that 'mount.ctdsfs OUT MOUNTPOINT' shows as the "
                     "original tree. A progress bar shows on a terminal.")
     pack.add_argument("directory", metavar="DIR")
     pack.add_argument("output", metavar="OUT")
-    pack.add_argument("--format", choices=("mf2", "mf1"), default="mf2",
-                      help="MultiFile version 2 (default) or 1 (casacore 3.5, no nesting)")
-    _standard(pack, "block-size", "crc", "quiet")
+    _standard(pack, "format", "block-size", "crc", "quiet")
 
     unpack = sub.add_parser(
         "unpack", help="a container's tree back to a directory",
@@ -236,14 +246,14 @@ def _main_parser():
     convert = sub.add_parser(
         "convert", help="a container in another format",
         description="Copy container IN (MultiFile v1 or v2, MultiHDF5) into the new "
-                    "container OUT: MultiFile version 2 (mf2) or 1 (mf1, which casacore 3.5 "
-                    "reads natively; it cannot hold nested containers). Names, contents and "
-                    "nesting are kept; the block size is IN's unless given.")
+                    "container OUT: MultiFile version 2 (mf2), version 1 (mf1, which casacore "
+                    "3.5 reads natively; it cannot hold nested containers) or MultiHDF5 "
+                    "(hdf5). Names, contents and nesting are kept; the block size is IN's "
+                    "unless given. OUT appears complete or not at all.")
     convert.add_argument("input", metavar="IN")
     convert.add_argument("output", metavar="OUT")
-    convert.add_argument("--format", choices=("mf2", "mf1"), required=True,
-                         help="MultiFile version 2 or 1 for OUT")
-    _standard(convert, "block-size", "crc", "quiet", block_size=None)
+    _standard(convert, "format", "block-size", "crc", "quiet", block_size=None,
+              format_required=True)
 
     to_mf = sub.add_parser(
         "to-multifile", help="store a table tree as MultiFile tables, in place",
@@ -460,8 +470,8 @@ def main(argv=None):
     if args.command == "pack":
         def do_pack():
             from .toolbox import pack
-            pack(args.directory, args.output, block_size=args.block_size, use_crc=args.crc,
-                 version=1 if args.format == "mf1" else 2, quiet=args.quiet)
+            pack(args.directory, args.output, format=_output_format(args),
+                 block_size=args.block_size, use_crc=args.crc, quiet=args.quiet)
             return 0
         return _run(do_pack, "ctdsfs")
     if args.command == "unpack":
@@ -483,7 +493,7 @@ def main(argv=None):
     if args.command == "convert":
         def do_convert():
             from .toolbox import convert
-            convert(args.input, args.output, version=1 if args.format == "mf1" else 2,
+            convert(args.input, args.output, format=args.format,
                     block_size=args.block_size, use_crc=args.crc, quiet=args.quiet)
             return 0
         return _run(do_convert, "ctdsfs")
@@ -507,12 +517,18 @@ def main(argv=None):
         return _run(lambda: _tableinfo(args, sys.stdout), "ctdsfs")
     if args.command == "new":
         def new():
-            create_container(args.output, block_size=args.block_size, use_crc=args.crc,
-                             version=args.version).close()
+            create_container(args.output, format=_output_format(args),
+                             block_size=args.block_size, use_crc=args.crc).close()
             return 0
         return _run(new, "ctdsfs")
     parser.print_help()
     return 2
+
+
+def _output_format(args):
+    if args.format:
+        return args.format
+    return "hdf5" if args.output.endswith(".mfh5") else "mf2"
 
 
 def mount_main(argv=None):

@@ -131,6 +131,9 @@ class Container(ABC):
     def close(self):
         """Commit what is pending (if writable) and release the underlying file."""
 
+    def abandon(self):
+        """Release the underlying file without committing (its creator deletes it)."""
+
 
 def open_container(path, *, verify_crc=True, writable=False):
     """Open the container file at ``path`` with the format its content declares.
@@ -170,20 +173,30 @@ def open_container(path, *, verify_crc=True, writable=False):
         raise
 
 
-def create_container(path, *, block_size=65536, use_crc=False, version=2):
-    """Write a new, empty MultiFile at ``path`` (which must not exist) and open it writable."""
+FORMATS = ("mf2", "mf1", "hdf5")  # what ctdsfs writes: MultiFile v2, v1, MultiHDF5
+
+
+def create_container(path, *, format="mf2", block_size=65536, use_crc=False):
+    """Write a new, empty container at ``path`` (which must not exist) and open it writable."""
     from .formats.multifile import MultiFile
+    from .formats.multihdf5 import MultiHDF5
     from .formats.store import FileStore
 
     path = os.fspath(path)
+    if format not in FORMATS:
+        raise CtdsfsError(f"unknown container format {format!r} (one of {', '.join(FORMATS)})")
+    if format == "hdf5":
+        if use_crc:
+            raise CtdsfsError("MultiHDF5 has no CRCs")
+        return MultiHDF5.new(path, block_size=block_size)
     try:
         store = FileStore(path, writable=True, create=True)
     except OSError as exc:
         raise CtdsfsError(f"{path}: {exc.strerror}") from None
     try:
         store.lock()
-        return MultiFile.new(store, block_size=block_size, use_crc=use_crc, version=version,
-                                hdrext_path=path + "_hdrext")
+        return MultiFile.new(store, block_size=block_size, use_crc=use_crc,
+                             version=1 if format == "mf1" else 2, hdrext_path=path + "_hdrext")
     except BaseException:
         store.close()
         os.unlink(path)

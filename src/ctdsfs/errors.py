@@ -24,6 +24,10 @@ class NotPermitted(CtdsfsError):
     """The container's format does not allow this change (EPERM)."""
 
 
+class ContainerFull(CtdsfsError):
+    """The container's format has no room for another entry (ENOSPC)."""
+
+
 class BlockError(CtdsfsError):
     """One block of a virtual file cannot be read correctly (bad CRC, past end of file).
 

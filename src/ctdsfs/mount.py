@@ -138,7 +138,8 @@ def mount(source, mountpoint, opts, foreground=False):
     check_mountpoint(mountpoint)
     _setup_logging(opts, foreground=True)  # problems found while opening reach the terminal
     if opts.create and not os.path.exists(source):
-        container = create_container(source, block_size=opts.block_size, use_crc=opts.new_crc)
+        container = create_container(source, block_size=opts.block_size, use_crc=opts.new_crc,
+                                     format="hdf5" if source.endswith(".mfh5") else "mf2")
         opts.writable = True
     elif os.path.isdir(source):
         from .vfs.directory import directory_or_table

@@ -4,8 +4,9 @@ container interface.
 ``pack`` turns a directory tree into one container, subdirectories becoming
 nested containers (a whole MeasurementSet in one file); ``unpack`` is the
 reverse, byte for byte; ``convert`` copies one container into a new one of
-another format (MultiFile v2 <-> v1), keeping names, contents and nesting. Both show a progress bar with throughput and ETA on a
-terminal, and stay quiet otherwise or with ``quiet``.
+another format (MultiFile v2, v1, MultiHDF5), keeping names, contents and
+nesting. All show a progress bar with throughput and ETA on a terminal, and
+stay quiet otherwise or with ``quiet``.
 """
 
 import os
@@ -33,12 +34,12 @@ def _tree_size(path):
     return total
 
 
-def pack(source, output, *, block_size=4 << 20, use_crc=False, version=2, quiet=False):
+def pack(source, output, *, format="mf2", block_size=4 << 20, use_crc=False, quiet=False):
     """One container holding the tree at ``source``; ``output`` must not exist."""
     if not os.path.isdir(source):
         raise CtdsfsError(f"{source}: not a directory")
     _build(output, _tree_size(source), "pack", lambda c, bar: _pack_into(c, source, bar), quiet,
-           block_size=block_size, use_crc=use_crc, version=version)
+           format=format, block_size=block_size, use_crc=use_crc)
 
 
 def _build(output, total, what, fill, quiet, **options):
@@ -50,7 +51,7 @@ def _build(output, total, what, fill, quiet, **options):
             fill(container, bar)
         container.close()
     except BaseException:
-        container.store.close()
+        container.abandon()
         for leftover in (output, output + "_hdrext"):
             if os.path.exists(leftover):
                 os.unlink(leftover)
@@ -86,14 +87,14 @@ def _chunks(container, name):
     return (container.read(name, offset, CHUNK) for offset in range(0, size, CHUNK))
 
 
-def convert(source, output, *, version=2, block_size=None, use_crc=False, quiet=False):
-    """``source`` copied into the new container ``output`` of MultiFile ``version``."""
+def convert(source, output, *, format="mf2", block_size=None, use_crc=False, quiet=False):
+    """``source`` copied into the new container ``output`` of ``format`` (mf2, mf1, hdf5)."""
     src = open_container(source)
     try:
         _build(output, _container_size(src), "convert",
                lambda dst, bar: _copy_tree(src, dst, bar), quiet,
-               block_size=block_size or src.usage().block_size, use_crc=use_crc,
-               version=version)
+               format=format, block_size=block_size or src.usage().block_size,
+               use_crc=use_crc)
     finally:
         src.close()
 

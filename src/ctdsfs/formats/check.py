@@ -1,4 +1,4 @@
-"""``ctdsfs check``: every structural fault of a MultiFile, with its location.
+"""``ctdsfs check``: every structural fault of a container, with its location.
 
 A reader hides what it cannot serve; this looks for everything: the header
 CRC, every block CRC, blocks outside the container or used twice (by files,
@@ -7,6 +7,9 @@ counts, a file shorter than its block count, and nested containers, in turn.
 Blocks that belong to nothing (left by a crash between an unlink and a
 commit, or casacore's stale continuation blocks) are reported as notes: they
 waste space but harm nothing.
+
+A MultiHDF5 has no block numbers or CRCs: there the check is that HDF5 can
+read every row each file needs, and that every group is one the header lists.
 """
 
 from collections import Counter
@@ -15,6 +18,9 @@ from ..errors import CtdsfsError
 from .crc import crc32_bzip2
 from .multifile import MultiFile
 from .multifile_header import _assemble_v2
+from .multihdf5 import HEADER, MultiHDF5
+
+ROWS_AT_ONCE = 64 << 20  # bytes of one MultiHDF5 read while checking
 
 
 def check_multifile(container, location=None):
@@ -77,6 +83,35 @@ def check_multifile(container, location=None):
     return problems, notes
 
 
+def check_multihdf5(container, location=None):
+    """(problems, notes) for a MultiHDF5 tree: unreadable data, unlisted groups."""
+    where = location or container.label
+    children = {n: container.nested(n) for n in container.names()}
+    problems = [f"{where}: {p}" for p in container.problems]
+    notes = []
+    listed = {f.link for f in container._entries.values()}
+    unlisted = sorted(k for k in container.group if k != HEADER and k not in listed
+                      and k != "FileData")
+    if unlisted:
+        notes.append(f"{where}: {len(unlisted)} groups no header entry lists "
+                     f"(first: {unlisted[:10]})")
+    step = max(1, ROWS_AT_ONCE // container.block_size) * container.block_size
+    for name, child in children.items():
+        if child is not None:
+            more_problems, more_notes = check_multihdf5(child, f"{where}/{name}")
+            problems += more_problems
+            notes += more_notes
+            continue
+        size = container.entry_size(name)
+        for offset in range(0, size, step):
+            try:
+                container.read(name, offset, step)
+            except (OSError, ValueError, KeyError, RuntimeError) as exc:
+                problems.append(f"{where}/{name}: bytes from {offset} unreadable ({exc})")
+                break
+    return problems, notes
+
+
 def _logical_header(container):
     """The header bytes the CRC covers: as stored, with the CRC field zeroed."""
     h = container.header
@@ -97,6 +132,8 @@ def check_path(path):
     try:
         if isinstance(container, MultiFile):
             return check_multifile(container)
+        if isinstance(container, MultiHDF5):
+            return check_multihdf5(container)
         return [f"{container.label}: {p}" for p in container.problems], []
     finally:
         container.close()

@@ -752,6 +752,10 @@ class MultiFile(Container):
         info["problems"] = list(self.problems)
         return info
 
+    def abandon(self):
+        if self.depth == 0:
+            self.store.close()
+
     def close(self):
         """Commit (if writable) and release the file of a top-level container."""
         with self._lock:

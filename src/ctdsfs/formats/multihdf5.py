@@ -1,98 +1,223 @@
-"""casacore MultiHDF5 (``.mfh5``), read through h5py.
+"""casacore MultiHDF5 (``.mfh5``), read and written through h5py.
 
 Layout (FORMAT-NOTES; ``h5dump`` of casacore's own files in the fixtures):
 the root group holds ``__MultiHDF5_Header__`` with the attributes
-``blockSize`` (int64), ``hdrCounter`` (int64), ``names`` (strings, in file
-order) and ``sizes`` (int64). Each virtual file is a group of that name with a
-2-D uint8 dataset ``FileData`` of one row per block (casacore allocates one
-row more than it needs); sizes come from ``sizes``, never from the dataset
-shape. A nested MultiHDF5 is a group holding its own header group.
+``blockSize`` (int64), ``hdrCounter`` (int64), ``names`` (variable-length
+ASCII strings, in slot order; a deleted file leaves an empty name) and
+``sizes`` (int64). casacore writes an empty vector as a scalar compound
+``{emptyarray, rank, casatype}``. Each virtual file is a group of that name with
+a 2-D uint8 dataset ``FileData``, one row per block, chunked one row per chunk;
+casacore extends it to one row more than it needs, so sizes come from
+``sizes``, never from the dataset shape. A nested MultiHDF5 is a file group
+that also holds a header group of its own.
 
-This version reads MultiHDF5; writing it is refused with a clear message.
+Crash safety: HDF5 updates its metadata in place and has no atomic commit, so
+a crash while the file is being written can leave it unreadable. ctdsfs
+flushes and fsyncs at every commit (so a crash between commits is harmless)
+and refuses a damaged file with a clear message; MultiFile is the format to
+use where a crash at any moment must be survivable.
 """
 
+import itertools
 import logging
+import os
 import threading
 
 import h5py
 import numpy as np
 
 from ..container import Container, Usage
-from ..errors import FormatError, NotPermitted, ReadOnlyError
-from .multifile import name_problem
+from ..errors import ContainerFull, CtdsfsError, FormatError, ReadOnlyError
+from .multifile import MAX_NESTING, name_problem
 
 log = logging.getLogger(__name__)
 
 HEADER = "__MultiHDF5_Header__"
 HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
+ORPHAN_PREFIX = "__ctdsfs_unlinked_"  # a file unlinked while open; never listed in a header
+# casacore's HDF5Record cuts a string attribute to 4000 values (the old-format
+# 64 KiB attribute limit), which would lose names: ctdsfs stops at that count.
+MAX_SLOTS = 4000
+EMPTY_ARRAY = np.dtype([("emptyarray", "<i4"), ("rank", "<i4"), ("casatype", "<i4")])
+TP_STRING, TP_INT64 = 11, 29  # casacore DataType values, used in empty-array attributes
+NAMES_TYPE = h5py.string_dtype("ascii")
+LIBVER = ("earliest", "v110")  # what casacore's HDF5 1.10 reads; superblock 0 as casacore's
+CHUNK_CACHE_BYTES = 64 << 20
 
 
 def looks_like_hdf5(first_bytes):
     return first_bytes[:8] == HDF5_SIGNATURE
 
 
+def _link(name):
+    return name.encode("utf-8", "surrogateescape")
+
+
+def _text(value):
+    return value.decode("utf-8", "surrogateescape") if isinstance(value, bytes) else str(value)
+
+
+def _vector(attrs, key):
+    """An attribute as a list; casacore's empty-array marker gives []."""
+    value = attrs[key]
+    if isinstance(value, np.ndarray) and value.dtype.names and "emptyarray" in value.dtype.names:
+        return []
+    if isinstance(value, np.void) and value.dtype.names and "emptyarray" in value.dtype.names:
+        return []
+    return list(np.atleast_1d(value))
+
+
+def _name_problem(name):
+    if name == HEADER or name.startswith(ORPHAN_PREFIX):
+        return "reserved name"
+    return name_problem(name)
+
+
+class _File:
+    """One virtual file: the link name of its group and its size."""
+
+    __slots__ = ("link", "size", "clean")
+
+    def __init__(self, link, size, clean=True):
+        self.link = link
+        self.size = size
+        self.clean = clean  # every dataset byte past ``size`` is known to be zero
+
+
 class MultiHDF5(Container):
-    """A MultiHDF5 container (or a nested one: a group with its own header)."""
+    """A MultiHDF5 container (or a nested one: a file group with its own header)."""
 
     format_name = "MultiHDF5"
-    writable = False
 
-    def __init__(self, group, label, *, depth=0, lock=None):
+    def __init__(self, group, label, *, writable=False, depth=0, lock=None, new_block_size=None):
         self.group = group
         self.label = label
+        self.writable = writable
         self.depth = depth
+        self.failure = None
         self.problems = []
         self._lock = lock or threading.RLock()
         self._nested = {}
+        self._orphan_ids = itertools.count()
+        if new_block_size is not None:
+            self.block_size, self.counter = new_block_size, 0
+            self._slots, self._entries = [], {}
+            self._dirty = True
+        else:
+            self._load()
+
+    def _load(self):
         try:
-            header = group[HEADER].attrs
+            header = self.group[HEADER].attrs
             self.block_size = int(header["blockSize"])
             self.counter = int(header["hdrCounter"])
-            names = [n.decode() if isinstance(n, bytes) else str(n) for n in header["names"]]
-            sizes = [int(s) for s in np.atleast_1d(header["sizes"])]
+            names = [_text(n) for n in _vector(header, "names")]
+            sizes = [int(s) for s in _vector(header, "sizes")]
         except (KeyError, TypeError, ValueError, OSError) as exc:
-            raise FormatError(f"{label}: not a casacore MultiHDF5 container ({exc})") from None
-        if self.block_size <= 0 or len(names) != len(sizes):
-            raise FormatError(f"{label}: MultiHDF5 header is inconsistent")
+            raise FormatError(f"{self.label}: not a casacore MultiHDF5 container ({exc})") from None
+        if not 0 < self.block_size <= 1 << 30 or len(names) != len(sizes):
+            raise FormatError(f"{self.label}: MultiHDF5 header is inconsistent")
+        self._slots = []  # header order; None for a deleted slot
         self._entries = {}
         for name, size in zip(names, sizes):
-            why = name_problem(name) or ("duplicate name" if name in self._entries else None)
-            if why is None and name not in group:
-                why = "no group for it"
-            if why is None and size < 0:
-                why = f"negative size {size}"
-            if why is None and HEADER not in group[name]:
-                rows = group[name]["FileData"].shape[0] if "FileData" in group[name] else 0
-                if rows * self.block_size < size:
-                    why = f"size {size} larger than its {rows} rows of data"
+            if name == "":
+                self._slots.append(None)
+                continue
+            why = self._entry_problem(name, size)
             if why:
                 self.problems.append(f"entry {name!r} hidden: {why}")
-                log.warning("%s: entry %r hidden: %s", label, name, why)
+                log.warning("%s: entry %r hidden: %s", self.label, name, why)
+                self._slots.append(None)
                 continue
-            self._entries[name] = size
+            f = _File(name, size, clean=False)
+            self._slots.append(f)
+            self._entries[name] = f
+        if self.writable and self.problems:
+            raise FormatError(f"{self.label}: damaged entries ({self.problems[0]}); "
+                              "mount it read-only")
+        self._dirty = False
+
+    def _entry_problem(self, name, size):
+        why = _name_problem(name) or ("duplicate name" if name in self._entries else None)
+        if why:
+            return why
+        if size < 0:
+            return f"negative size {size}"
+        item = self.group.get(_link(name))
+        if not isinstance(item, h5py.Group):
+            return "no group for it"
+        data = item.get("FileData")
+        if HEADER in item:
+            return None
+        if not isinstance(data, h5py.Dataset) or data.ndim != 2 or data.dtype != np.uint8 \
+                or data.shape[1] != self.block_size:
+            return "no FileData dataset of the container's block size"
+        if data.shape[0] * self.block_size < size:
+            return f"size {size} larger than its {data.shape[0]} rows of data"
+        return None
 
     @classmethod
-    def open(cls, path):
+    def open(cls, path, *, writable=False):
+        """Open the file; a writer takes HDF5's own lock (a second writer is refused)."""
         try:
-            handle = h5py.File(path, "r")
-        except OSError as exc:
-            raise FormatError(f"{path}: cannot open as HDF5 ({exc})") from None
+            handle = h5py.File(path, "r+" if writable else "r", locking=writable,
+                               libver=LIBVER, rdcc_nbytes=CHUNK_CACHE_BYTES, rdcc_nslots=10007)
+        except (OSError, ValueError) as exc:
+            raise FormatError(f"{path}: {_open_failure(exc)}") from None
         try:
-            container = cls(handle, str(path))
+            container = cls(handle, str(path), writable=writable)
         except BaseException:
             handle.close()
             raise
         container.file = handle
+        container._stat_key = _stat_key(path)
+        if writable:
+            container._drop_orphans()
         return container
+
+    @classmethod
+    def new(cls, path, *, block_size):
+        """A new, empty MultiHDF5 file at ``path`` (which must not exist), open for writing."""
+        if not 1 <= block_size <= 1 << 30:
+            raise CtdsfsError(f"block size {block_size} is out of range (1 .. 1 GiB)")
+        try:
+            handle = h5py.File(path, "w-", locking=True, libver=LIBVER,
+                               rdcc_nbytes=CHUNK_CACHE_BYTES, rdcc_nslots=10007)
+        except (OSError, ValueError) as exc:
+            raise CtdsfsError(f"{path}: cannot create ({exc})") from None
+        container = cls(handle, str(path), writable=True, new_block_size=block_size)
+        container.file = handle
+        container._stat_key = None
+        container.commit()
+        return container
+
+    def _drop_orphans(self):
+        """Groups of files unlinked while open when a previous writer died."""
+        for link in [k for k in self.group if k.startswith(ORPHAN_PREFIX)]:
+            del self.group[link]
+        for name in self._entries:
+            child = self.nested(name)
+            if child is not None:
+                child._drop_orphans()
+
+    # ------------------------------------------------------------ reading
 
     def names(self):
         return list(self._entries)
 
-    def entry_size(self, key):
+    def _file(self, key):
+        if isinstance(key, _File):
+            return key
         try:
             return self._entries[key]
         except KeyError:
             raise FileNotFoundError(key) from None
+
+    def _data(self, f):
+        return self.group[_link(f.link)]["FileData"]
+
+    def entry_size(self, key):
+        return self._file(key).size
 
     def entry_blocks(self, key):
         return -(-self.entry_size(key) // self.block_size)
@@ -101,53 +226,319 @@ class MultiHDF5(Container):
         return Usage(self.block_size, sum(self.entry_blocks(n) for n in self._entries), 0)
 
     def read(self, key, offset, size):
-        end = min(offset + size, self.entry_size(key))
-        if offset >= end:
-            return b""
-        bs = self.block_size
-        first, last = offset // bs, (end - 1) // bs
         with self._lock:
-            rows = self.group[key]["FileData"][first:last + 1]
-        data = rows.tobytes()
-        return data[offset - first * bs:end - first * bs]
+            f = self._file(key)
+            end = min(offset + size, f.size)
+            if offset >= end:
+                return b""
+            bs = self.block_size
+            first, last = offset // bs, (end - 1) // bs
+            rows = self._data(f)[first:last + 1]
+        return rows.tobytes()[offset - first * bs:end - first * bs]
 
     def _open_nested(self, name):
-        self.entry_size(name)  # FileNotFoundError for names the header does not list
-        group = self.group[name]
+        f = self._file(name)
+        group = self.group[_link(f.link)]
         if HEADER not in group:
             return None
-        return MultiHDF5(group, f"{self.label}/{name}", depth=self.depth + 1, lock=self._lock)
+        if self.depth + 1 >= MAX_NESTING:
+            self.problems.append(f"{name!r} shown as a file: nested deeper than {MAX_NESTING}")
+            return None
+        try:
+            return MultiHDF5(group, f"{self.label}/{name}", writable=self.writable,
+                             depth=self.depth + 1, lock=self._lock)
+        except FormatError as exc:
+            self.problems.append(f"{name!r} shown as a file: {exc}")
+            log.warning("%s: %r shown as a file: %s", self.label, name, exc)
+            return None
 
     def describe(self):
         return {"container": self.label, "format": "MultiHDF5", "block_size": self.block_size,
                 "header_counter": self.counter,
-                "files": [{"name": n, "size": s, "blocks": self.entry_blocks(n),
+                "files": [{"name": n, "size": f.size, "blocks": self.entry_blocks(n),
+                           "rows": int(self.group[_link(f.link)]["FileData"].shape[0])
+                           if "FileData" in self.group[_link(f.link)] else 0,
                            "nested": self.nested(n) is not None}
-                          for n, s in self._entries.items()],
+                          for n, f in list(self._entries.items())],
                 "problems": list(self.problems)}
 
     def reload_if_changed(self):
-        return False
+        """A read-only top-level mount re-reads a file another writer changed and committed."""
+        if self.depth or self.writable:
+            return False
+        key = _stat_key(self.file.filename)
+        if key == self._stat_key:
+            return False
+        with self._lock:
+            try:
+                handle = h5py.File(self.file.filename, "r", locking=False, libver=LIBVER)
+                fresh = MultiHDF5(handle, self.label)
+            except (OSError, ValueError, CtdsfsError) as exc:
+                log.warning("%s: changed on disk but not readable now (%s); keeping the old view",
+                            self.label, exc)
+                return False
+            self._stat_key = key
+            if fresh.counter == self.counter:
+                handle.close()
+                return False
+            old, self.file = self.file, handle
+            self.group, self._slots, self._entries = handle, fresh._slots, fresh._entries
+            self.counter, self.block_size, self.problems = fresh.counter, fresh.block_size, \
+                fresh.problems
+            self._nested = {}
+            old.close()
+            return True
 
-    def _refuse(self, *args):
-        raise ReadOnlyError(f"{self.label}: writing MultiHDF5 is not supported yet")
+    # ------------------------------------------------------------ writing
 
-    create = write = truncate = remove = rename = make_nested = _refuse
+    def _set_read_only(self, reason):
+        self.writable = False
+        self.failure = reason
+        for child in self._nested.values():
+            if child is not None:
+                child._set_read_only(reason)
+
+    def _guarded(self, func, *args):
+        """A write step under the lock; an HDF5 failure makes the tree read-only."""
+        with self._lock:
+            if not self.writable:
+                raise ReadOnlyError(self.failure or f"{self.label} is read-only")
+            try:
+                result = func(*args)
+            except (FileExistsError, FileNotFoundError, CtdsfsError):
+                raise
+            except (OSError, ValueError, KeyError, RuntimeError) as exc:
+                reason = f"{self.label}: write failed ({exc}); container switched to read-only"
+                log.error("%s", reason)
+                self._set_read_only(reason)
+                raise OSError(f"{self.label}: HDF5 write failed ({exc})") from None
+            self._dirty = True
+            return result
+
+    def create(self, name):
+        return self._guarded(self._create, name)
+
+    def _create(self, name):
+        why = _name_problem(name) or ("empty name" if not name else None)
+        if why:
+            raise CtdsfsError(f"{name!r}: {why}")
+        if name in self._entries:
+            raise FileExistsError(name)
+        free = [i for i, s in enumerate(self._slots) if s is None]
+        if not free and len(self._slots) >= MAX_SLOTS:
+            raise ContainerFull(f"{self.label}: a MultiHDF5 container holds at most "
+                                f"{MAX_SLOTS} files (casacore's limit)")
+        link = _link(name)
+        if link in self.group:  # left over by a writer that died before its commit
+            del self.group[link]
+        group = self.group.create_group(link)
+        bs = self.block_size
+        group.create_dataset("FileData", shape=(0, bs), maxshape=(None, bs), chunks=(1, bs),
+                             dtype=np.uint8)
+        f = _File(name, 0)
+        if free:
+            self._slots[free[-1]] = f  # casacore reuses the last deleted slot
+        else:
+            self._slots.append(f)
+        self._entries[name] = f
+        return f
+
+    def write(self, key, offset, data):
+        return self._guarded(self._write, key, offset, data)
+
+    def _write(self, key, offset, data):
+        f = self._file(key)
+        if not data:
+            return 0
+        end = offset + len(data)
+        if end > f.size:
+            self._resize(f, end)
+        ds, bs = self._data(f), self.block_size
+        buf = np.frombuffer(data, np.uint8)
+        first_full = -(-offset // bs)
+        last_full = end // bs  # rows [first_full, last_full) are written whole
+        if first_full >= last_full:  # within one row, or across one row boundary
+            row = offset // bs
+            while offset < end:
+                stop = min(end, (row + 1) * bs)
+                ds[row, offset - row * bs:stop - row * bs] = buf[:stop - offset]
+                buf, offset, row = buf[stop - offset:], stop, row + 1
+            return len(data)
+        head = first_full * bs - offset
+        if head:
+            ds[first_full - 1, bs - head:] = buf[:head]
+        whole = (last_full - first_full) * bs
+        ds[first_full:last_full] = buf[head:head + whole].reshape(-1, bs)
+        if head + whole < len(buf):
+            ds[last_full, :len(buf) - head - whole] = buf[head + whole:]
+        return len(data)
+
+    def _resize(self, f, size):
+        """Set the size; bytes between the old and the new end read as zeros.
+
+        The dataset keeps casacore's one spare row. Shrinking zeroes the rest
+        of the last kept row and drops the rows after it (HDF5 frees their
+        chunks); a file another writer made is cleaned that way once, since
+        casacore's truncation leaves stale bytes behind.
+        """
+        ds, bs = self._data(f), self.block_size
+        cleaned = False
+        if size < f.size or not f.clean:
+            keep = min(f.size, size)
+            rows = -(-keep // bs)
+            if keep % bs:
+                ds[rows - 1, keep % bs:] = 0
+            if ds.shape[0] > rows:
+                ds.resize(rows, axis=0)
+            f.clean = cleaned = True
+        blocks = -(-size // bs)
+        want = blocks + 1 if blocks else 0
+        if ds.shape[0] < blocks or (cleaned and ds.shape[0] < want):
+            ds.resize(want, axis=0)
+        f.size = size
+
+    def truncate(self, key, size):
+        return self._guarded(lambda: self._resize(self._file(key), size))
+
+    def remove(self, name, keep_open=False):
+        return self._guarded(self._remove, name, keep_open)
+
+    def _remove(self, name, keep_open):
+        f = self._file(name)
+        self._slots[self._slots.index(f)] = None
+        del self._entries[name]
+        child = self._nested.pop(name, None)
+        if child is not None:
+            child._set_read_only(f"{child.label} was removed")
+        if keep_open:
+            orphan = f"{ORPHAN_PREFIX}{os.getpid()}_{next(self._orphan_ids)}__"
+            self.group.move(_link(f.link), orphan)
+            f.link = orphan
+            return f
+        del self.group[_link(f.link)]
+        return None
+
+    def release(self, orphan):
+        def run():
+            if orphan.link in self.group:
+                del self.group[orphan.link]
+        return self._guarded(run)
+
+    def rename(self, old, new):
+        return self._guarded(self._rename, old, new)
+
+    def _rename(self, old, new):
+        if old == new:
+            return
+        why = _name_problem(new) or ("empty name" if not new else None)
+        if why:
+            raise CtdsfsError(f"{new!r}: {why}")
+        f = self._file(old)
+        if new in self._entries:
+            self._remove(new, False)
+        self.group.move(_link(f.link), _link(new))
+        del self._entries[old]
+        f.link = new
+        self._entries[new] = f
+        if old in self._nested:
+            child = self._nested.pop(old)
+            self._nested[new] = child
+            if child is not None:
+                child._renamed(f"{self.label}/{new}", self.group[_link(new)])
+
+    def _renamed(self, label, group):
+        self.label, self.group = label, group
+        for name, child in self._nested.items():
+            if child is not None:
+                child._renamed(f"{label}/{name}", group[_link(self._entries[name].link)])
+
+    def make_nested(self, name):
+        """A file group that holds a MultiHDF5 of its own (casacore keeps the empty dataset)."""
+        def run():
+            f = self._create(name)
+            child = MultiHDF5(self.group[_link(f.link)], f"{self.label}/{name}", writable=True,
+                              depth=self.depth + 1, lock=self._lock,
+                              new_block_size=self.block_size)
+            self._nested[name] = child
+            return child
+        return self._guarded(run)
+
+    # ------------------------------------------------------------ committing
 
     @property
     def dirty(self):
-        return False
+        return self._dirty or any(c is not None and c.dirty for c in list(self._nested.values()))
 
     def commit(self):
-        return False
+        """Write the headers (children first), then flush and fsync the HDF5 file."""
+        with self._lock:
+            if not self.writable or not self.dirty:
+                return False
+            try:
+                self._write_headers()
+                if self.depth == 0:
+                    self.file.flush()
+                    fd = os.open(self.file.filename, os.O_RDONLY | os.O_CLOEXEC)
+                    try:
+                        os.fsync(fd)
+                    finally:
+                        os.close(fd)
+            except (OSError, ValueError, KeyError, RuntimeError) as exc:
+                reason = f"{self.label}: commit failed ({exc}); container switched to read-only"
+                log.error("%s", reason)
+                self._set_read_only(reason)
+                raise OSError(reason) from None
+            return True
+
+    def _write_headers(self):
+        for child in list(self._nested.values()):
+            if child is not None and child.dirty:
+                child._write_headers()
+        if not self._dirty:
+            return
+        self.counter += 1
+        # As casacore's HDF5Record: the header group is replaced as a whole.
+        if HEADER in self.group:
+            del self.group[HEADER]
+        attrs = self.group.create_group(HEADER).attrs
+        attrs.create("blockSize", np.int64(self.block_size))
+        attrs.create("hdrCounter", np.int64(self.counter))
+        names = [_link(f.link) if f else b"" for f in self._slots]
+        if names:
+            attrs.create("names", names, dtype=NAMES_TYPE)
+            attrs.create("sizes", np.array([f.size if f else 0 for f in self._slots], "<i8"))
+        else:
+            attrs.create("names", np.array((1, 1, TP_STRING), EMPTY_ARRAY))
+            attrs.create("sizes", np.array((1, 1, TP_INT64), EMPTY_ARRAY))
+        self._dirty = False
+
+    def abandon(self):
+        if self.depth == 0:
+            self.file.close()
 
     def close(self):
-        handle = getattr(self, "file", None)
-        if handle is not None:
-            handle.close()
+        with self._lock:
+            try:
+                if self.writable:
+                    self.commit()
+            finally:
+                if self.depth == 0:
+                    self.file.close()
+
+
+def _open_failure(exc):
+    """h5py's open error as a reason a user can act on."""
+    text = str(exc)
+    if isinstance(exc, BlockingIOError) or "unable to lock" in text:
+        return "locked by another writer (HDF5 file lock)"
+    detail = text[text.find("(") + 1:text.rfind(")")] if "(" in text else text
+    return f"not a readable HDF5 file ({detail}); damaged, perhaps by a crash during a write"
+
+
+def _stat_key(path):
+    st = os.stat(path)
+    return st.st_mtime_ns, st.st_size, st.st_ino
 
 
 def open_multihdf5(path, writable):
-    if writable:
-        raise NotPermitted(f"{path}: MultiHDF5 containers mount read-only in this version")
-    return MultiHDF5.open(path)
+    return MultiHDF5.open(path, writable=writable)
