@@ -3,6 +3,7 @@
 import argparse
 import json
 import logging
+import os
 import sys
 
 from . import __version__
@@ -99,7 +100,8 @@ offline (new, pack, unpack, convert, to-multifile, to-sepfile)."""
 MAIN_EPILOG = """\
 commands:
   mount SOURCE MOUNTPOINT [-o OPTS] [-f]   mount a container (see 'ctdsfs mount --help')
-  info CONTAINER [--json]                  header facts and every virtual file
+  info CONTAINER [--json] [--map]          header facts and every virtual file
+  map CONTAINER [-o FILE.png|FILE.svg]     which file owns each block, free, bad CRC
   ls CONTAINER [PATH] [-l] [--json]        list a directory inside a container
   new OUT [--format mf2|mf1|hdf5] [--block-size N] [--crc]
                                            create an empty container
@@ -184,6 +186,24 @@ def _main_parser():
     info.add_argument("container", metavar="CONTAINER")
     _standard(info, "json")
     info.add_argument("--nocrc", action="store_true", help="do not verify the header CRC")
+    info.add_argument("--map", action="store_true", help="add the block map ('ctdsfs map')")
+
+    block_map = sub.add_parser(
+        "map", help="a picture of the container's blocks",
+        description="Show which virtual file owns each block of a MultiFile, and which "
+                    "blocks are the header (block 0), header continuation blocks (in use, "
+                    "or the spare set), free, claimed twice, failing their CRC, or owned by "
+                    "nothing. A nested container counts as its file. For a MultiHDF5 the "
+                    "HDF5 file is cut into block-sized cells showing whose data chunks lie "
+                    "there. Large containers are scaled (one cell for several blocks, "
+                    "showing the most telling role among them). Text on the terminal "
+                    "(coloured on a colour terminal); PNG or SVG with -o.")
+    block_map.add_argument("container", metavar="CONTAINER")
+    block_map.add_argument("-o", dest="output", metavar="FILE.png|FILE.svg",
+                           help="write the map as a PNG or SVG image instead")
+    _standard(block_map, "json")
+    block_map.add_argument("--nocrc", action="store_true",
+                           help="do not verify block CRCs (faster; bad blocks go unmarked)")
 
     ls = sub.add_parser(
         "ls", help="list a directory inside a container",
@@ -447,7 +467,7 @@ def _mount_from_args(args):
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     parser = _main_parser()
-    commands = {"mount", "info", "ls", "new", "tableinfo", "check", "pack", "unpack",
+    commands = {"mount", "info", "map", "ls", "new", "tableinfo", "check", "pack", "unpack",
                 "convert", "to-multifile", "to-sepfile"}
     if argv and not argv[0].startswith("-") and argv[0] not in commands:
         argv = ["mount"] + argv  # 'ctdsfs SOURCE MOUNTPOINT -o ...' as mount.fuse3 runs it
@@ -457,14 +477,22 @@ def main(argv=None):
         return _run(lambda: _mount_from_args(args), "ctdsfs")
     if args.command == "info":
         def info():
-            data = open_container(args.container, verify_crc=not args.nocrc).describe()
+            container = open_container(args.container, verify_crc=not args.nocrc)
+            data = container.describe()
+            bmap = _block_map(container, not args.nocrc) if args.map else None
             if args.json:
+                if bmap:
+                    data["map"] = bmap.to_json()
                 json.dump(data, sys.stdout, indent=2)
                 sys.stdout.write("\n")
             else:
                 _print_info(data, sys.stdout)
+                if bmap:
+                    sys.stdout.write(_map_text(bmap))
             return 0
         return _run(info, "ctdsfs")
+    if args.command == "map":
+        return _run(lambda: _map(args, sys.stdout), "ctdsfs")
     if args.command == "ls":
         return _run(lambda: _ls(args, sys.stdout) or 0, "ctdsfs")
     if args.command == "pack":
@@ -523,6 +551,41 @@ def main(argv=None):
         return _run(new, "ctdsfs")
     parser.print_help()
     return 2
+
+
+def _block_map(container, verify_crc):
+    from .blockmap import block_map
+    return block_map(container, verify_crc=verify_crc)
+
+
+def _map_text(bmap):
+    from .blockmap import render_text
+    colour = sys.stdout.isatty() and os.environ.get("TERM", "dumb") != "dumb" \
+        and "NO_COLOR" not in os.environ
+    return render_text(bmap, colour=colour)
+
+
+def _map(args, out):
+    from .blockmap import render_png, render_svg
+
+    bmap = _block_map(open_container(args.container, verify_crc=not args.nocrc),
+                      not args.nocrc)
+    if args.json:
+        json.dump(bmap.to_json(), out)
+        out.write("\n")
+    elif args.output:
+        if args.output.endswith(".png"):
+            image = render_png(bmap)
+        elif args.output.endswith(".svg"):
+            image = render_svg(bmap).encode()
+        else:
+            raise CtdsfsError(f"{args.output}: the image must be a .png or .svg file")
+        with open(args.output, "wb") as f:
+            f.write(image)
+        print(f"{args.output}: map of {len(bmap.roles)} blocks of {args.container}", file=out)
+    else:
+        out.write(_map_text(bmap))
+    return 0
 
 
 def _output_format(args):
