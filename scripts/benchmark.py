@@ -1,4 +1,4 @@
-"""Read benchmark: ctdsfs against the raw container file and a minimal pyfuse3 passthrough.
+"""Benchmark: ctdsfs against the raw container file, a minimal pyfuse3 passthrough and cp -r.
 
 Everything is measured in one run on this machine and printed as ratios with
 the targets of the read-only milestone:
@@ -12,9 +12,12 @@ the targets of the read-only milestone:
   commit of a container with 100,000 files < 1 s; small writes write no header
   every column of a >= 500 MB MeasurementSet: casacore 3.5 through the legacy
     table view / python-casacore 3.8 reading the MultiFile original >= 0.8
+  pack and unpack of a >= 1 GiB tree / cp -r of the same tree >= 0.7
+  check: CRC-verified blocks >= 1 GB/s
 
 Needs root (drop_caches, mounting). Usage:
   python3 scripts/benchmark.py [--size-mib 1024] [--block-size 65536] [--dir DIR]
+                               [--parts read,write,many,legacy,toolbox]
 """
 
 import argparse
@@ -267,6 +270,102 @@ def serve_passthrough(source, mountpoint):
         pyfuse3.close(unmount=False)
 
 
+TREE = [  # a MeasurementSet-like tree: (relative path, MiB or bytes, how many)
+    ("table.f{}", 200 << 20, 4), ("SUB{}/table.f0", 2 << 20, 10), ("SUB0/table.f{}", 100_000, 200),
+    ("SUB1/SUBSUB/f{}", 4096, 300), ("table.f1{}_TSM0", 30 << 20, 4)]
+
+
+def make_tree(root, pool, mib):
+    """About ``mib`` MiB in big, medium and small files over nested directories."""
+    scale = mib / 1024
+    total = 0
+    for pattern, size, count in TREE:
+        size = int(size * scale) if size > 1 << 20 else size
+        for i in range(count):
+            path = root / pattern.format(i)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with open(path, "wb") as f:
+                left = size
+                while left:
+                    f.write(pool[:min(left, len(pool))])
+                    left -= min(left, len(pool))
+            total += size
+    return total
+
+
+def timed(func):
+    """Seconds for ``func()`` from a dropped page cache to the data on disk (``sync``)."""
+    drop_caches()
+    start = time.perf_counter()
+    func()
+    os.sync()
+    return time.perf_counter() - start
+
+
+def toolbox_figures(tmp, pool, mib):
+    """pack / unpack against cp -r of the same tree, and check's CRC-verified rate."""
+    import shutil
+
+    from ctdsfs.formats.check import check_path
+    from ctdsfs.toolbox import pack, unpack
+
+    tree = tmp / "tree"
+    total = make_tree(tree, pool, mib)
+    rows = []
+
+    def cp_r(src, dst):
+        return timed(lambda: subprocess.run(["cp", "-r", str(src), str(dst)], check=True))
+
+    copy_tree = cp_r(tree, tmp / "copy")
+    shutil.rmtree(tmp / "copy")
+    rows.append((f"cp -r of a {total / 2**30:.2f} GiB tree ({sum(c for *_, c in TREE)} files)",
+                 total / copy_tree / 1e9, None, None))
+    for fmt, name in (("mf2", "tree.mf"), ("hdf5", "tree.mfh5")):
+        packed = tmp / name
+        pack_s = timed(lambda: pack(str(tree), str(packed), format=fmt, block_size=65536,
+                                    use_crc=fmt == "mf2", quiet=True))
+        unpack_s = timed(lambda: unpack(str(packed), str(tmp / "back"), quiet=True))
+        shutil.rmtree(tmp / "back")
+        cli_s = timed(lambda: subprocess.run(["ctdsfs", "unpack", "--quiet", str(packed),
+                                              str(tmp / "back")], check=True))
+        shutil.rmtree(tmp / "back")
+        target = 0.7 if fmt == "mf2" else None
+        crc = ", CRCs" if fmt == "mf2" else ""
+        rows += [(f"pack --format {fmt}{crc} (vs cp -r)", total / pack_s / 1e9,
+                  total / copy_tree / 1e9, target),
+                 (f"unpack of it (vs cp -r)", total / unpack_s / 1e9, total / copy_tree / 1e9,
+                  target),
+                 (f"  the same as a command (interpreter start included)",
+                  total / cli_s / 1e9, total / copy_tree / 1e9, None)]
+        if fmt == "mf2":
+            size = packed.stat().st_size
+            drop_caches()
+            start = time.perf_counter()
+            problems, _ = check_path(packed)
+            cold = time.perf_counter() - start
+            start = time.perf_counter()
+            check_path(packed)
+            hot = time.perf_counter() - start
+            assert not problems, problems
+            rows += [("check, every block CRC-verified, cold", size / cold / 1e9, None, 1.0),
+                     ("check, every block CRC-verified, in page cache", size / hot / 1e9, None,
+                      1.0)]
+        packed.unlink()
+    shutil.rmtree(tree)
+    return rows
+
+
+def print_rows(rows):
+    print(f"\n{'measurement':<56} {'GB/s':>6} {'ratio':>6} {'target':>7}")
+    for name, value, base, target in rows:
+        ratio = f"{value / base:6.2f}" if base else ""
+        goal = f">= {target}" if target else ""
+        print(f"{name:<56} {value:6.2f} {ratio:>6} {goal:>7}")
+
+
+PARTS = ("read", "write", "many", "legacy", "toolbox")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -275,95 +374,72 @@ def main():
     parser.add_argument("--dir", default=None, help="scratch directory (default: /var/tmp)")
     parser.add_argument("--ms-mib", type=int, default=512,
                         help="MeasurementSet size for the legacy view measurement (MiB)")
+    parser.add_argument("--tree-mib", type=int, default=1100,
+                        help="directory tree size for pack/unpack (MiB)")
+    parser.add_argument("--parts", default=",".join(PARTS),
+                        help=f"comma-separated subset of {','.join(PARTS)} (default: all)")
     parser.add_argument("--serve-passthrough", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve_passthrough:
         return serve_passthrough(*args.serve_passthrough)
+    parts = set(args.parts.split(","))
+    if parts - set(PARTS):
+        parser.error(f"unknown parts: {', '.join(sorted(parts - set(PARTS)))}")
 
+    rows, lines = [], []
     with tempfile.TemporaryDirectory(dir=args.dir or "/var/tmp", prefix="ctdsfs-bench.") as tmp:
         tmp = Path(tmp)
         size = args.size_mib << 20
-        container = tmp / "big.mf"
         rng = np.random.default_rng(0)
         pool = rng.bytes(1 << 24)
+        if "read" in parts:
+            rows += read_figures(tmp, pool, size, args.block_size)
+        if "write" in parts:
+            rows += write_figures(tmp, pool, size, args.block_size)
+        if "many" in parts:
+            lines += many_files_figures(tmp)
+        if "legacy" in parts:
+            print(f"writing a {args.ms_mib} MiB MeasurementSet and reading every column ...",
+                  flush=True)
+            native_seconds, legacy_seconds = legacy_view_ratio(tmp, args.ms_mib)
+            lines.append(f"every column of a {args.ms_mib} MiB MeasurementSet, cache dropped: "
+                         f"python-casacore 3.8 natively {native_seconds:.2f} s, casacore 3.5 "
+                         f"through the view {legacy_seconds:.2f} s, ratio "
+                         f"{native_seconds / legacy_seconds:.2f} (target >= 0.8)")
+        if "toolbox" in parts:
+            print(f"pack / unpack / check of a {args.tree_mib} MiB tree ...", flush=True)
+            rows += toolbox_figures(tmp, pool, args.tree_mib)
+    print_rows(rows)
+    if lines:
+        print("\n" + "\n".join(lines))
 
-        def fill(off, n):
-            return (pool * (1 + n // len(pool)))[off % 4096:off % 4096 + n]
 
-        print(f"building a {args.size_mib} MiB virtual file, block size {args.block_size}, "
-              "with CRCs ...", flush=True)
-        write_container(container, [("big.bin", size, fill)], args.block_size, use_crc=True)
+def read_figures(tmp, pool, size, block_size):
+    container = tmp / "big.mf"
 
+    def fill(off, n):
+        return (pool * (1 + n // len(pool)))[off % 4096:off % 4096 + n]
+
+    print(f"building a {size >> 20} MiB virtual file, block size {block_size}, with CRCs ...",
+          flush=True)
+    write_container(container, [("big.bin", size, fill)], block_size, use_crc=True)
+    drop_caches()
+    direct_cold = read_through(container)
+    direct_hot = max(read_through(container) for _ in range(3))
+    me = [sys.executable, os.path.abspath(__file__)]
+    with Mounted(me + ["--serve-passthrough", str(container), str(tmp / "pt")], str(tmp / "pt")):
         drop_caches()
-        direct_cold = read_through(container)
-        direct_hot = max(read_through(container) for _ in range(3))
-
-        me = [sys.executable, os.path.abspath(__file__)]
-        with Mounted(me + ["--serve-passthrough", str(container), str(tmp / "pt")],
-                     str(tmp / "pt")):
-            drop_caches()
-            passthrough_cold = read_through(tmp / "pt" / "container")
-
-        with Mounted(["mount.ctdsfs", "-f", "-o", "nocrc", str(container), str(tmp / "m1")],
-                     str(tmp / "m1")):
-            drop_caches()
-            ctdsfs_cold = read_through(tmp / "m1" / "big.bin")
-            ctdsfs_repeat = max(read_through(tmp / "m1" / "big.bin") for _ in range(3))
-
-        with Mounted(["mount.ctdsfs", "-f", str(container), str(tmp / "m2")], str(tmp / "m2")):
-            drop_caches()
-            ctdsfs_crc_cold = read_through(tmp / "m2" / "big.bin")
-        container.unlink()
-
-        print("writing the same bytes to a plain file and through a read-write mount ...",
-              flush=True)
-        chunk = pool[:1 << 20]
-        plain_write = write_through(tmp / "plain.bin", size, chunk)
-        (tmp / "plain.bin").unlink()
-        written = tmp / "written.mf"
-        subprocess.run(["ctdsfs", "new", str(written), "--block-size", str(args.block_size)],
-                       check=True)
-        with Mounted(["mount.ctdsfs", "-f", "-o", "rw,commit=3600", str(written),
-                      str(tmp / "m4")], str(tmp / "m4")):
-            mount_write = write_through(tmp / "m4" / "big.bin", size, chunk)
-        written.unlink()
-
-        print("building a sparse container with 100,000 files and 1,000,000 blocks ...",
-              flush=True)
-        many = tmp / "many.mf"
-        write_container(many, [(f"table.f{i}", 10 * 4096, None) for i in range(100_000)],
-                        4096, sparse=True)
+        passthrough_cold = read_through(tmp / "pt" / "container")
+    with Mounted(["mount.ctdsfs", "-f", "-o", "nocrc", str(container), str(tmp / "m1")],
+                 str(tmp / "m1")):
         drop_caches()
-        with Mounted(["mount.ctdsfs", "-f", str(many), str(tmp / "m3")], str(tmp / "m3")) as m:
-            mount_seconds = m.mount_seconds
-            listed = len(os.listdir(tmp / "m3"))
-            rss = m.peak_rss_mb()
-
-        from ctdsfs.container import open_container
-        big = open_container(many, writable=True)
-        big.write("table.f0", 100, b"changed")
-        start = time.perf_counter()
-        big.commit()
-        commit_seconds = time.perf_counter() - start
-        big.close()
-
-        counter = header_counter(many)
-        with Mounted(["mount.ctdsfs", "-f", "-o", "rw,commit=3600", str(many), str(tmp / "m5")],
-                     str(tmp / "m5")):
-            fd = os.open(tmp / "m5" / "table.f7", os.O_WRONLY)
-            start = time.perf_counter()
-            for i in range(1000):
-                os.pwrite(fd, b"small write", (i * 7919) % 40000)
-            small_write_us = (time.perf_counter() - start) * 1e3
-            header_writes = header_counter(many) - counter
-            os.close(fd)
-        many.unlink()
-
-        print(f"writing a {args.ms_mib} MiB MeasurementSet and reading every column ...",
-              flush=True)
-        native_seconds, legacy_seconds = legacy_view_ratio(tmp, args.ms_mib)
-
-    rows = [
+        ctdsfs_cold = read_through(tmp / "m1" / "big.bin")
+        ctdsfs_repeat = max(read_through(tmp / "m1" / "big.bin") for _ in range(3))
+    with Mounted(["mount.ctdsfs", "-f", str(container), str(tmp / "m2")], str(tmp / "m2")):
+        drop_caches()
+        ctdsfs_crc_cold = read_through(tmp / "m2" / "big.bin")
+    container.unlink()
+    return [
         ("direct read of the container, cold", direct_cold, None, None),
         ("direct read of the container, hot", direct_hot, None, None),
         ("minimal pyfuse3 passthrough, cold", passthrough_cold, None, None),
@@ -371,22 +447,61 @@ def main():
         ("ctdsfs first read, cold (vs direct cold)", ctdsfs_cold, direct_cold, 0.3),
         ("ctdsfs repeated read (vs direct hot)", ctdsfs_repeat, direct_hot, 0.5),
         ("ctdsfs first read with CRC checks (vs direct cold)", ctdsfs_crc_cold, direct_cold, 0.2),
-        ("plain file sequential write + fsync", plain_write, None, None),
-        ("ctdsfs sequential write + fsync (vs plain file)", mount_write, plain_write, 0.6),
     ]
-    print(f"\n{'measurement':<52} {'GB/s':>6} {'ratio':>6} {'target':>7}")
-    for name, value, base, target in rows:
-        ratio = f"{value / base:6.2f}" if base else ""
-        goal = f">= {target}" if target else ""
-        print(f"{name:<52} {value:6.2f} {ratio:>6} {goal:>7}")
-    print(f"\nmount with 100,000 files / 1,000,000 blocks: live after {mount_seconds:.2f} s "
-          f"(target < 2 s), peak RSS {rss:.0f} MB after listing {listed} files (target < 300 MB)")
-    print(f"commit of that container after a change: {commit_seconds:.2f} s (target < 1 s)")
-    print(f"1000 small random writes through a read-write mount: {small_write_us:.0f} us each, "
-          f"{header_writes} header writes (target: none before the commit)")
-    print(f"every column of a {args.ms_mib} MiB MeasurementSet, cache dropped: python-casacore "
-          f"3.8 natively {native_seconds:.2f} s, casacore 3.5 through the view "
-          f"{legacy_seconds:.2f} s, ratio {native_seconds / legacy_seconds:.2f} (target >= 0.8)")
+
+
+def write_figures(tmp, pool, size, block_size):
+    print("writing the same bytes to a plain file and through a read-write mount ...",
+          flush=True)
+    chunk = pool[:1 << 20]
+    plain_write = write_through(tmp / "plain.bin", size, chunk)
+    (tmp / "plain.bin").unlink()
+    written = tmp / "written.mf"
+    subprocess.run(["ctdsfs", "new", str(written), "--block-size", str(block_size)], check=True)
+    with Mounted(["mount.ctdsfs", "-f", "-o", "rw,commit=3600", str(written), str(tmp / "m4")],
+                 str(tmp / "m4")):
+        mount_write = write_through(tmp / "m4" / "big.bin", size, chunk)
+    written.unlink()
+    return [("plain file sequential write + fsync", plain_write, None, None),
+            ("ctdsfs sequential write + fsync (vs plain file)", mount_write, plain_write, 0.6)]
+
+
+def many_files_figures(tmp):
+    print("building a sparse container with 100,000 files and 1,000,000 blocks ...", flush=True)
+    many = tmp / "many.mf"
+    write_container(many, [(f"table.f{i}", 10 * 4096, None) for i in range(100_000)], 4096,
+                    sparse=True)
+    drop_caches()
+    with Mounted(["mount.ctdsfs", "-f", str(many), str(tmp / "m3")], str(tmp / "m3")) as m:
+        mount_seconds = m.mount_seconds
+        listed = len(os.listdir(tmp / "m3"))
+        rss = m.peak_rss_mb()
+
+    from ctdsfs.container import open_container
+    big = open_container(many, writable=True)
+    big.write("table.f0", 100, b"changed")
+    start = time.perf_counter()
+    big.commit()
+    commit_seconds = time.perf_counter() - start
+    big.close()
+
+    counter = header_counter(many)
+    with Mounted(["mount.ctdsfs", "-f", "-o", "rw,commit=3600", str(many), str(tmp / "m5")],
+                 str(tmp / "m5")):
+        fd = os.open(tmp / "m5" / "table.f7", os.O_WRONLY)
+        start = time.perf_counter()
+        for i in range(1000):
+            os.pwrite(fd, b"small write", (i * 7919) % 40000)
+        small_write_us = (time.perf_counter() - start) * 1e3
+        header_writes = header_counter(many) - counter
+        os.close(fd)
+    many.unlink()
+    return [f"mount with 100,000 files / 1,000,000 blocks: live after {mount_seconds:.2f} s "
+            f"(target < 2 s), peak RSS {rss:.0f} MB after listing {listed} files "
+            "(target < 300 MB)",
+            f"commit of that container after a change: {commit_seconds:.2f} s (target < 1 s)",
+            f"1000 small random writes through a read-write mount: {small_write_us:.0f} us each, "
+            f"{header_writes} header writes (target: none before the commit)"]
 
 
 if __name__ == "__main__":

@@ -18,9 +18,8 @@ from collections import Counter
 import numpy as np
 
 from .errors import CtdsfsError
-from .formats.crc import crc32_bzip2
+from .formats.check import bad_crc_blocks
 from .formats.multifile import MultiFile
-from .formats.multihdf5 import MultiHDF5
 
 # Roles that are not files, most telling first (a scaled cell shows the first present).
 BAD_CRC, CONFLICT, HEADER, CONTINUATION, SPARE, FREE, METADATA, UNUSED = range(-8, 0)
@@ -86,7 +85,7 @@ def block_map(container, verify_crc=True):
     """The :class:`BlockMap` of a MultiFile or MultiHDF5 container."""
     if isinstance(container, MultiFile):
         return _multifile_map(container, verify_crc)
-    if isinstance(container, MultiHDF5):
+    if container.format_name == "MultiHDF5":
         return _multihdf5_map(container)
     raise CtdsfsError(f"{container.label}: a {container.format_name} has no block map")
 
@@ -116,11 +115,9 @@ def _multifile_map(c, verify_crc):
         suffix = "/" if c.nested(name) is not None else ""
         files.append((name + suffix, c.entry_size(name), len(blocks)))
         claim(np.asarray(blocks, np.int64), index)
-        if verify_crc and h.use_crc:
-            for b in np.asarray(blocks).tolist():
-                if 0 <= b < len(h.crcs) and \
-                        crc32_bzip2(c.store.pread(b * h.block_size, h.block_size)) != h.crcs[b]:
-                    roles[b] = BAD_CRC
+    if verify_crc and h.use_crc:
+        owned = [np.asarray(c._entry(n).blocks, np.int64) for n in c.names()]
+        roles[bad_crc_blocks(c, np.concatenate(owned or [np.zeros(0, np.int64)]))] = BAD_CRC
     roles[(claims > 1) & (roles != BAD_CRC)] = CONFLICT
     description = (f"MultiFile version {h.version}, {h.nblocks} blocks of {h.block_size} bytes"
                    + (", CRCs" if h.use_crc else ""))

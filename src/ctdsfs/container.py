@@ -143,7 +143,6 @@ def open_container(path, *, verify_crc=True, writable=False):
     """
     from .formats.multifile import MultiFile
     from .formats.multifile_header import looks_like_multifile
-    from .formats.multihdf5 import looks_like_hdf5, open_multihdf5
     from .formats.pycauset import Pycauset, looks_like_pycauset
     from .formats.store import FileStore
 
@@ -156,7 +155,9 @@ def open_container(path, *, verify_crc=True, writable=False):
         if not os.path.isfile(path):
             raise NotAContainer(f"{path}: not a regular file")
         first = store.pread(0, 68)
-        if looks_like_hdf5(first):
+        if first[:8] == HDF5_SIGNATURE:
+            from .formats.multihdf5 import open_multihdf5  # h5py only when needed
+
             store.close()
             return open_multihdf5(path, writable)
         if writable:
@@ -174,18 +175,20 @@ def open_container(path, *, verify_crc=True, writable=False):
 
 
 FORMATS = ("mf2", "mf1", "hdf5")  # what ctdsfs writes: MultiFile v2, v1, MultiHDF5
+HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
 
 
 def create_container(path, *, format="mf2", block_size=65536, use_crc=False):
     """Write a new, empty container at ``path`` (which must not exist) and open it writable."""
     from .formats.multifile import MultiFile
-    from .formats.multihdf5 import MultiHDF5
     from .formats.store import FileStore
 
     path = os.fspath(path)
     if format not in FORMATS:
         raise CtdsfsError(f"unknown container format {format!r} (one of {', '.join(FORMATS)})")
     if format == "hdf5":
+        from .formats.multihdf5 import MultiHDF5
+
         if use_crc:
             raise CtdsfsError("MultiHDF5 has no CRCs")
         return MultiHDF5.new(path, block_size=block_size)

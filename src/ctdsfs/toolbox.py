@@ -10,9 +10,11 @@ stay quiet otherwise or with ``quiet``.
 """
 
 import os
+import queue
 import shutil
 import sys
 import tempfile
+import threading
 
 from tqdm import tqdm
 
@@ -72,11 +74,44 @@ def _pack_into(container, directory, bar):
             raise CtdsfsError(f"{path}: only files and directories can be packed")
 
 
+def _prefetched(chunks, depth=4):
+    """``chunks`` produced by a reader thread up to ``depth`` ahead, so reading the
+    source and writing the target overlap (both release the GIL)."""
+    results = queue.Queue(depth)
+    done = object()
+    stop = threading.Event()
+
+    def produce():
+        try:
+            for chunk in chunks:
+                if stop.is_set():
+                    return
+                results.put(chunk)
+            results.put(done)
+        except BaseException as exc:  # handed to the consumer, raised there
+            results.put(exc)
+
+    reader = threading.Thread(target=produce, daemon=True)
+    reader.start()
+    try:
+        while (item := results.get()) is not done:
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()
+        while reader.is_alive():  # let a blocked producer finish
+            try:
+                results.get_nowait()
+            except queue.Empty:
+                reader.join(0.01)
+
+
 def _copy_file(container, name, chunks, bar):
     """A new virtual file ``name`` in ``container`` holding the bytes of ``chunks``."""
     container.create(name)
     offset = 0
-    for chunk in chunks:
+    for chunk in _prefetched(chunks):
         container.write(name, offset, chunk)
         offset += len(chunk)
         bar.update(len(chunk))
@@ -143,7 +178,7 @@ def _unpack_into(container, directory, bar):
             _unpack_into(child, path, bar)
             continue
         with open(path, "wb") as f:
-            for data in _chunks(container, name):
+            for data in _prefetched(_chunks(container, name)):
                 f.write(data)
                 bar.update(len(data))
 

@@ -281,30 +281,57 @@ class MultiFile(Container):
         return BlockError(msg)
 
     def _read_verified(self, name, first, blocks):
-        """Whole blocks, each checked against its stored CRC before any byte is returned."""
-        bs = self.block_size
+        """Whole blocks, each checked against its stored CRC before any byte is returned.
+
+        Runs of consecutive blocks are read with one pread; single blocks go
+        through a small cache, since FUSE reads touch the same block repeatedly.
+        """
         parts = []
-        for k, b in enumerate(blocks):
-            with self._lock:
-                cached = self._verified.get(b)
-                if cached is not None:
-                    self._verified.move_to_end(b)
-                expected = int(self._crcs[b]) if b < len(self._crcs) else None
-            if cached is None:
-                cached = self.store.pread(b * bs, bs)
-                if len(cached) < bs:
-                    raise self._block_error(name, first + k, "lies past the end of the container")
-                if expected is None:
-                    raise self._block_error(name, first + k, f"(container block {b}) has no CRC")
-                if crc32_bzip2(cached) != expected:
-                    raise self._block_error(
-                        name, first + k, f"(container block {b}) fails its CRC check")
-                with self._lock:
-                    self._verified[b] = cached
-                    while len(self._verified) > self._verified_max:
-                        self._verified.popitem(last=False)
-            parts.append(cached)
+        i = 0
+        while i < len(blocks):
+            j = i
+            while j + 1 < len(blocks) and blocks[j + 1] == blocks[j] + 1:
+                j += 1
+            if i == j:
+                parts.append(self._verified_block(name, first + i, blocks[i]))
+            else:
+                parts.append(self._verified_run(name, first + i, blocks[i:j + 1]))
+            i = j + 1
         return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    def _verified_run(self, name, first, run):
+        bs = self.block_size
+        data = self.store.pread(run[0] * bs, len(run) * bs)
+        view = memoryview(data)
+        with self._lock:
+            crcs = self._crcs
+        for k, b in enumerate(run):
+            piece = view[k * bs:(k + 1) * bs]
+            self._check_block(name, first + k, b, piece, int(crcs[b]) if b < len(crcs) else None)
+        return data
+
+    def _check_block(self, name, index, block, data, expected):
+        if len(data) < self.block_size:
+            raise self._block_error(name, index, "lies past the end of the container")
+        if expected is None:
+            raise self._block_error(name, index, f"(container block {block}) has no CRC")
+        if crc32_bzip2(data) != expected:
+            raise self._block_error(name, index, f"(container block {block}) fails its CRC check")
+
+    def _verified_block(self, name, index, b):
+        with self._lock:
+            cached = self._verified.get(b)
+            if cached is not None:
+                self._verified.move_to_end(b)
+                return cached
+            expected = int(self._crcs[b]) if b < len(self._crcs) else None
+        data = self.store.pread(b * self.block_size, self.block_size)
+        self._check_block(name, index, b, data, expected)
+        with self._lock:
+            self._verified[b] = data
+            while len(self._verified) > self._verified_max:
+                self._verified.popitem(last=False)
+        return data
 
     def _open_nested(self, name):
         e = self._entry(name)

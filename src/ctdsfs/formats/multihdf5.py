@@ -33,7 +33,6 @@ from .multifile import MAX_NESTING, name_problem
 log = logging.getLogger(__name__)
 
 HEADER = "__MultiHDF5_Header__"
-HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
 ORPHAN_PREFIX = "__ctdsfs_unlinked_"  # a file unlinked while open; never listed in a header
 # casacore's HDF5Record cuts a string attribute to 4000 values (the old-format
 # 64 KiB attribute limit), which would lose names: ctdsfs stops at that count.
@@ -43,10 +42,6 @@ TP_STRING, TP_INT64 = 11, 29  # casacore DataType values, used in empty-array at
 NAMES_TYPE = h5py.string_dtype("ascii")
 LIBVER = ("earliest", "v110")  # what casacore's HDF5 1.10 reads; superblock 0 as casacore's
 CHUNK_CACHE_BYTES = 64 << 20
-
-
-def looks_like_hdf5(first_bytes):
-    return first_bytes[:8] == HDF5_SIGNATURE
 
 
 def _link(name):
