@@ -252,6 +252,8 @@ class RecordingStore(FileStore):
         self.log.append(("truncate", size))
         super().truncate(size)
 
+    pwrite_bulk = pwrite  # recorded like any other write
+
 
 def apply(image, op):
     if op[0] == "pwrite":
@@ -311,6 +313,32 @@ def test_commit_replay_every_prefix_is_readable(tmp_path, use_crc):
         assert bytes(image) == path.read_bytes()
     c.close()
     assert checked > 100
+
+
+def test_bulk_writes_skip_the_page_cache_and_fall_back(tmp_path, monkeypatch):
+    """Large aligned block runs go out with O_DIRECT; EINVAL (no O_DIRECT) falls back."""
+    rng = random.Random(5)
+    data = rng.randbytes(3 << 20)
+    path = tmp_path / "bulk.mf"
+    c = create_container(path, block_size=65536, use_crc=True)
+    c.create("big")
+    c.write("big", 0, data[:2 << 20])
+    assert c.store._direct_fd is not None
+    direct_fd = c.store._direct_fd
+    real_pwrite = os.pwrite
+
+    def refusing(fd, buf, offset):
+        if fd == direct_fd:
+            raise OSError(22, "Invalid argument")
+        return real_pwrite(fd, buf, offset)
+    monkeypatch.setattr(os, "pwrite", refusing)
+    c.write("big", 2 << 20, data[2 << 20:])
+    assert c.store._direct_fd == -1
+    monkeypatch.undo()
+    c.close()
+    r = open_container(path)
+    assert r.read("big", 0, len(data)) == data
+    check_crcs(path)
 
 
 @pytest.mark.parametrize("fmt", ["mf2", "hdf5"])

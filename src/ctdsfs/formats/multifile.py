@@ -497,7 +497,7 @@ class MultiFile(Container):
         run = 0
         for k in range(1, count + 1):
             if k == count or targets[k] != targets[k - 1] + 1:
-                self.store.pwrite(targets[run] * bs, view[run * bs:k * bs])
+                self.store.pwrite_bulk(targets[run] * bs, view[run * bs:k * bs])
                 run = k
         for k, block in enumerate(targets):
             if self.header.use_crc:
