@@ -71,12 +71,13 @@ def _name_problem(name):
 class _File:
     """One virtual file: the link name of its group and its size."""
 
-    __slots__ = ("link", "size", "clean")
+    __slots__ = ("link", "size", "clean", "dataset")
 
     def __init__(self, link, size, clean=True):
         self.link = link
         self.size = size
         self.clean = clean  # every dataset byte past ``size`` is known to be zero
+        self.dataset = None  # its FileData, once opened (HDF5 handles survive renames)
 
 
 class MultiHDF5(Container):
@@ -209,7 +210,9 @@ class MultiHDF5(Container):
             raise FileNotFoundError(key) from None
 
     def _data(self, f):
-        return self.group[_link(f.link)]["FileData"]
+        if f.dataset is None:
+            f.dataset = self.group[_link(f.link)]["FileData"]
+        return f.dataset
 
     def entry_size(self, key):
         return self._file(key).size
@@ -229,7 +232,7 @@ class MultiHDF5(Container):
             bs = self.block_size
             first, last = offset // bs, (end - 1) // bs
             rows = self._data(f)[first:last + 1]
-        return rows.tobytes()[offset - first * bs:end - first * bs]
+        return rows.reshape(-1)[offset - first * bs:end - first * bs].tobytes()
 
     def _open_nested(self, name):
         f = self._file(name)
@@ -363,7 +366,10 @@ class MultiHDF5(Container):
         if head:
             ds[first_full - 1, bs - head:] = buf[:head]
         whole = (last_full - first_full) * bs
-        ds[first_full:last_full] = buf[head:head + whole].reshape(-1, bs)
+        rows = memoryview(data)[head:head + whole]
+        for k, row in enumerate(range(first_full, last_full)):
+            # A whole row is a whole chunk: written as is, past HDF5's chunk cache.
+            ds.id.write_direct_chunk((row, 0), rows[k * bs:(k + 1) * bs])
         if head + whole < len(buf):
             ds[last_full, :len(buf) - head - whole] = buf[head + whole:]
         return len(data)
@@ -410,11 +416,13 @@ class MultiHDF5(Container):
             self.group.move(_link(f.link), orphan)
             f.link = orphan
             return f
+        f.dataset = None
         del self.group[_link(f.link)]
         return None
 
     def release(self, orphan):
         def run():
+            orphan.dataset = None
             if orphan.link in self.group:
                 del self.group[orphan.link]
         return self._guarded(run)
