@@ -333,9 +333,9 @@ def toolbox_figures(tmp, pool, mib):
         crc = ", CRCs" if fmt == "mf2" else ""
         rows += [(f"pack --format {fmt}{crc} (vs cp -r)", total / pack_s / 1e9,
                   total / copy_tree / 1e9, target),
-                 (f"unpack of it (vs cp -r)", total / unpack_s / 1e9, total / copy_tree / 1e9,
+                 ("unpack of it (vs cp -r)", total / unpack_s / 1e9, total / copy_tree / 1e9,
                   target),
-                 (f"  the same as a command (interpreter start included)",
+                 ("  the same as a command (interpreter start included)",
                   total / cli_s / 1e9, total / copy_tree / 1e9, None)]
         if fmt == "mf2":
             size = packed.stat().st_size

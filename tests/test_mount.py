@@ -7,7 +7,6 @@ import random
 import shutil
 import signal
 import subprocess
-import time
 
 import pytest
 

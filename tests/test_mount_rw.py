@@ -16,7 +16,7 @@ import pytest
 from ctdsfs.container import open_container
 from ctdsfs.errors import CtdsfsError
 
-from .conftest import SCRIPTS, Mount, is_mounted, make_casacore_table, unmount
+from .conftest import SCRIPTS, Mount, make_casacore_table, unmount
 from .test_write import check_crcs, snapshot
 
 pytestmark = pytest.mark.fuse

@@ -1,6 +1,5 @@
 """The MultiFile container: casacore-written files read byte-exact, hostile ones refused cleanly."""
 
-import os
 import random
 import shutil
 import struct

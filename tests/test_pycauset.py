@@ -5,7 +5,6 @@ import json
 import math
 import os
 import random
-import shutil
 import signal
 import struct
 import threading

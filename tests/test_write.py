@@ -4,7 +4,6 @@ import os
 import random
 import subprocess
 
-import numpy as np
 import pytest
 
 from ctdsfs.container import create_container, open_container

@@ -12,6 +12,21 @@ from typing import NamedTuple
 
 from .errors import CtdsfsError, NotAContainer
 
+MAX_NAME_BYTES = 255
+
+
+def name_problem(name):
+    """Why an entry name from a container cannot be shown as a file name, or None."""
+    if name in (".", ".."):
+        return "reserved name"
+    if "/" in name or "\0" in name:
+        return "name contains '/' or NUL"
+    # (UTF-8 takes at most 4 bytes a character: short names need no encoding.)
+    if len(name) * 4 > MAX_NAME_BYTES and \
+            len(name.encode("utf-8", "surrogateescape")) > MAX_NAME_BYTES:
+        return "name longer than 255 bytes"
+    return None
+
 
 class Usage(NamedTuple):
     """Space accounting in the container's own block size (for statfs)."""
@@ -130,6 +145,51 @@ class Container(ABC):
 
     def close(self):
         """Commit what is pending (if writable) and release the underlying file."""
+
+    # -- write-path plumbing the block containers share (``_entries``, ``_nested``, ``_remove``)
+
+    def _name_problem(self, name):
+        """Why ``name`` cannot be an entry of this container, or None."""
+        return name_problem(name)
+
+    def _check_new_name(self, name):
+        why = self._name_problem(name) if name else "empty name"
+        if why:
+            raise CtdsfsError(f"{name!r}: {why}")
+
+    def _rename_entry(self, old, new, relink):
+        """rename(2) within the container: an existing ``new`` is replaced, and a nested
+        container keeps its object under the new name. ``relink(entry, new)`` does the
+        format's own part."""
+        if old == new:
+            return
+        self._check_new_name(new)
+        entry = self._entries[old]
+        if new in self._entries:
+            self._remove(new, False)
+        relink(entry, new)
+        del self._entries[old]
+        self._entries[new] = entry
+        if old in self._nested:
+            child = self._nested.pop(old)
+            self._nested[new] = child
+            if child is not None:
+                child._relabel(f"{self.label}/{new}", new)
+
+    def _relabel(self, label, name):
+        """This nested container's entry was renamed: messages name the new path."""
+        self.label = label
+        for child_name, child in self._nested.items():
+            if child is not None:
+                child._relabel(f"{label}/{child_name}", child_name)
+
+    def _set_read_only(self, reason):
+        """Switch this container and all nested in it to read-only, saying why."""
+        self.writable = False
+        self.failure = reason
+        for child in self._nested.values():
+            if child is not None:
+                child._set_read_only(reason)
 
     def abandon(self):
         """Release the underlying file without committing (its creator deletes it)."""

@@ -25,7 +25,7 @@ from collections import OrderedDict
 
 import numpy as np
 
-from ..container import Container, Usage
+from ..container import Container, Usage, name_problem
 from ..errors import BlockError, CtdsfsError, FormatError, ReadOnlyError
 from .crc import crc32_bzip2
 from .multifile_header import (FIXED_V2, Entry, Header, encode_body_v2, encode_header_v1,
@@ -38,7 +38,6 @@ MAX_NESTING = 32
 # A virtual file named like a container file is one the user stored (a copied
 # table.mf), not a subtable: casacore names nested containers after tables.
 CONTAINER_FILE_SUFFIXES = (".mf", ".mfh5")
-MAX_NAME_BYTES = 255
 VERIFIED_CACHE_BYTES = 32 << 20
 
 
@@ -47,19 +46,6 @@ def _grown(values, length):
     if len(values) >= length:
         return values
     return np.concatenate([values, np.zeros(length - len(values), values.dtype)])
-
-
-def name_problem(name):
-    """Why an entry name from a container cannot be shown as a file name, or None."""
-    if name in (".", ".."):
-        return "reserved name"
-    if "/" in name or "\0" in name:
-        return "name contains '/' or NUL"
-    # (UTF-8 takes at most 4 bytes a character: short names need no encoding.)
-    if len(name) * 4 > MAX_NAME_BYTES and \
-            len(name.encode("utf-8", "surrogateescape")) > MAX_NAME_BYTES:
-        return "name longer than 255 bytes"
-    return None
 
 
 class MultiFile(Container):
@@ -366,13 +352,6 @@ class MultiFile(Container):
         log.error("%s", reason)
         self._set_read_only(reason)
 
-    def _set_read_only(self, reason):
-        self.writable = False
-        self.failure = reason
-        for child in self._nested.values():
-            if child is not None:
-                child._set_read_only(reason)
-
     def _guarded(self, func, *args):
         """Run a write-path step under the lock; an I/O error makes the tree read-only."""
         with self._lock:
@@ -390,9 +369,7 @@ class MultiFile(Container):
         return self._guarded(self._create, name)
 
     def _create(self, name):
-        why = name_problem(name) or ("empty name" if not name else None)
-        if why:
-            raise CtdsfsError(f"{name!r}: {why}")
+        self._check_new_name(name)
         if name in self._entries:
             raise FileExistsError(name)
         entry = Entry(name, 0, array("q"))
@@ -587,30 +564,14 @@ class MultiFile(Container):
         return self._guarded(self._rename, old, new)
 
     def _rename(self, old, new):
-        if old == new:
-            return
-        why = name_problem(new) or ("empty name" if not new else None)
-        if why:
-            raise CtdsfsError(f"{new!r}: {why}")
-        e = self._entry(old)
-        if new in self._entries:
-            self._remove(new, False)
-        del self._entries[old]
-        e.name = new
-        self._entries[new] = e
-        if old in self._nested:
-            child = self._nested.pop(old)
-            self._nested[new] = child
-            if child is not None:
-                child._renamed(f"{self.label}/{new}", new)
+        self._entry(old)
+        self._rename_entry(old, new, lambda e, name: setattr(e, "name", name))
         self._dirty = True
 
-    def _renamed(self, label, name):
+    def _relabel(self, label, name):
         self.store.name = name
-        self.store.label = self.label = label
-        for child_name, child in self._nested.items():
-            if child is not None:
-                child._renamed(f"{label}/{child_name}", child_name)
+        self.store.label = label
+        super()._relabel(label, name)
 
     def make_nested(self, name):
         """A new virtual file holding an empty nested MultiFile (a subdirectory)."""

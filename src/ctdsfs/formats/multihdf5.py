@@ -26,9 +26,9 @@ import threading
 import h5py
 import numpy as np
 
-from ..container import Container, Usage
+from ..container import Container, Usage, name_problem
 from ..errors import ContainerFull, CtdsfsError, FormatError, ReadOnlyError
-from .multifile import MAX_NESTING, name_problem
+from .multifile import MAX_NESTING
 
 log = logging.getLogger(__name__)
 
@@ -60,12 +60,6 @@ def _vector(attrs, key):
     if isinstance(value, np.void) and value.dtype.names and "emptyarray" in value.dtype.names:
         return []
     return list(np.atleast_1d(value))
-
-
-def _name_problem(name):
-    if name == HEADER or name.startswith(ORPHAN_PREFIX):
-        return "reserved name"
-    return name_problem(name)
 
 
 class _File:
@@ -133,8 +127,13 @@ class MultiHDF5(Container):
                               "mount it read-only")
         self._dirty = False
 
+    def _name_problem(self, name):
+        if name == HEADER or name.startswith(ORPHAN_PREFIX):
+            return "reserved name"
+        return name_problem(name)
+
     def _entry_problem(self, name, size):
-        why = _name_problem(name) or ("duplicate name" if name in self._entries else None)
+        why = self._name_problem(name) or ("duplicate name" if name in self._entries else None)
         if why:
             return why
         if size < 0:
@@ -289,13 +288,6 @@ class MultiHDF5(Container):
 
     # ------------------------------------------------------------ writing
 
-    def _set_read_only(self, reason):
-        self.writable = False
-        self.failure = reason
-        for child in self._nested.values():
-            if child is not None:
-                child._set_read_only(reason)
-
     def _guarded(self, func, *args):
         """A write step under the lock; an HDF5 failure makes the tree read-only."""
         with self._lock:
@@ -317,9 +309,7 @@ class MultiHDF5(Container):
         return self._guarded(self._create, name)
 
     def _create(self, name):
-        why = _name_problem(name) or ("empty name" if not name else None)
-        if why:
-            raise CtdsfsError(f"{name!r}: {why}")
+        self._check_new_name(name)
         if name in self._entries:
             raise FileExistsError(name)
         free = [i for i, s in enumerate(self._slots) if s is None]
@@ -431,29 +421,12 @@ class MultiHDF5(Container):
         return self._guarded(self._rename, old, new)
 
     def _rename(self, old, new):
-        if old == new:
-            return
-        why = _name_problem(new) or ("empty name" if not new else None)
-        if why:
-            raise CtdsfsError(f"{new!r}: {why}")
-        f = self._file(old)
-        if new in self._entries:
-            self._remove(new, False)
-        self.group.move(_link(f.link), _link(new))
-        del self._entries[old]
-        f.link = new
-        self._entries[new] = f
-        if old in self._nested:
-            child = self._nested.pop(old)
-            self._nested[new] = child
-            if child is not None:
-                child._renamed(f"{self.label}/{new}", self.group[_link(new)])
+        self._file(old)
 
-    def _renamed(self, label, group):
-        self.label, self.group = label, group
-        for name, child in self._nested.items():
-            if child is not None:
-                child._renamed(f"{label}/{name}", group[_link(self._entries[name].link)])
+        def relink(f, name):  # open HDF5 handles (datasets, a nested group) follow the move
+            self.group.move(_link(f.link), _link(name))
+            f.link = name
+        self._rename_entry(old, new, relink)
 
     def make_nested(self, name):
         """A file group that holds a MultiHDF5 of its own (casacore keeps the empty dataset)."""
