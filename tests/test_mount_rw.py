@@ -388,10 +388,11 @@ def test_kill_9_never_loses_a_commit(tmp_path, name, points):
         assert outcomes["new"] > 0 and outcomes["old"] > 0, outcomes
 
 
-def test_read_only_mount_follows_another_writer(mount, tmp_path):
+@pytest.mark.parametrize("fmt", ["mf2", "hdf5"])
+def test_read_only_mount_follows_another_writer(mount, tmp_path, fmt):
     from ctdsfs.container import create_container
-    container = tmp_path / "live.mf"
-    writer = create_container(container, block_size=1024)
+    container = tmp_path / "live.container"
+    writer = create_container(container, format=fmt, block_size=1024)
     writer.create("data")
     writer.write("data", 0, b"a" * 5000)
     writer.commit()

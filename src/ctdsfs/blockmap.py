@@ -129,7 +129,7 @@ def _multihdf5_map(c):
     import os
 
     bs = c.block_size
-    size = os.path.getsize(c.file.filename)
+    size = os.path.getsize(c.path)
     ncells = max(1, -(-size // bs))
     roles = np.full(ncells, METADATA, np.int64)
     files = []

@@ -165,6 +165,7 @@ class MultiHDF5(Container):
             handle.close()
             raise
         container.file = handle
+        container.path = str(path)
         container._stat_key = _stat_key(path)
         if writable:
             container._drop_orphans()
@@ -182,6 +183,7 @@ class MultiHDF5(Container):
             raise CtdsfsError(f"{path}: cannot create ({exc})") from None
         container = cls(handle, str(path), writable=True, new_block_size=block_size)
         container.file = handle
+        container.path = str(path)
         container._stat_key = None
         container.commit()
         return container
@@ -260,30 +262,37 @@ class MultiHDF5(Container):
                 "problems": list(self.problems)}
 
     def reload_if_changed(self):
-        """A read-only top-level mount re-reads a file another writer changed and committed."""
+        """A read-only top-level mount re-reads a file another writer changed.
+
+        HDF5 shares the state of a file that is open already, so the old handle
+        is closed first; if the new state cannot be read yet (a writer in the
+        middle of a flush), the container shows nothing until the next try.
+        """
         if self.depth or self.writable:
             return False
-        key = _stat_key(self.file.filename)
+        path = self.path
+        try:
+            key = _stat_key(path)
+        except OSError:
+            return False
         if key == self._stat_key:
             return False
         with self._lock:
-            try:
-                handle = h5py.File(self.file.filename, "r", locking=False, libver=LIBVER)
-                fresh = MultiHDF5(handle, self.label)
-            except (OSError, ValueError, CtdsfsError) as exc:
-                log.warning("%s: changed on disk but not readable now (%s); keeping the old view",
-                            self.label, exc)
-                return False
             self._stat_key = key
-            if fresh.counter == self.counter:
-                handle.close()
-                return False
-            old, self.file = self.file, handle
-            self.group, self._slots, self._entries = handle, fresh._slots, fresh._entries
-            self.counter, self.block_size, self.problems = fresh.counter, fresh.block_size, \
-                fresh.problems
-            self._nested = {}
-            old.close()
+            if self.file is not None:
+                self.file.close()
+                self.file = None
+            self._nested, self._slots, self._entries = {}, [], {}
+            try:
+                self.file = h5py.File(path, "r", locking=False, libver=LIBVER,
+                                      rdcc_nbytes=CHUNK_CACHE_BYTES, rdcc_nslots=10007)
+                self.group = self.file
+                self.problems = []
+                self._load()
+            except (OSError, ValueError, CtdsfsError) as exc:
+                self._stat_key = None  # try again at the next lookup
+                self.problems = [f"changed on disk and not readable now: {exc}"]
+                log.warning("%s: changed on disk and not readable now (%s)", self.label, exc)
             return True
 
     # ------------------------------------------------------------ writing
@@ -454,7 +463,7 @@ class MultiHDF5(Container):
                 self._write_headers()
                 if self.depth == 0:
                     self.file.flush()
-                    fd = os.open(self.file.filename, os.O_RDONLY | os.O_CLOEXEC)
+                    fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
                     try:
                         os.fsync(fd)
                     finally:
@@ -489,7 +498,7 @@ class MultiHDF5(Container):
         self._dirty = False
 
     def abandon(self):
-        if self.depth == 0:
+        if self.depth == 0 and self.file is not None:
             self.file.close()
 
     def close(self):
@@ -498,8 +507,7 @@ class MultiHDF5(Container):
                 if self.writable:
                     self.commit()
             finally:
-                if self.depth == 0:
-                    self.file.close()
+                self.abandon()
 
 
 def _open_failure(exc):
