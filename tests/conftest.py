@@ -117,3 +117,28 @@ def mount(tmp_path):
     yield make
     for m in mounts:
         m.close()
+
+
+def run_on_terminal(cmd, columns=100):
+    """Run ``cmd`` with a pseudo-terminal (of ``columns``) as its stdin, stdout and stderr;
+    returns (exit status, everything it printed)."""
+    import fcntl
+    import pty
+    import struct
+    import termios
+
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, columns, 0, 0))
+    proc = subprocess.Popen(cmd, stdin=slave, stdout=slave, stderr=slave, close_fds=True)
+    os.close(slave)
+    out = b""
+    while True:
+        try:
+            chunk = os.read(master, 65536)
+        except OSError:  # EIO: the child closed the terminal
+            break
+        if not chunk:
+            break
+        out += chunk
+    os.close(master)
+    return proc.wait(timeout=60), out.decode("utf-8", "replace")

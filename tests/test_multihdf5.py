@@ -177,6 +177,16 @@ def test_inconsistent_headers(tmp_path):
     assert c.names() == ["empty.bin", "hello.txt"]
     assert "larger than its 4 rows" in c.problems[0]
     c.close()
+    with h5py.File(path, "r+") as f:  # hostile names: hidden, the rest still served
+        f["__MultiHDF5_Header__"].attrs["names"] = np.array(
+            ["..", "__MultiHDF5_Header__", "hello.txt"], dtype=h5py.string_dtype("ascii"))
+        f["__MultiHDF5_Header__"].attrs["sizes"] = np.array([0, 0, 5], np.int64)
+    c = open_container(path)
+    assert c.names() == ["hello.txt"] and len(c.problems) == 2
+    assert "reserved name" in c.problems[0] and "reserved name" in c.problems[1]
+    c.close()
+    with pytest.raises(CtdsfsError, match="damaged entries"):
+        open_container(path, writable=True)
     with h5py.File(path, "r+") as f:
         del f["__MultiHDF5_Header__"].attrs["blockSize"]
     with pytest.raises(CtdsfsError, match="not a casacore MultiHDF5"):

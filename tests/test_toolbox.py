@@ -11,7 +11,7 @@ import pytest
 from ctdsfs.container import open_container
 from ctdsfs.formats.check import check_path
 
-from .conftest import DATA, SCRIPTS, make_casacore_table
+from .conftest import DATA, SCRIPTS, make_casacore_table, run_on_terminal
 from .test_write import snapshot
 
 pytestmark = pytest.mark.tools
@@ -51,17 +51,37 @@ def test_pack_unpack_measurement_set_byte_exact(tmp_path, multifile, fmt):
     same_tree(tmp_path / "obs.ms", tmp_path / "back.ms")
 
 
+MAKE_MS = """
+import casacore.tables as t, numpy as np
+ms = t.default_ms('obs.ms')
+ms.addrows(20)
+ms.putcol('UVW', np.arange(60.).reshape(20, 3))
+ms.putcol('TIME', np.arange(20) * 1.5)
+ms.close()
+ant = t.table('obs.ms/ANTENNA', readonly=False, ack=False)
+ant.addrows(3)
+ant.putcol('NAME', ['a', 'b', 'c'])
+ant.close()
+"""
+
+
 @pytest.mark.fuse
-@pytest.mark.parametrize("output", ["t.mf", "t.mfh5"])
-def test_packed_table_read_by_casacore_through_the_mount(mount, tmp_path, output):
-    table = make_casacore_table(tmp_path / "t.tab", rows=80, multifile=False)
-    ctdsfs("pack", "--block-size", 8192, table, tmp_path / output)  # the format from the name
+@pytest.mark.parametrize("output", ["obs.mf", "obs.mfh5"])
+def test_packed_measurement_set_read_by_casacore_through_the_mount(mount, tmp_path, output):
+    home = tmp_path / "home"
+    home.mkdir()
+    subprocess.run([sys.executable, "-c", MAKE_MS], check=True, cwd=tmp_path,
+                   env=dict(os.environ, HOME=str(home)))
+    ctdsfs("pack", "--block-size", 8192, tmp_path / "obs.ms", tmp_path / output)  # format by name
     m = mount(tmp_path / output)
     dump = [sys.executable, str(SCRIPTS / "make_sample_table.py"), "--dump"]
     through = subprocess.run(dump + [str(m.mountpoint)], capture_output=True, text=True)
-    original = subprocess.run(dump + [str(table)], capture_output=True, text=True, check=True)
+    original = subprocess.run(dump + [str(tmp_path / "obs.ms")], capture_output=True, text=True,
+                              check=True)
     assert through.returncode == 0, through.stderr
-    assert json.loads(through.stdout) == json.loads(original.stdout)
+    got = json.loads(through.stdout)
+    assert got == json.loads(original.stdout)
+    assert got["ANTENNA"]["NAME"] == ["a", "b", "c"] and len(got["main"]["TIME"]) == 20
 
 
 def test_version_1_pack_read_by_casacore_3_5(tmp_path):
@@ -75,6 +95,25 @@ def test_version_1_pack_read_by_casacore_3_5(tmp_path):
     assert "nfile = 30" in listing and "storage_manager_file_29   size=2900" in listing
     ctdsfs("unpack", tmp_path / "v1.mf", tmp_path / "back")
     same_tree(src, tmp_path / "back")
+
+
+def test_progress_bars_on_a_terminal_only(tmp_path):
+    tree = tmp_path / "tree"
+    (tree / "sub").mkdir(parents=True)
+    (tree / "big").write_bytes(os.urandom(8 << 20))
+    (tree / "sub" / "small").write_bytes(b"x" * 1000)
+    commands = {"pack": ["pack", "--crc", "--block-size", "4096", tree, tmp_path / "t.mf"],
+                "check": ["check", tmp_path / "t.mf"],
+                "unpack": ["unpack", tmp_path / "t.mf", tmp_path / "back"]}
+    for what, args in commands.items():
+        status, shown = run_on_terminal(["ctdsfs", *map(str, args)])
+        assert status == 0, shown
+        assert f"{what}:" in shown and "B/s" in shown, (what, shown)  # throughput, ETA
+    same_tree(tree, tmp_path / "back")
+    status, shown = run_on_terminal(["ctdsfs", "check", "--quiet", str(tmp_path / "t.mf")])
+    assert status == 0 and "B/s" not in shown and "clean" in shown
+    piped = ctdsfs("check", tmp_path / "t.mf")  # not a terminal: no bar
+    assert "B/s" not in piped.stderr + piped.stdout
 
 
 def test_refusals_leave_nothing_behind(tmp_path):

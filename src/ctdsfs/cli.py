@@ -242,7 +242,7 @@ def _main_parser():
                     "problem is printed with its location; blocks that belong to nothing are "
                     "notes. Exit status 0 only if there is no problem.")
     check.add_argument("container", metavar="CONTAINER")
-    _standard(check, "json")
+    _standard(check, "json", "quiet")
 
     pack = sub.add_parser(
         "pack", help="one container from a directory tree",
@@ -528,7 +528,9 @@ def main(argv=None):
     if args.command == "check":
         def check():
             from .formats.check import check_path
-            problems, notes = check_path(args.container)
+            from .toolbox import progress_bar
+            problems, notes = check_path(
+                args.container, lambda total: progress_bar(total, args.quiet, "check"))
             if args.json:
                 json.dump({"container": args.container, "clean": not problems,
                            "problems": problems, "notes": notes}, sys.stdout, indent=2)

@@ -24,7 +24,8 @@ from .errors import CtdsfsError
 CHUNK = 4 << 20
 
 
-def _progress(total, quiet, what):
+def progress_bar(total, quiet, what):
+    """A tqdm bar with throughput and ETA on a terminal; silent off one or with ``quiet``."""
     return tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc=what,
                 disable=quiet or not sys.stderr.isatty(), leave=False)
 
@@ -49,7 +50,7 @@ def _build(output, total, what, fill, quiet, **options):
     nothing is left behind."""
     container = create_container(output, **options)
     try:
-        with _progress(total, quiet, what) as bar:
+        with progress_bar(total, quiet, what) as bar:
             fill(container, bar)
         container.close()
     except BaseException:
@@ -159,7 +160,7 @@ def unpack(source, output, *, quiet=False):
     parent = os.path.dirname(os.path.abspath(output))
     staging = tempfile.mkdtemp(prefix=".ctdsfs-unpack-", dir=parent)
     try:
-        with _progress(_container_size(container), quiet, "unpack") as bar:
+        with progress_bar(_container_size(container), quiet, "unpack") as bar:
             _unpack_into(container, staging, bar)
         os.rename(staging, output)  # the tree appears whole or not at all
     except BaseException:
@@ -235,7 +236,7 @@ def to_sepfile(table, *, quiet=False):
 
         def build(staging):
             os.mkdir(staging)
-            with _progress(total, quiet, "to-sepfile") as bar:
+            with progress_bar(total, quiet, "to-sepfile") as bar:
                 _unpack_into(view, staging, bar)
         _replace_tree(table, build)
     finally:
@@ -273,5 +274,5 @@ def to_multifile(table, *, block_size=4 << 20, use_crc=False, quiet=False):
                 shutil.copy2(path, os.path.join(dst, name))
             bar.update(os.path.getsize(path) if os.path.isfile(path) else 0)
 
-    with _progress(_tree_size(table), quiet, "to-multifile") as bar:
+    with progress_bar(_tree_size(table), quiet, "to-multifile") as bar:
         _replace_tree(table, lambda staging: convert_dir(os.path.abspath(table), staging, bar))

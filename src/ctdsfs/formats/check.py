@@ -24,7 +24,7 @@ from .multifile_header import _assemble_v2
 RUN_BYTES = 16 << 20  # bytes of one read while checking (glibc reuses, not maps, buffers this size)
 
 
-def check_multifile(container, location=None):
+def check_multifile(container, location=None, bar=None):
     """(problems, notes) for a MultiFile tree, each a 'location: text' line."""
     where = location or container.label
     problems, notes = [], []
@@ -75,7 +75,7 @@ def check_multifile(container, location=None):
                                     "has no CRC")
         everything = np.concatenate([np.asarray(b, np.int64) for b in owned.values()] or
                                     [np.zeros(0, np.int64)])
-        bad = bad_crc_blocks(container, everything)
+        bad = bad_crc_blocks(container, everything, bar)
         if bad:
             for name, blocks in owned.items():
                 for index in np.flatnonzero(np.isin(np.asarray(blocks, np.int64), bad)):
@@ -83,13 +83,13 @@ def check_multifile(container, location=None):
                                     f"{blocks[index]}) fails its CRC check")
     for name, child in children.items():
         if child is not None:
-            more_problems, more_notes = check_multifile(child, f"{where}/{name}")
+            more_problems, more_notes = check_multifile(child, f"{where}/{name}", bar)
             problems += more_problems
             notes += more_notes
     return problems, notes
 
 
-def bad_crc_blocks(container, blocks):
+def bad_crc_blocks(container, blocks, bar=None):
     """Which of ``blocks`` (of a MultiFile with CRCs) fail their stored CRC.
 
     Consecutive blocks are read in one pread of up to RUN_BYTES, so a check
@@ -109,10 +109,12 @@ def bad_crc_blocks(container, blocks):
                 piece = data[k * bs:(k + 1) * bs]
                 if len(piece) == bs and crc32_bzip2(piece) != h.crcs[start + k]:
                     bad.append(start + k)
+            if bar is not None:
+                bar.update(len(data))
     return bad
 
 
-def check_multihdf5(container, location=None):
+def check_multihdf5(container, location=None, bar=None):
     """(problems, notes) for a MultiHDF5 tree: unreadable data, unlisted groups."""
     from .multihdf5 import HEADER
 
@@ -129,14 +131,16 @@ def check_multihdf5(container, location=None):
     step = max(1, RUN_BYTES // container.block_size) * container.block_size
     for name, child in children.items():
         if child is not None:
-            more_problems, more_notes = check_multihdf5(child, f"{where}/{name}")
+            more_problems, more_notes = check_multihdf5(child, f"{where}/{name}", bar)
             problems += more_problems
             notes += more_notes
             continue
         size = container.entry_size(name)
         for offset in range(0, size, step):
             try:
-                container.read(name, offset, step)
+                data = container.read(name, offset, step)
+                if bar is not None:
+                    bar.update(len(data))
             except (OSError, ValueError, KeyError, RuntimeError) as exc:
                 problems.append(f"{where}/{name}: bytes from {offset} unreadable ({exc})")
                 break
@@ -152,8 +156,27 @@ def _logical_header(container):
     return bytes(raw)
 
 
-def check_path(path):
-    """Open ``path`` (any format) without trusting its CRCs and check it."""
+def work_bytes(container):
+    """How many bytes a check reads: CRC-checked blocks, or a MultiHDF5's file data."""
+    total = 0
+    for name in container.names():
+        child = container.nested(name)
+        if child is not None:
+            total += work_bytes(child)
+        if isinstance(container, MultiFile):
+            if container.header.use_crc:
+                total += container.entry_blocks(name) * container.block_size
+        elif child is None:
+            total += container.entry_size(name)
+    return total
+
+
+def check_path(path, progress=None):
+    """Open ``path`` (any format) without trusting its CRCs and check it.
+
+    ``progress(total_bytes)``, if given, makes a tqdm-like context manager
+    whose ``update(bytes)`` follows the reading (not called when nothing is read).
+    """
     from ..container import open_container
 
     try:
@@ -162,9 +185,15 @@ def check_path(path):
         return [str(exc)], []
     try:
         if isinstance(container, MultiFile):
-            return check_multifile(container)
-        if container.format_name == "MultiHDF5":
-            return check_multihdf5(container)
-        return [f"{container.label}: {p}" for p in container.problems], []
+            check = check_multifile
+        elif container.format_name == "MultiHDF5":
+            check = check_multihdf5
+        else:
+            return [f"{container.label}: {p}" for p in container.problems], []
+        total = work_bytes(container) if progress else 0
+        if not total:
+            return check(container)
+        with progress(total) as bar:
+            return check(container, bar=bar)
     finally:
         container.close()
