@@ -104,6 +104,7 @@ def test_progress_bars_on_a_terminal_only(tmp_path):
     (tree / "sub" / "small").write_bytes(b"x" * 1000)
     commands = {"pack": ["pack", "--crc", "--block-size", "4096", tree, tmp_path / "t.mf"],
                 "check": ["check", tmp_path / "t.mf"],
+                "map": ["map", tmp_path / "t.mf"],
                 "unpack": ["unpack", tmp_path / "t.mf", tmp_path / "back"]}
     for what, args in commands.items():
         status, shown = run_on_terminal(["ctdsfs", *map(str, args)])

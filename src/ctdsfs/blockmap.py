@@ -81,16 +81,19 @@ class BlockMap:
                 "map": self.roles}
 
 
-def block_map(container, verify_crc=True):
-    """The :class:`BlockMap` of a MultiFile or MultiHDF5 container."""
+def block_map(container, verify_crc=True, progress=None):
+    """The :class:`BlockMap` of a MultiFile or MultiHDF5 container.
+
+    ``progress(total_bytes)`` as for :func:`check_path` follows the CRC checks.
+    """
     if isinstance(container, MultiFile):
-        return _multifile_map(container, verify_crc)
+        return _multifile_map(container, verify_crc, progress)
     if container.format_name == "MultiHDF5":
         return _multihdf5_map(container)
     raise CtdsfsError(f"{container.label}: a {container.format_name} has no block map")
 
 
-def _multifile_map(c, verify_crc):
+def _multifile_map(c, verify_crc, progress):
     h = c.header
     roles = np.full(h.nblocks, UNUSED, np.int64)
     claims = np.zeros(h.nblocks, np.int64)
@@ -116,8 +119,13 @@ def _multifile_map(c, verify_crc):
         files.append((name + suffix, c.entry_size(name), len(blocks)))
         claim(np.asarray(blocks, np.int64), index)
     if verify_crc and h.use_crc:
-        owned = [np.asarray(c._entry(n).blocks, np.int64) for n in c.names()]
-        roles[bad_crc_blocks(c, np.concatenate(owned or [np.zeros(0, np.int64)]))] = BAD_CRC
+        owned = np.concatenate([np.asarray(c._entry(n).blocks, np.int64) for n in c.names()]
+                               or [np.zeros(0, np.int64)])
+        if progress and len(owned):
+            with progress(len(owned) * h.block_size) as bar:
+                roles[bad_crc_blocks(c, owned, bar)] = BAD_CRC
+        else:
+            roles[bad_crc_blocks(c, owned)] = BAD_CRC
     roles[(claims > 1) & (roles != BAD_CRC)] = CONFLICT
     description = (f"MultiFile version {h.version}, {h.nblocks} blocks of {h.block_size} bytes"
                    + (", CRCs" if h.use_crc else ""))

@@ -201,7 +201,7 @@ def _main_parser():
     block_map.add_argument("container", metavar="CONTAINER")
     block_map.add_argument("-o", dest="output", metavar="FILE.png|FILE.svg",
                            help="write the map as a PNG or SVG image instead")
-    _standard(block_map, "json")
+    _standard(block_map, "json", "quiet")
     block_map.add_argument("--nocrc", action="store_true",
                            help="do not verify block CRCs (faster; bad blocks go unmarked)")
 
@@ -555,9 +555,11 @@ def main(argv=None):
     return 2
 
 
-def _block_map(container, verify_crc):
+def _block_map(container, verify_crc, quiet=False):
     from .blockmap import block_map
-    return block_map(container, verify_crc=verify_crc)
+    from .toolbox import progress_bar
+    return block_map(container, verify_crc=verify_crc,
+                     progress=lambda total: progress_bar(total, quiet, "map"))
 
 
 def _map_text(bmap):
@@ -571,7 +573,7 @@ def _map(args, out):
     from .blockmap import render_png, render_svg
 
     bmap = _block_map(open_container(args.container, verify_crc=not args.nocrc),
-                      not args.nocrc)
+                      not args.nocrc, args.quiet)
     if args.json:
         json.dump(bmap.to_json(), out)
         out.write("\n")
