@@ -300,8 +300,11 @@ def test_random_operations_match_a_shadow_directory(mount, tmp_path, name, crc):
 CRASH_POINTS = int(os.environ.get("CTDSFS_CRASH_POINTS", "100"))
 
 
-@pytest.mark.parametrize("name,points", [("crash.mf", CRASH_POINTS), ("crash.mfh5", 20)])
-def test_kill_9_never_loses_a_commit(tmp_path, name, points):
+@pytest.mark.parametrize("name,points,block_size", [
+    ("crash.mf", CRASH_POINTS, 512),
+    ("bulk.mf", 20, 65536),  # writes of whole-block runs: the O_DIRECT path
+    ("crash.mfh5", 20, 512)])
+def test_kill_9_never_loses_a_commit(tmp_path, name, points, block_size):
     """kill -9 the daemon at random moments; the container is always the last or next commit.
 
     MultiHDF5 has no crash-safe commit (README): there a kill may also leave
@@ -313,7 +316,8 @@ def test_kill_9_never_loses_a_commit(tmp_path, name, points):
         pytest.skip("FUSE is not available")
     rng = random.Random(9)
     hdf5 = name.endswith(".mfh5")
-    container = new_container(tmp_path / name, block_size=512, crc=not hdf5)
+    container = new_container(tmp_path / name, block_size=block_size, crc=not hdf5)
+    scale = block_size // 512  # sizes and offsets in proportion to the block size
     mnt = tmp_path / "mnt"
     mnt.mkdir()
     state = {}
@@ -334,15 +338,15 @@ def test_kill_9_never_loses_a_commit(tmp_path, name, points):
                     expected["sub/"] = b""
                 op = rng.random()
                 if op < 0.6 or name not in expected:
-                    offset = rng.randrange(0, 3000)
-                    data = rng.randbytes(rng.randrange(1, 4000))
+                    offset = rng.randrange(0, 3000 * scale)
+                    data = rng.randbytes(rng.randrange(1, 4000 * scale))
                     old = expected.get(name, b"").ljust(offset, b"\0")
                     expected[name] = old[:offset] + data + old[offset + len(data):]
                     fd = os.open(path, os.O_WRONLY | os.O_CREAT)
                     os.pwrite(fd, data, offset)
                     os.close(fd)  # the last writer's close commits
                 elif op < 0.8:
-                    size = rng.randrange(0, 5000)
+                    size = rng.randrange(0, 5000 * scale)
                     expected[name] = expected[name][:size].ljust(size, b"\0")
                     os.truncate(path, size)
                 else:
