@@ -1,5 +1,6 @@
 """Writing MultiFiles (no FUSE): casacore's rules, copy-on-write, commits that survive crashes."""
 
+import errno
 import os
 import random
 import subprocess
@@ -315,29 +316,51 @@ def test_commit_replay_every_prefix_is_readable(tmp_path, use_crc):
 
 
 def test_bulk_writes_skip_the_page_cache_and_fall_back(tmp_path, monkeypatch):
-    """Large aligned block runs go out with O_DIRECT; EINVAL (no O_DIRECT) falls back."""
+    """Large aligned block runs go out with O_DIRECT behind the caller; EINVAL (no O_DIRECT)
+    falls back to ordinary writes, and any other failure stops the next commit."""
     rng = random.Random(5)
-    data = rng.randbytes(3 << 20)
+    data = rng.randbytes(20 << 20)
     path = tmp_path / "bulk.mf"
     c = create_container(path, block_size=65536, use_crc=True)
     c.create("big")
-    c.write("big", 0, data[:2 << 20])
-    assert c.store._direct_fd is not None
-    direct_fd = c.store._direct_fd
+    c.write("big", 0, data[:9 << 20])  # more than one gathering buffer
+    writer = c.store._direct
+    assert writer and writer.fd >= 0
+    assert c.read("big", 0, len(data)) == data[:9 << 20]  # reads wait for the writes
+    direct_fd = writer.fd
     real_pwrite = os.pwrite
 
     def refusing(fd, buf, offset):
         if fd == direct_fd:
-            raise OSError(22, "Invalid argument")
+            raise OSError(errno.EINVAL, "Invalid argument")
         return real_pwrite(fd, buf, offset)
     monkeypatch.setattr(os, "pwrite", refusing)
-    c.write("big", 2 << 20, data[2 << 20:])
-    assert c.store._direct_fd == -1
+    c.write("big", 9 << 20, data[9 << 20:])
+    c.commit()
+    assert writer.fd == -1
     monkeypatch.undo()
     c.close()
     r = open_container(path)
     assert r.read("big", 0, len(data)) == data
+    r.close()
     check_crcs(path)
+
+    c = open_container(path, writable=True)
+    c.write("big", 0, data[:1 << 20])
+    failing_fd = c.store._direct.fd
+
+    def failing(fd, buf, offset):
+        if fd == failing_fd:
+            raise OSError(errno.EIO, "Input/output error")
+        return real_pwrite(fd, buf, offset)
+    monkeypatch.setattr(os, "pwrite", failing)
+    c.write("big", 1 << 20, data[:1 << 20])
+    with pytest.raises(OSError):
+        c.commit()
+    monkeypatch.undo()
+    assert not c.writable
+    c.close()
+    assert open_container(path).read("big", 0, len(data)) == data  # the last commit, intact
 
 
 @pytest.mark.parametrize("fmt", ["mf2", "hdf5"])

@@ -9,12 +9,104 @@ import errno
 import fcntl
 import mmap
 import os
+import queue
+import threading
 
 from ..errors import CtdsfsError
 
 
 UNCACHED_MIN = 256 << 10  # smaller writes are better absorbed by the page cache
 DIRECT_ALIGN = 4096  # O_DIRECT needs offsets, lengths and memory aligned to this
+DIRECT_BUFFER = 8 << 20  # consecutive bulk writes are gathered up to this size
+DIRECT_BUFFERS = 3
+
+
+class DirectWriter:
+    """Large aligned writes done behind the caller's back, with O_DIRECT.
+
+    Copying written data into the page cache costs a FUSE daemon more CPU
+    than anything else it does per byte. Here the bytes are copied into one
+    of a few page-aligned buffers (consecutive writes fill the same one) and
+    a worker thread writes each buffer with O_DIRECT, so the daemon takes in
+    the next request while the disk writes. ``drain()`` is the barrier that
+    every other operation on the file passes first; a failed write stays
+    reported until the container gives up (so no commit can follow it). A
+    file system that refuses O_DIRECT (EINVAL) gets ordinary writes.
+    """
+
+    def __init__(self, direct_fd, fallback_fd):
+        self.fd = direct_fd
+        self.fallback_fd = fallback_fd
+        self.error = None
+        self._lock = threading.Lock()
+        self._free = queue.Queue()
+        for _ in range(DIRECT_BUFFERS):
+            self._free.put(mmap.mmap(-1, DIRECT_BUFFER))
+        self._work = queue.Queue()
+        self._filling = None  # [file offset, buffer, bytes in it]
+        self._thread = threading.Thread(target=self._run, name="ctdsfs-direct-writes",
+                                         daemon=True)
+        self._thread.start()
+
+    def write(self, offset, data):
+        view = memoryview(data).cast("B")
+        with self._lock:
+            while view:
+                f = self._filling
+                if f is not None and (f[0] + f[2] != offset or f[2] == DIRECT_BUFFER):
+                    self._work.put(f)
+                    f = self._filling = None
+                if f is None:
+                    f = self._filling = [offset, self._free.get(), 0]
+                n = min(len(view), DIRECT_BUFFER - f[2])
+                f[1][f[2]:f[2] + n] = view[:n]
+                f[2] += n
+                offset += n
+                view = view[n:]
+
+    def drain(self, raise_error=True):
+        """Wait until every write so far is on disk (or failed: then raise, if asked)."""
+        with self._lock:
+            if self._filling is not None:
+                self._work.put(self._filling)
+                self._filling = None
+        self._work.join()
+        if raise_error and self.error is not None:
+            raise OSError(self.error.errno, f"an earlier write failed: {self.error.strerror}")
+
+    def _run(self):
+        while (item := self._work.get()) is not None:
+            offset, buf, length = item
+            try:
+                if self.error is None:
+                    self._write(offset, memoryview(buf)[:length])
+            except OSError as exc:
+                self.error = exc
+            finally:
+                self._free.put(buf)
+                self._work.task_done()
+        self._work.task_done()
+
+    def _write(self, offset, view):
+        if self.fd >= 0:
+            try:
+                n = os.pwrite(self.fd, view, offset)
+                view, offset = view[n:], offset + n
+            except OSError as exc:
+                if exc.errno != errno.EINVAL:
+                    raise
+                os.close(self.fd)
+                self.fd = -1  # the file system refuses O_DIRECT after all
+        while view:
+            n = os.pwrite(self.fallback_fd, view, offset)
+            view, offset = view[n:], offset + n
+
+    def close(self):
+        self.drain(raise_error=False)
+        self._work.put(None)
+        self._thread.join()
+        if self.fd >= 0:
+            os.close(self.fd)
 
 
 class FileStore:
@@ -27,10 +119,10 @@ class FileStore:
             flags |= os.O_CREAT | os.O_EXCL
         self.fd = os.open(path, flags, 0o644)
         self.writable = writable
-        self._direct_fd = None  # opened on the first bulk write; -1 where O_DIRECT fails
-        self._bounce = None  # page-aligned copy of the data for O_DIRECT
+        self._direct = None  # a DirectWriter from the first bulk write on; False: none
 
     def pread(self, offset, size):
+        self._settle(raise_error=False)
         data = os.pread(self.fd, size, offset)
         if len(data) == size or not data:
             return data
@@ -44,50 +136,46 @@ class FileStore:
         return b"".join(parts)
 
     def pwrite(self, offset, data):
+        self._settle()
         view = memoryview(data)
         while view:
             written = os.pwrite(self.fd, view, offset)
             view, offset = view[written:], offset + written
 
     def pwrite_bulk(self, offset, data):
-        """A large write, bypassing the page cache (O_DIRECT) where the file system allows.
+        """A large write that may complete later, bypassing the page cache (DirectWriter).
 
-        Copying into the page cache costs more CPU than anything else a FUSE
-        daemon does per written byte; an aligned bounce buffer and O_DIRECT
-        replace that copy with a cheap memcpy. Unaligned or small writes, and
-        file systems without O_DIRECT (tmpfs), take the ordinary path.
+        Small or unaligned writes, and file systems without O_DIRECT (tmpfs),
+        take the ordinary path.
         """
         n = len(data)
-        if n < UNCACHED_MIN or offset % DIRECT_ALIGN or n % DIRECT_ALIGN or self._direct_fd == -1:
+        if n < UNCACHED_MIN or offset % DIRECT_ALIGN or n % DIRECT_ALIGN:
             return self.pwrite(offset, data)
-        if self._direct_fd is None:
+        if self._direct is None:
             try:
-                self._direct_fd = os.open(f"/proc/self/fd/{self.fd}",
-                                          os.O_WRONLY | os.O_DIRECT | os.O_CLOEXEC)
+                fd = os.open(f"/proc/self/fd/{self.fd}", os.O_WRONLY | os.O_DIRECT | os.O_CLOEXEC)
+                self._direct = DirectWriter(fd, self.fd)
             except OSError:
-                self._direct_fd = -1
-                return self.pwrite(offset, data)
-        if self._bounce is None or len(self._bounce) < n:
-            self._bounce = mmap.mmap(-1, max(n, 4 << 20))
-        self._bounce[:n] = data
-        try:
-            written = os.pwrite(self._direct_fd, memoryview(self._bounce)[:n], offset)
-        except OSError as exc:
-            if exc.errno != errno.EINVAL:
-                raise
-            os.close(self._direct_fd)
-            self._direct_fd = -1  # the file system refuses O_DIRECT after all
-            written = 0
-        if written < n:
-            self.pwrite(offset + written, memoryview(data)[written:])
+                self._direct = False
+        if not self._direct:
+            return self.pwrite(offset, data)
+        self._direct.write(offset, data)
+
+    def _settle(self, raise_error=True):
+        """Bulk writes still in flight land before anything else touches the file."""
+        if self._direct:
+            self._direct.drain(raise_error)
 
     def truncate(self, size):
+        self._settle()
         os.ftruncate(self.fd, size)
 
     def fsync(self):
+        self._settle()
         os.fsync(self.fd)
 
     def size(self):
+        self._settle(raise_error=False)
         return os.fstat(self.fd).st_size
 
     def lock(self):
@@ -102,9 +190,9 @@ class FileStore:
             raise
 
     def close(self):
-        if self._direct_fd is not None and self._direct_fd >= 0:
-            os.close(self._direct_fd)
-        self._direct_fd = None
+        if self._direct:
+            self._direct.close()
+        self._direct = None
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
