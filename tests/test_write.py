@@ -363,6 +363,31 @@ def test_bulk_writes_skip_the_page_cache_and_fall_back(tmp_path, monkeypatch):
     assert open_container(path).read("big", 0, len(data)) == data  # the last commit, intact
 
 
+def test_sequential_writes_in_uneven_pieces_stay_on_the_bulk_path(tmp_path, monkeypatch):
+    """The kernel's writeback splits a stream at any page: a block completed by the next
+    piece joins the gathered run instead of forcing an ordinary write (and a drain)."""
+    path = tmp_path / "uneven.mf"
+    c = create_container(path, block_size=65536)
+    c.create("f")
+    data = random.Random(3).randbytes(24 << 20)
+    real_pwrite, sizes = os.pwrite, []
+
+    def spy(fd, buf, offset):
+        sizes.append((fd == c.store.fd, len(buf)))
+        return real_pwrite(fd, buf, offset)
+    monkeypatch.setattr(os, "pwrite", spy)
+    offset = 0
+    for piece in [(1 << 20) - 4096, 4096 + 8192, (1 << 20) - 8192] * 8:
+        c.write("f", offset, data[offset:offset + piece])
+        offset += piece
+    c.commit()
+    monkeypatch.undo()
+    ordinary = [n for through_cache, n in sizes if through_cache]
+    assert ordinary == [65536]  # block 0, the header: every data byte went the direct way
+    c.close()
+    assert open_container(path).read("f", 0, offset) == data[:offset]
+
+
 @pytest.mark.parametrize("fmt", ["mf2", "hdf5"])
 def test_random_operations_against_a_shadow(tmp_path, fmt):
     """Thousands of random operations on a tree of containers, compared with a dict."""

@@ -64,6 +64,11 @@ class DirectWriter:
                 offset += n
                 view = view[n:]
 
+    def continues(self, offset):
+        """Whether a write at ``offset`` would extend the buffer being gathered."""
+        f = self._filling
+        return f is not None and f[0] + f[2] == offset
+
     def drain(self, raise_error=True):
         """Wait until every write so far is on disk (or failed: then raise, if asked)."""
         with self._lock:
@@ -145,11 +150,14 @@ class FileStore:
     def pwrite_bulk(self, offset, data):
         """A large write that may complete later, bypassing the page cache (DirectWriter).
 
-        Small or unaligned writes, and file systems without O_DIRECT (tmpfs),
-        take the ordinary path.
+        Unaligned writes, small ones (unless they continue the bulk run being
+        gathered, like a partial block completed by the next request), and
+        file systems without O_DIRECT (tmpfs) take the ordinary path.
         """
         n = len(data)
-        if n < UNCACHED_MIN or offset % DIRECT_ALIGN or n % DIRECT_ALIGN:
+        if offset % DIRECT_ALIGN or n % DIRECT_ALIGN:
+            return self.pwrite(offset, data)
+        if n < UNCACHED_MIN and not (self._direct and self._direct.continues(offset)):
             return self.pwrite(offset, data)
         if self._direct is None:
             try:
