@@ -208,7 +208,7 @@ print(time.perf_counter() - start)
 """
 
 
-def legacy_view_ratio(tmp, size_mb):
+def legacy_view_ratio(tmp, size_mb, rounds=2):
     """Seconds for python-casacore 3.8 (native) and casacore 3.5 (through the view)."""
     rows = size_mb * 2 ** 20 // 2048  # DATA is 4 x 64 complex64 = 2 KiB per row
     home = tmp / "home"
@@ -219,15 +219,18 @@ def legacy_view_ratio(tmp, size_mb):
     data.mkdir()
     env = dict(os.environ, HOME=str(home))
     subprocess.run([sys.executable, "-c", MAKE_MS, str(rows)], check=True, cwd=data, env=env)
-    drop_caches()
-    native = float(subprocess.run([sys.executable, "-c", READ_ALL, str(data / "big.ms")],
-                                  check=True, env=env, capture_output=True, text=True).stdout)
+    native, legacy = [], []
     with Mounted(["mount.ctdsfs", "-f", str(data), str(tmp / "m6")], str(tmp / "m6")):
-        drop_caches()
-        legacy = float(subprocess.run(["/usr/bin/python3", "-c", READ_ALL,
-                                       str(tmp / "m6" / "big.ms")], check=True, env=env,
-                                      capture_output=True, text=True).stdout)
-    return native, legacy
+        for _ in range(rounds):  # best of alternating runs, as for writes
+            drop_caches()
+            native.append(float(subprocess.run(
+                [sys.executable, "-c", READ_ALL, str(data / "big.ms")], check=True, env=env,
+                capture_output=True, text=True).stdout))
+            drop_caches()
+            legacy.append(float(subprocess.run(
+                ["/usr/bin/python3", "-c", READ_ALL, str(tmp / "m6" / "big.ms")], check=True,
+                env=env, capture_output=True, text=True).stdout))
+    return min(native), min(legacy)
 
 
 def serve_passthrough(source, mountpoint):
@@ -414,7 +417,8 @@ def main():
             print(f"writing a {args.ms_mib} MiB MeasurementSet and reading every column ...",
                   flush=True)
             native_seconds, legacy_seconds = legacy_view_ratio(tmp, args.ms_mib)
-            lines.append(f"every column of a {args.ms_mib} MiB MeasurementSet, cache dropped: "
+            lines.append(f"every column of a {args.ms_mib} MiB MeasurementSet, cache dropped, "
+                         "best of 2: "
                          f"python-casacore 3.8 natively {native_seconds:.2f} s, casacore 3.5 "
                          f"through the view {legacy_seconds:.2f} s, ratio "
                          f"{native_seconds / legacy_seconds:.2f} (target >= 0.8)")
