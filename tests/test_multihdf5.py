@@ -1,9 +1,11 @@
 """MultiHDF5 (casacore's HDF5 container): casacore-written files read, edited and mounted;
 files ctdsfs writes laid out exactly as casacore's."""
 
+import json
 import os
 import shutil
 import subprocess
+import sys
 
 import h5py
 import numpy as np
@@ -231,3 +233,61 @@ def test_casacore_3_5_writes_a_multihdf5_table_through_the_view(mount, tmp_path)
                          capture_output=True, text=True, check=True).stdout
     assert "100\tchanged" in out and "102\tchanged" in out and "3\t3" in out
     assert "777\tnew row" in out
+
+
+FUZZ = """
+import json, random, sys
+from ctdsfs.blockmap import block_map
+from ctdsfs.container import open_container
+from ctdsfs.errors import CtdsfsError
+from ctdsfs.formats.check import check_path
+
+source, work, seed, cases = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+original = open(source, "rb").read()
+rng = random.Random(seed)
+outcomes = {"served": 0, "refused": 0, "escaped": []}
+
+def walk(c):
+    for name in c.names():
+        child = c.nested(name)
+        if child is not None:
+            walk(child)
+            continue
+        try:
+            c.read(name, 0, 1 << 20)
+        except CtdsfsError:
+            pass  # one unreadable file: EIO for it, the rest still served
+
+for case in range(cases):
+    data = bytearray(original)
+    for _ in range(rng.randrange(1, 9)):
+        data[rng.randrange(len(data))] = rng.randrange(256)
+    with open(work, "wb") as f:
+        f.write(data)
+    try:
+        c = open_container(work)
+        walk(c)
+        c.describe()
+        block_map(c)
+        c.close()
+        check_path(work)
+        outcomes["served"] += 1
+    except CtdsfsError as exc:
+        assert "\\n" not in str(exc)
+        outcomes["refused"] += 1
+    except Exception as exc:
+        outcomes["escaped"].append(f"case {case}: {type(exc).__name__}: {exc}")
+print(json.dumps(outcomes))
+"""
+
+
+def test_random_corruptions_are_refused_or_served_never_escape(tmp_path):
+    """Bytes flipped anywhere in casacore's file: every failure is a one-line CtdsfsError
+    (run in a child process, so even a crash inside HDF5 would be caught and reported)."""
+    result = subprocess.run([sys.executable, "-c", FUZZ, str(DATA / "mh5_basic.mfh5"),
+                             str(tmp_path / "fuzz.mfh5"), "11", "120"],
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+    outcomes = json.loads(result.stdout)
+    assert outcomes["escaped"] == []
+    assert outcomes["served"] > 0 and outcomes["refused"] > 0, outcomes

@@ -136,6 +136,8 @@ def _multihdf5_map(c):
     """Cells of the HDF5 file, one block size each, marked with the file whose chunks lie there."""
     import os
 
+    from .formats.multihdf5 import HDF5_ERRORS
+
     bs = c.block_size
     size = os.path.getsize(c.path)
     ncells = max(1, -(-size // bs))
@@ -151,9 +153,12 @@ def _multihdf5_map(c):
             index = len(files)
             files.append((prefix + name, container.entry_size(name),
                           container.entry_blocks(name)))
-            ds = container._data(container._file(name))
-            for i in range(ds.id.get_num_chunks()):
-                info = ds.id.get_chunk_info(i)
+            try:
+                ds = container._data(container._file(name))
+                chunks = [ds.id.get_chunk_info(i) for i in range(ds.id.get_num_chunks())]
+            except HDF5_ERRORS:
+                continue  # a damaged chunk index: nothing to place (check reports it)
+            for info in chunks:
                 first = info.byte_offset // bs
                 last = (info.byte_offset + max(info.size, 1) - 1) // bs
                 roles[first:last + 1] = index

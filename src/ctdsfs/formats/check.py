@@ -116,15 +116,19 @@ def bad_crc_blocks(container, blocks, bar=None):
 
 def check_multihdf5(container, location=None, bar=None):
     """(problems, notes) for a MultiHDF5 tree: unreadable data, unlisted groups."""
-    from .multihdf5 import HEADER
+    from .multihdf5 import HDF5_ERRORS, HEADER
 
     where = location or container.label
     children = {n: container.nested(n) for n in container.names()}
     problems = [f"{where}: {p}" for p in container.problems]
     notes = []
     listed = {f.link for f in container._entries.values()}
-    unlisted = sorted(k for k in container.group if k != HEADER and k not in listed
-                      and k != "FileData")
+    try:
+        unlisted = sorted(k for k in container.group if k != HEADER and k not in listed
+                          and k != "FileData")
+    except HDF5_ERRORS as exc:
+        problems.append(f"{where}: its group cannot be listed ({exc})")
+        unlisted = []
     if unlisted:
         notes.append(f"{where}: {len(unlisted)} groups no header entry lists "
                      f"(first: {unlisted[:10]})")
@@ -141,8 +145,8 @@ def check_multihdf5(container, location=None, bar=None):
                 data = container.read(name, offset, step)
                 if bar is not None:
                     bar.update(len(data))
-            except (OSError, ValueError, KeyError, RuntimeError) as exc:
-                problems.append(f"{where}/{name}: bytes from {offset} unreadable ({exc})")
+            except CtdsfsError as exc:  # the container names the unreadable blocks
+                problems.append(f"{where}/{name}: bytes from {offset} unreadable: {exc}")
                 break
     return problems, notes
 

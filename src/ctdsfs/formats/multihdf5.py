@@ -27,7 +27,7 @@ import h5py
 import numpy as np
 
 from ..container import Container, Usage, name_problem
-from ..errors import ContainerFull, CtdsfsError, FormatError, ReadOnlyError
+from ..errors import BlockError, ContainerFull, CtdsfsError, FormatError, ReadOnlyError
 from .multifile import MAX_NESTING
 
 log = logging.getLogger(__name__)
@@ -42,6 +42,8 @@ TP_STRING, TP_INT64 = 11, 29  # casacore DataType values, used in empty-array at
 NAMES_TYPE = h5py.string_dtype("ascii")
 LIBVER = ("earliest", "v110")  # what casacore's HDF5 1.10 reads; superblock 0 as casacore's
 CHUNK_CACHE_BYTES = 64 << 20
+# What h5py raises for HDF5 structures it cannot follow (a damaged or hostile file).
+HDF5_ERRORS = (OSError, RuntimeError, KeyError, ValueError, TypeError)
 
 
 def _link(name):
@@ -103,7 +105,7 @@ class MultiHDF5(Container):
             self.counter = int(header["hdrCounter"])
             names = [_text(n) for n in _vector(header, "names")]
             sizes = [int(s) for s in _vector(header, "sizes")]
-        except (KeyError, TypeError, ValueError, OSError) as exc:
+        except HDF5_ERRORS as exc:
             raise FormatError(f"{self.label}: not a casacore MultiHDF5 container ({exc})") from None
         if not 0 < self.block_size <= 1 << 30 or len(names) != len(sizes):
             raise FormatError(f"{self.label}: MultiHDF5 header is inconsistent")
@@ -138,6 +140,12 @@ class MultiHDF5(Container):
             return why
         if size < 0:
             return f"negative size {size}"
+        try:
+            return self._group_problem(name, size)
+        except HDF5_ERRORS as exc:
+            return f"its HDF5 objects cannot be read ({exc})"
+
+    def _group_problem(self, name, size):
         item = self.group.get(_link(name))
         if not isinstance(item, h5py.Group):
             return "no group for it"
@@ -157,18 +165,21 @@ class MultiHDF5(Container):
         try:
             handle = h5py.File(path, "r+" if writable else "r", locking=writable,
                                libver=LIBVER, rdcc_nbytes=CHUNK_CACHE_BYTES, rdcc_nslots=10007)
-        except (OSError, ValueError) as exc:
+        except HDF5_ERRORS as exc:
             raise FormatError(f"{path}: {_open_failure(exc)}") from None
         try:
             container = cls(handle, str(path), writable=writable)
+            container.file = handle
+            container.path = str(path)
+            container._stat_key = _stat_key(path)
+            if writable:
+                container._drop_orphans()
+        except HDF5_ERRORS as exc:
+            handle.close()
+            raise FormatError(f"{path}: damaged MultiHDF5 structure ({exc})") from None
         except BaseException:
             handle.close()
             raise
-        container.file = handle
-        container.path = str(path)
-        container._stat_key = _stat_key(path)
-        if writable:
-            container._drop_orphans()
         return container
 
     @classmethod
@@ -232,13 +243,22 @@ class MultiHDF5(Container):
                 return b""
             bs = self.block_size
             first, last = offset // bs, (end - 1) // bs
-            rows = self._data(f)[first:last + 1]
+            try:
+                rows = self._data(f)[first:last + 1]
+            except HDF5_ERRORS as exc:
+                msg = f"{self.label}: {f.link}: blocks {first}..{last} cannot be read ({exc})"
+                log.error("%s", msg)
+                raise BlockError(msg) from None
         return rows.reshape(-1)[offset - first * bs:end - first * bs].tobytes()
 
     def _open_nested(self, name):
         f = self._file(name)
-        group = self.group[_link(f.link)]
-        if HEADER not in group:
+        try:
+            group = self.group[_link(f.link)]
+            if HEADER not in group:
+                return None
+        except HDF5_ERRORS as exc:
+            self.problems.append(f"{name!r} shown as a file: {exc}")
             return None
         if self.depth + 1 >= MAX_NESTING:
             self.problems.append(f"{name!r} shown as a file: nested deeper than {MAX_NESTING}")
@@ -255,11 +275,17 @@ class MultiHDF5(Container):
         return {"container": self.label, "format": "MultiHDF5", "block_size": self.block_size,
                 "header_counter": self.counter,
                 "files": [{"name": n, "size": f.size, "blocks": self.entry_blocks(n),
-                           "rows": int(self.group[_link(f.link)]["FileData"].shape[0])
-                           if "FileData" in self.group[_link(f.link)] else 0,
-                           "nested": self.nested(n) is not None}
+                           "rows": self._rows(f), "nested": self.nested(n) is not None}
                           for n, f in list(self._entries.items())],
                 "problems": list(self.problems)}
+
+    def _rows(self, f):
+        """Rows of the file's dataset (a nested container may have none); None if unreadable."""
+        try:
+            group = self.group[_link(f.link)]
+            return int(group["FileData"].shape[0]) if "FileData" in group else 0
+        except HDF5_ERRORS:
+            return None
 
     def reload_if_changed(self):
         """A read-only top-level mount re-reads a file another writer changed.
@@ -289,7 +315,7 @@ class MultiHDF5(Container):
                 self.group = self.file
                 self.problems = []
                 self._load()
-            except (OSError, ValueError, CtdsfsError) as exc:
+            except HDF5_ERRORS + (CtdsfsError,) as exc:
                 self._stat_key = None  # try again at the next lookup
                 self.problems = [f"changed on disk and not readable now: {exc}"]
                 log.warning("%s: changed on disk and not readable now (%s)", self.label, exc)
@@ -306,7 +332,7 @@ class MultiHDF5(Container):
                 result = func(*args)
             except (FileExistsError, FileNotFoundError, CtdsfsError):
                 raise
-            except (OSError, ValueError, KeyError, RuntimeError) as exc:
+            except HDF5_ERRORS as exc:
                 reason = f"{self.label}: write failed ({exc}); container switched to read-only"
                 log.error("%s", reason)
                 self._set_read_only(reason)
@@ -468,7 +494,7 @@ class MultiHDF5(Container):
                         os.fsync(fd)
                     finally:
                         os.close(fd)
-            except (OSError, ValueError, KeyError, RuntimeError) as exc:
+            except HDF5_ERRORS as exc:
                 reason = f"{self.label}: commit failed ({exc}); container switched to read-only"
                 log.error("%s", reason)
                 self._set_read_only(reason)
