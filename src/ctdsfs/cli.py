@@ -101,12 +101,13 @@ MAIN_EPILOG = """\
 commands:
   mount SOURCE MOUNTPOINT [-o OPTS] [-f]   mount a container (see 'ctdsfs mount --help')
   info CONTAINER [--json] [--map]          header facts and every virtual file
-  map CONTAINER [-o FILE.png|FILE.svg]     which file owns each block, free, bad CRC
+  map CONTAINER [-o FILE.png|FILE.svg] [--json]
+                                           which file owns each block, free, bad CRC
   ls CONTAINER [PATH] [-l] [--json]        list a directory inside a container
   new OUT [--format mf2|mf1|hdf5] [--block-size N] [--crc]
                                            create an empty container
   tableinfo TABLE [--json]                 a casacore table's table.dat, decoded
-  check CONTAINER [--json]                 verify CRCs and structure (exit 0 only if clean)
+  check CONTAINER [--json] [--quiet]       verify CRCs and structure (exit 0 only if clean)
   pack DIR OUT [--format mf2|mf1|hdf5] [--block-size N] [--crc] [--quiet]
                                            one container from a directory tree
   unpack CONTAINER DIR [--quiet]           the tree back, byte for byte
@@ -240,7 +241,8 @@ def _main_parser():
                     "or the continuation sets), sizes against block counts, the file size "
                     "against the block count, and nested containers recursively. Every "
                     "problem is printed with its location; blocks that belong to nothing are "
-                    "notes. Exit status 0 only if there is no problem.")
+                    "notes. For a MultiHDF5: every row each file needs is read, and groups "
+                    "no header lists are notes. Exit status 0 only if there is no problem.")
     check.add_argument("container", metavar="CONTAINER")
     _standard(check, "json", "quiet")
 
