@@ -69,8 +69,7 @@ def _pack_into(container, directory, bar):
         if os.path.isdir(path):
             _pack_into(container.make_nested(name), path, bar)
         elif os.path.isfile(path):
-            with open(path, "rb") as f:
-                _copy_file(container, name, iter(lambda: f.read(CHUNK), b""), bar)
+            _copy_file(container, name, _file_chunks(path), bar)
         else:
             raise CtdsfsError(f"{path}: only files and directories can be packed")
 
@@ -116,6 +115,11 @@ def _copy_file(container, name, chunks, bar):
         container.write(name, offset, chunk)
         offset += len(chunk)
         bar.update(len(chunk))
+
+
+def _file_chunks(path):
+    with open(path, "rb") as f:
+        yield from iter(lambda: f.read(CHUNK), b"")
 
 
 def _chunks(container, name):
@@ -257,8 +261,7 @@ def to_multifile(table, *, block_size=4 << 20, use_crc=False, quiet=False):
             def fill(container, bar):
                 for name in names:
                     if name.startswith("table.f") and os.path.isfile(os.path.join(src, name)):
-                        with open(os.path.join(src, name), "rb") as f:
-                            _copy_file(container, name, iter(lambda: f.read(CHUNK), b""), bar)
+                        _copy_file(container, name, _file_chunks(os.path.join(src, name)), bar)
             _build(os.path.join(dst, "table.mf"), 0, "to-multifile", fill, True,
                    block_size=block_size, use_crc=use_crc)
         for name in names:
