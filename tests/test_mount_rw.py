@@ -44,7 +44,7 @@ def validate(path):
         assert c.problems == []
         if c.format_name == "MultiHDF5":
             for n in c.names():
-                rows = c._data(c._file(n)).shape[0]
+                rows = c._data(c._entry(n)).shape[0]
                 blocks = c.entry_blocks(n)
                 assert rows in ((blocks + 1) if blocks else 0, blocks)
         else:

@@ -18,7 +18,7 @@ from collections import Counter
 import numpy as np
 
 from .errors import CtdsfsError
-from .formats.check import bad_crc_blocks
+from .formats.check import bad_crc_blocks, progress_for
 from .formats.multifile import MultiFile
 
 # Roles that are not files, most telling first (a scaled cell shows the first present).
@@ -121,11 +121,8 @@ def _multifile_map(c, verify_crc, progress):
     if verify_crc and h.use_crc:
         owned = np.concatenate([np.asarray(c._entry(n).blocks, np.int64) for n in c.names()]
                                or [np.zeros(0, np.int64)])
-        if progress and len(owned):
-            with progress(len(owned) * h.block_size) as bar:
-                roles[bad_crc_blocks(c, owned, bar)] = BAD_CRC
-        else:
-            roles[bad_crc_blocks(c, owned)] = BAD_CRC
+        with progress_for(progress, len(owned) * h.block_size) as bar:
+            roles[bad_crc_blocks(c, owned, bar)] = BAD_CRC
     roles[(claims > 1) & (roles != BAD_CRC)] = CONFLICT
     description = (f"MultiFile version {h.version}, {h.nblocks} blocks of {h.block_size} bytes"
                    + (", CRCs" if h.use_crc else ""))
@@ -154,7 +151,7 @@ def _multihdf5_map(c):
             files.append((prefix + name, container.entry_size(name),
                           container.entry_blocks(name)))
             try:
-                ds = container._data(container._file(name))
+                ds = container._data(container._entry(name))
                 chunks = [ds.id.get_chunk_info(i) for i in range(ds.id.get_num_chunks())]
             except HDF5_ERRORS:
                 continue  # a damaged chunk index: nothing to place (check reports it)

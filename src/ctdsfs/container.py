@@ -146,7 +146,16 @@ class Container(ABC):
     def close(self):
         """Commit what is pending (if writable) and release the underlying file."""
 
-    # -- write-path plumbing the block containers share (``_entries``, ``_nested``, ``_remove``)
+    # -- plumbing the block containers share (``_entries``, ``_nested``, ``_remove``)
+
+    def _entry(self, key):
+        """An entry by name, or the entry itself (an unlinked file still open)."""
+        if not isinstance(key, str):
+            return key
+        try:
+            return self._entries[key]
+        except KeyError:
+            raise FileNotFoundError(key) from None
 
     def _name_problem(self, name):
         """Why ``name`` cannot be an entry of this container, or None."""
@@ -163,8 +172,8 @@ class Container(ABC):
         format's own part."""
         if old == new:
             return
+        entry = self._entry(old)
         self._check_new_name(new)
-        entry = self._entries[old]
         if new in self._entries:
             self._remove(new, False)
         relink(entry, new)

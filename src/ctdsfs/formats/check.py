@@ -13,6 +13,7 @@ read every row each file needs, and that every group is one the header lists.
 """
 
 from collections import Counter
+from contextlib import nullcontext
 
 import numpy as np
 
@@ -87,6 +88,11 @@ def check_multifile(container, location=None, bar=None):
             problems += more_problems
             notes += more_notes
     return problems, notes
+
+
+def progress_for(progress, total):
+    """``progress(total)``, or no bar (None) when there is no factory or nothing to do."""
+    return progress(total) if progress and total else nullcontext()
 
 
 def bad_crc_blocks(container, blocks, bar=None):
@@ -194,10 +200,7 @@ def check_path(path, progress=None):
             check = check_multihdf5
         else:
             return [f"{container.label}: {p}" for p in container.problems], []
-        total = work_bytes(container) if progress else 0
-        if not total:
-            return check(container)
-        with progress(total) as bar:
+        with progress_for(progress, work_bytes(container) if progress else 0) as bar:
             return check(container, bar=bar)
     finally:
         container.close()

@@ -210,15 +210,6 @@ class MultiFile(Container):
         with self._lock:
             return list(self._entries)
 
-    def _entry(self, key):
-        """An entry by name, or the entry itself (an unlinked file still open)."""
-        if isinstance(key, Entry):
-            return key
-        try:
-            return self._entries[key]
-        except KeyError:
-            raise FileNotFoundError(key) from None
-
     def entry_size(self, key):
         return self._entry(key).size
 
@@ -564,7 +555,6 @@ class MultiFile(Container):
         return self._guarded(self._rename, old, new)
 
     def _rename(self, old, new):
-        self._entry(old)
         self._rename_entry(old, new, lambda e, name: setattr(e, "name", name))
         self._dirty = True
 

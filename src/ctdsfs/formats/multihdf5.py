@@ -57,9 +57,8 @@ def _text(value):
 def _vector(attrs, key):
     """An attribute as a list; casacore's empty-array marker gives []."""
     value = attrs[key]
-    if isinstance(value, np.ndarray) and value.dtype.names and "emptyarray" in value.dtype.names:
-        return []
-    if isinstance(value, np.void) and value.dtype.names and "emptyarray" in value.dtype.names:
+    names = getattr(value, "dtype", np.dtype(object)).names
+    if names and "emptyarray" in names:
         return []
     return list(np.atleast_1d(value))
 
@@ -163,8 +162,7 @@ class MultiHDF5(Container):
     def open(cls, path, *, writable=False):
         """Open the file; a writer takes HDF5's own lock (a second writer is refused)."""
         try:
-            handle = h5py.File(path, "r+" if writable else "r", locking=writable,
-                               libver=LIBVER, rdcc_nbytes=CHUNK_CACHE_BYTES, rdcc_nslots=10007)
+            handle = _h5file(path, "r+" if writable else "r", locking=writable)
         except HDF5_ERRORS as exc:
             raise FormatError(f"{path}: {_open_failure(exc)}") from None
         try:
@@ -188,8 +186,7 @@ class MultiHDF5(Container):
         if not 1 <= block_size <= 1 << 30:
             raise CtdsfsError(f"block size {block_size} is out of range (1 .. 1 GiB)")
         try:
-            handle = h5py.File(path, "w-", locking=True, libver=LIBVER,
-                               rdcc_nbytes=CHUNK_CACHE_BYTES, rdcc_nslots=10007)
+            handle = _h5file(path, "w-", locking=True)
         except (OSError, ValueError) as exc:
             raise CtdsfsError(f"{path}: cannot create ({exc})") from None
         container = cls(handle, str(path), writable=True, new_block_size=block_size)
@@ -213,21 +210,13 @@ class MultiHDF5(Container):
     def names(self):
         return list(self._entries)
 
-    def _file(self, key):
-        if isinstance(key, _File):
-            return key
-        try:
-            return self._entries[key]
-        except KeyError:
-            raise FileNotFoundError(key) from None
-
     def _data(self, f):
         if f.dataset is None:
             f.dataset = self.group[_link(f.link)]["FileData"]
         return f.dataset
 
     def entry_size(self, key):
-        return self._file(key).size
+        return self._entry(key).size
 
     def entry_blocks(self, key):
         return -(-self.entry_size(key) // self.block_size)
@@ -237,7 +226,7 @@ class MultiHDF5(Container):
 
     def read(self, key, offset, size):
         with self._lock:
-            f = self._file(key)
+            f = self._entry(key)
             end = min(offset + size, f.size)
             if offset >= end:
                 return b""
@@ -252,7 +241,7 @@ class MultiHDF5(Container):
         return rows.reshape(-1)[offset - first * bs:end - first * bs].tobytes()
 
     def _open_nested(self, name):
-        f = self._file(name)
+        f = self._entry(name)
         try:
             group = self.group[_link(f.link)]
             if HEADER not in group:
@@ -310,8 +299,7 @@ class MultiHDF5(Container):
                 self.file = None
             self._nested, self._slots, self._entries = {}, [], {}
             try:
-                self.file = h5py.File(path, "r", locking=False, libver=LIBVER,
-                                      rdcc_nbytes=CHUNK_CACHE_BYTES, rdcc_nslots=10007)
+                self.file = _h5file(path, "r", locking=False)
                 self.group = self.file
                 self.problems = []
                 self._load()
@@ -370,33 +358,24 @@ class MultiHDF5(Container):
         return self._guarded(self._write, key, offset, data)
 
     def _write(self, key, offset, data):
-        f = self._file(key)
+        f = self._entry(key)
         if not data:
             return 0
         end = offset + len(data)
         if end > f.size:
             self._resize(f, end)
         ds, bs = self._data(f), self.block_size
-        buf = np.frombuffer(data, np.uint8)
-        first_full = -(-offset // bs)
-        last_full = end // bs  # rows [first_full, last_full) are written whole
-        if first_full >= last_full:  # within one row, or across one row boundary
-            row = offset // bs
-            while offset < end:
-                stop = min(end, (row + 1) * bs)
-                ds[row, offset - row * bs:stop - row * bs] = buf[:stop - offset]
-                buf, offset, row = buf[stop - offset:], stop, row + 1
-            return len(data)
-        head = first_full * bs - offset
-        if head:
-            ds[first_full - 1, bs - head:] = buf[:head]
-        whole = (last_full - first_full) * bs
-        rows = memoryview(data)[head:head + whole]
-        for k, row in enumerate(range(first_full, last_full)):
-            # A whole row is a whole chunk: written as is, past HDF5's chunk cache.
-            ds.id.write_direct_chunk((row, 0), rows[k * bs:(k + 1) * bs])
-        if head + whole < len(buf):
-            ds[last_full, :len(buf) - head - whole] = buf[head + whole:]
+        view = memoryview(data).cast("B")
+        pos = offset
+        while pos < end:
+            row, start = divmod(pos, bs)
+            stop = min(end, (row + 1) * bs)
+            piece = view[pos - offset:stop - offset]
+            if len(piece) == bs:  # a whole row is a whole chunk: written past HDF5's cache
+                ds.id.write_direct_chunk((row, 0), piece)
+            else:
+                ds[row, start:start + len(piece)] = np.frombuffer(piece, np.uint8)
+            pos = stop
         return len(data)
 
     def _resize(self, f, size):
@@ -424,13 +403,13 @@ class MultiHDF5(Container):
         f.size = size
 
     def truncate(self, key, size):
-        return self._guarded(lambda: self._resize(self._file(key), size))
+        return self._guarded(lambda: self._resize(self._entry(key), size))
 
     def remove(self, name, keep_open=False):
         return self._guarded(self._remove, name, keep_open)
 
     def _remove(self, name, keep_open):
-        f = self._file(name)
+        f = self._entry(name)
         self._slots[self._slots.index(f)] = None
         del self._entries[name]
         child = self._nested.pop(name, None)
@@ -456,8 +435,6 @@ class MultiHDF5(Container):
         return self._guarded(self._rename, old, new)
 
     def _rename(self, old, new):
-        self._file(old)
-
         def relink(f, name):  # open HDF5 handles (datasets, a nested group) follow the move
             self.group.move(_link(f.link), _link(name))
             f.link = name
@@ -534,6 +511,12 @@ class MultiHDF5(Container):
                     self.commit()
             finally:
                 self.abandon()
+
+
+def _h5file(path, mode, locking):
+    """An h5py file with casacore's format bounds and a chunk cache for partial rows."""
+    return h5py.File(path, mode, locking=locking, libver=LIBVER,
+                     rdcc_nbytes=CHUNK_CACHE_BYTES, rdcc_nslots=10007)
 
 
 def _open_failure(exc):
