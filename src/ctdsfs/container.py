@@ -145,6 +145,12 @@ class Container(ABC):
 
     def close(self):
         """Commit what is pending (if writable) and release the underlying file."""
+        with self._lock:
+            try:
+                if self.writable:
+                    self.commit()
+            finally:
+                self.abandon()
 
     # -- plumbing the block containers share (``_entries``, ``_nested``, ``_remove``)
 

@@ -731,15 +731,6 @@ class MultiFile(Container):
         return info
 
     def abandon(self):
+        """Release the file of a top-level container (a nested one has none of its own)."""
         if self.depth == 0:
             self.store.close()
-
-    def close(self):
-        """Commit (if writable) and release the file of a top-level container."""
-        with self._lock:
-            try:
-                if self.writable:
-                    self.commit()
-            finally:
-                if self.depth == 0:
-                    self.store.close()

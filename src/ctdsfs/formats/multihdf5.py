@@ -504,14 +504,6 @@ class MultiHDF5(Container):
         if self.depth == 0 and self.file is not None:
             self.file.close()
 
-    def close(self):
-        with self._lock:
-            try:
-                if self.writable:
-                    self.commit()
-            finally:
-                self.abandon()
-
 
 def _h5file(path, mode, locking):
     """An h5py file with casacore's format bounds and a chunk cache for partial rows."""
