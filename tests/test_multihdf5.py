@@ -150,7 +150,7 @@ def test_unlinked_open_file_and_leftovers_of_a_dead_writer(tmp_path):
     c.write(key, 300, b"B")
     assert c.read(key, 0, 1000) == b"A" * 300 + b"B" and c.names() == []
     c.commit()
-    c.file.close()  # the writer dies before releasing it
+    c.abandon()  # the writer dies before releasing it
     with h5py.File(path, "r") as f:
         assert any(k.startswith(multihdf5.ORPHAN_PREFIX) for k in f)
     again = open_container(path, writable=True)  # the next writer drops it

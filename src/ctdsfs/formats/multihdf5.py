@@ -11,23 +11,26 @@ casacore extends it to one row more than it needs, so sizes come from
 ``sizes``, never from the dataset shape. A nested MultiHDF5 is a file group
 that also holds a header group of its own.
 
-Crash safety: HDF5 updates its metadata in place and has no atomic commit, so
-a crash while the file is being written can leave it unreadable. ctdsfs
-flushes and fsyncs at every commit (so a crash between commits is harmless)
-and refuses a damaged file with a clear message; MultiFile is the format to
-use where a crash at any moment must be survivable.
+Crash safety: HDF5 updates its metadata in place and has no atomic commit of
+its own, so a writable file is opened through a :class:`JournaledFile`
+(h5py's ``fileobj`` driver): nothing the committed state uses is overwritten
+between commits, and a commit goes through a redo journal beside the file
+(``formats/journal.py``). A crash at any moment leaves the last commit or the
+next one, as with MultiFile.
 """
 
 import itertools
 import logging
 import os
 import threading
+import weakref
 
 import h5py
 import numpy as np
 
 from ..container import Container, Usage, name_problem
 from ..errors import BlockError, ContainerFull, CtdsfsError, FormatError, ReadOnlyError
+from .journal import JournaledFile, journal_path
 from .multifile import MAX_NESTING
 
 log = logging.getLogger(__name__)
@@ -42,6 +45,9 @@ TP_STRING, TP_INT64 = 11, 29  # casacore DataType values, used in empty-array at
 NAMES_TYPE = h5py.string_dtype("ascii")
 LIBVER = ("earliest", "v110")  # what casacore's HDF5 1.10 reads; superblock 0 as casacore's
 CHUNK_CACHE_BYTES = 64 << 20
+# Changed pages of the committed state wait in memory for the commit; past this
+# the pending changes are committed early (an earlier commit is always allowed).
+PENDING_LIMIT = 64 << 20
 # What h5py raises for HDF5 structures it cannot follow (a damaged or hostile file).
 HDF5_ERRORS = (OSError, RuntimeError, KeyError, ValueError, TypeError)
 
@@ -79,9 +85,14 @@ class MultiHDF5(Container):
     """A MultiHDF5 container (or a nested one: a file group with its own header)."""
 
     format_name = "MultiHDF5"
+    file = journal = None  # the top-level container's h5py file and JournaledFile
 
-    def __init__(self, group, label, *, writable=False, depth=0, lock=None, new_block_size=None):
+    def __init__(self, group, label, *, writable=False, depth=0, lock=None, new_block_size=None,
+                 root=None):
         self.group = group
+        # The top-level container, which owns the file (None: this one); weak, so that
+        # dropping a tree closes its file at once instead of at the next GC cycle.
+        self._root = weakref.ref(root) if root is not None else None
         self.label = label
         self.writable = writable
         self.depth = depth
@@ -128,6 +139,11 @@ class MultiHDF5(Container):
                               "mount it read-only")
         self._dirty = False
 
+    @property
+    def root(self):
+        """The top-level container: it owns the file and commits."""
+        return self._root() if self._root is not None else self
+
     def _name_problem(self, name):
         if name == HEADER or name.startswith(ORPHAN_PREFIX):
             return "reserved name"
@@ -160,46 +176,57 @@ class MultiHDF5(Container):
 
     @classmethod
     def open(cls, path, *, writable=False):
-        """Open the file; a writer takes HDF5's own lock (a second writer is refused)."""
-        try:
-            handle = _h5file(path, "r+" if writable else "r", locking=writable)
-        except HDF5_ERRORS as exc:
-            raise FormatError(f"{path}: {_open_failure(exc)}") from None
+        """Open the file; a writer takes an exclusive flock (a second writer is refused)."""
+        handle, journal = _open_file(path, writable)
         try:
             container = cls(handle, str(path), writable=writable)
             container.file = handle
+            container.journal = journal
             container.path = str(path)
             container._stat_key = _stat_key(path)
             if writable:
                 container._drop_orphans()
         except HDF5_ERRORS as exc:
-            handle.close()
+            _close(handle, journal)
             raise FormatError(f"{path}: damaged MultiHDF5 structure ({exc})") from None
         except BaseException:
-            handle.close()
+            _close(handle, journal)
             raise
         return container
 
     @classmethod
     def new(cls, path, *, block_size):
-        """A new, empty MultiHDF5 file at ``path`` (which must not exist), open for writing."""
+        """A new, empty MultiHDF5 file at ``path`` (which must not exist), open for writing.
+
+        Written complete beside ``path`` and linked into place, so ``path``
+        appears as a valid, empty container or not at all.
+        """
         if not 1 <= block_size <= 1 << 30:
             raise CtdsfsError(f"block size {block_size} is out of range (1 .. 1 GiB)")
+        path = os.fspath(path)
+        if os.path.lexists(path):
+            raise CtdsfsError(f"{path}: File exists")
+        staging = f"{path}.ctdsfs-new"
         try:
-            handle = _h5file(path, "w-", locking=True)
+            with _h5file(staging, "w") as handle:
+                cls(handle, path, writable=True, new_block_size=block_size)._write_headers()
+            _fsync_path(staging)
+            os.link(staging, path)
+        except FileExistsError:
+            raise CtdsfsError(f"{path}: File exists") from None
         except (OSError, ValueError) as exc:
             raise CtdsfsError(f"{path}: cannot create ({exc})") from None
-        container = cls(handle, str(path), writable=True, new_block_size=block_size)
-        container.file = handle
-        container.path = str(path)
-        container._stat_key = None
-        container.commit()
-        return container
+        finally:
+            if os.path.lexists(staging):
+                os.unlink(staging)
+        _fsync_path(os.path.dirname(os.path.abspath(path)))
+        return cls.open(path, writable=True)
 
     def _drop_orphans(self):
         """Groups of files unlinked while open when a previous writer died."""
         for link in [k for k in self.group if k.startswith(ORPHAN_PREFIX)]:
             del self.group[link]
+            self._dirty = True  # committed with the first commit
         for name in self._entries:
             child = self.nested(name)
             if child is not None:
@@ -254,7 +281,7 @@ class MultiHDF5(Container):
             return None
         try:
             return MultiHDF5(group, f"{self.label}/{name}", writable=self.writable,
-                             depth=self.depth + 1, lock=self._lock)
+                             depth=self.depth + 1, lock=self._lock, root=self.root)
         except FormatError as exc:
             self.problems.append(f"{name!r} shown as a file: {exc}")
             log.warning("%s: %r shown as a file: %s", self.label, name, exc)
@@ -294,12 +321,11 @@ class MultiHDF5(Container):
             return False
         with self._lock:
             self._stat_key = key
-            if self.file is not None:
-                self.file.close()
-                self.file = None
+            _close(self.file, self.journal)
+            self.file = self.journal = None
             self._nested, self._slots, self._entries = {}, [], {}
             try:
-                self.file = _h5file(path, "r", locking=False)
+                self.file, self.journal = _open_file(path, False)
                 self.group = self.file
                 self.problems = []
                 self._load()
@@ -326,6 +352,9 @@ class MultiHDF5(Container):
                 self._set_read_only(reason)
                 raise OSError(f"{self.label}: HDF5 write failed ({exc})") from None
             self._dirty = True
+            journal = self.root.journal
+            if journal is not None and journal.pending_bytes > PENDING_LIMIT:
+                self.root.commit()
             return result
 
     def create(self, name):
@@ -446,7 +475,7 @@ class MultiHDF5(Container):
             f = self._create(name)
             child = MultiHDF5(self.group[_link(f.link)], f"{self.label}/{name}", writable=True,
                               depth=self.depth + 1, lock=self._lock,
-                              new_block_size=self.block_size)
+                              new_block_size=self.block_size, root=self.root)
             self._nested[name] = child
             return child
         return self._guarded(run)
@@ -458,7 +487,7 @@ class MultiHDF5(Container):
         return self._dirty or any(c is not None and c.dirty for c in list(self._nested.values()))
 
     def commit(self):
-        """Write the headers (children first), then flush and fsync the HDF5 file."""
+        """Write the headers (children first), flush HDF5 into the journaled file, commit it."""
         with self._lock:
             if not self.writable or not self.dirty:
                 return False
@@ -466,11 +495,7 @@ class MultiHDF5(Container):
                 self._write_headers()
                 if self.depth == 0:
                     self.file.flush()
-                    fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
-                    try:
-                        os.fsync(fd)
-                    finally:
-                        os.close(fd)
+                    self.journal.commit()
             except HDF5_ERRORS as exc:
                 reason = f"{self.label}: commit failed ({exc}); container switched to read-only"
                 log.error("%s", reason)
@@ -501,14 +526,53 @@ class MultiHDF5(Container):
         self._dirty = False
 
     def abandon(self):
-        if self.depth == 0 and self.file is not None:
-            self.file.close()
+        """Close without committing: what HDF5 writes while closing stays uncommitted."""
+        if self.depth == 0:
+            _close(self.file, self.journal)
+            self.file = self.journal = None
 
 
-def _h5file(path, mode, locking):
-    """An h5py file with casacore's format bounds and a chunk cache for partial rows."""
-    return h5py.File(path, mode, locking=locking, libver=LIBVER,
+def _open_file(path, writable):
+    """``(h5py file, JournaledFile or None)``: writers always go through the journal,
+    readers only when a crashed writer left one to be replayed."""
+    journal = None
+    try:
+        if writable or os.path.exists(journal_path(path)):
+            journal = JournaledFile(path, writable)
+    except OSError as exc:
+        raise CtdsfsError(f"{path}: {exc.strerror}") from None
+    try:
+        return _h5file(journal or path, "r+" if writable else "r"), journal
+    except HDF5_ERRORS as exc:
+        _close(None, journal)
+        raise FormatError(f"{path}: {_open_failure(exc)}") from None
+
+
+def _h5file(source, mode):
+    """An h5py file (a path, or a JournaledFile) with casacore's format bounds and a chunk
+    cache for partial rows. Writers lock through their JournaledFile (flock, as HDF5's own
+    lock), readers do not lock: a read-only mount follows a writer."""
+    return h5py.File(source, mode, locking=False, libver=LIBVER,
                      rdcc_nbytes=CHUNK_CACHE_BYTES, rdcc_nslots=10007)
+
+
+def _close(handle, journal):
+    try:
+        if handle is not None:
+            handle.close()
+    except HDF5_ERRORS as exc:
+        log.warning("closing HDF5 file: %s", exc)
+    finally:
+        if journal is not None:
+            journal.close()
+
+
+def _fsync_path(path):
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _open_failure(exc):
