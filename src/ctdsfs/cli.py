@@ -75,10 +75,11 @@ last committed state (or the new one) intact. A write or commit that fails
 (I/O error, bad CRC, the container changed by another writer) switches the
 mount to read-only and logs why; the committed state stays intact.
 
-MultiHDF5 has no crash-safe commit: HDF5 rewrites its metadata in place. A
-commit flushes and fsyncs the file, so a crash between commits loses nothing
-committed, but a crash during a write can leave it unreadable by HDF5 (the
-next mount then says so). Use MultiFile where that matters.
+MultiHDF5: HDF5 rewrites its metadata in place, so a read-write mount keeps
+every change to what the last commit uses in memory and commits through a
+redo journal (SOURCE.ctdsfs-journal, there only during a commit): a crash at
+any moment leaves the last committed state or the new one. The next opener
+(any ctdsfs mount or command) finishes an interrupted commit.
 
 MultiFile stores no owners, modes or times: files show those of SOURCE, and
 chmod, chown and utimens succeed without changing anything.
