@@ -43,6 +43,7 @@ CONTAINER_FILE_SUFFIXES = (".mf", ".mfh5")
 VERIFIED_CACHE_BYTES = 32 << 20
 INT64_MAX = (1 << 63) - 1  # casacore keeps sizes and offsets in Int64
 ZERO_CHUNK = 8 << 20  # zeros that must really be written go out in pieces this large
+GROW_AHEAD = 64 << 20  # how far past the last block a growing container file is allocated
 
 
 def _grown(values, length):
@@ -449,8 +450,7 @@ class MultiFile(Container):
                            "what a MultiFile holds")
         try:
             if nblocks * bs > self._store_end():
-                self.store.extend(nblocks * bs)
-                self._store_bytes = nblocks * bs
+                self._grow_store(nblocks * bs)
             self.store.room(touched, bs)
         except OSError as exc:
             if exc.errno in (errno.ENOSPC, errno.EDQUOT):
@@ -461,6 +461,21 @@ class MultiFile(Container):
                 raise TooLarge(f"{self.label}: {name}: the file system cannot hold "
                                f"{nblocks * bs} bytes") from None
             raise
+
+    def _grow_store(self, size):
+        """Grow the container file to ``size`` (a top-level one a good step further, so a
+        sequential writer grows it rarely; the commit cuts what was not used)."""
+        if self.depth == 0:
+            ahead = min(size + GROW_AHEAD, INT64_MAX // self.block_size * self.block_size)
+            try:
+                self.store.extend(ahead)
+                self._store_bytes = ahead
+                return
+            except OSError as exc:
+                if exc.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+                    raise
+        self.store.extend(size)
+        self._store_bytes = size
 
     def _store_end(self):
         """The container file's size; bytes a crash left past the last block are cut the
