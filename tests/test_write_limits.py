@@ -22,7 +22,7 @@ def state(c, name):
     """What a refused change must leave exactly as it was."""
     e = c._entry(name)
     return (e.size, list(e.blocks), list(c._free), list(c._pending_free), c._nblocks,
-            c.dirty, os.path.getsize(c.store.label), c.usage())
+            c.dirty, c.store.size(), c.usage())
 
 
 @pytest.mark.parametrize("use_crc", [False, True])
@@ -249,4 +249,33 @@ def test_commit_on_a_full_disk_keeps_the_committed_state(small_disk):
     c.close()
     r = open_container(path)
     assert len(r.names()) == 61
+    r.close()
+
+
+def test_full_disk_inside_a_nested_container(small_disk):
+    """The parent checks room for the child's writes first: the child is never half-changed."""
+    path = small_disk / "nested.mf"
+    c = create_container(path, block_size=4096)
+    sub = c.make_nested("SUB")
+    sub.create("kept")
+    sub.write("kept", 0, b"k" * 50000)
+    c.commit()
+    sub.create("filler")
+    chunk = os.urandom(1 << 18)
+    written = 0
+    with pytest.raises(ContainerFull, match=r"nested\.mf: SUB: no space left"):
+        for _ in range(64):
+            before = state(sub, "filler")
+            sub.write("filler", written, chunk)
+            written += len(chunk)
+    assert state(sub, "filler") == before and c.writable and sub.writable
+    c.commit()
+    sub.remove("filler")
+    c.commit()
+    assert os.path.getsize(path) < 200000
+    sub.create("after")
+    sub.write("after", 0, chunk * 4)
+    c.close()
+    r = open_container(path)
+    assert snapshot(r) == {"SUB/": b"", "SUB/kept": b"k" * 50000, "SUB/after": chunk * 4}
     r.close()

@@ -430,12 +430,11 @@ class MultiFile(Container):
         fresh = max(0, stop - have) + int(np.count_nonzero(committed[rewritten]))
         self._reserve(fresh, stop - first, name)
 
-    def make_room(self, count, block_size):
+    def make_room(self, name, count, block_size):
         """Reserve room for a nested container's writes of ``count`` blocks of ``block_size``
-        bytes into this container (as if each landed on committed blocks)."""
+        bytes into virtual file ``name`` (as if each landed on committed blocks)."""
         per_block = -(-block_size // self.block_size) + (block_size % self.block_size != 0)
-        return self._guarded(self._reserve, count * per_block, count * per_block,
-                             "(nested container)")
+        return self._guarded(self._reserve, count * per_block, count * per_block, name)
 
     def _reserve(self, fresh, touched, name):
         """Room for ``fresh`` allocations and ``touched`` block writes: the container file
@@ -449,9 +448,9 @@ class MultiFile(Container):
             raise TooLarge(f"{self.label}: {name}: {nblocks} blocks of {bs} bytes are past "
                            "what a MultiFile holds")
         try:
+            self.store.room(touched, bs)
             if nblocks * bs > self._store_end():
                 self._grow_store(nblocks * bs)
-            self.store.room(touched, bs)
         except OSError as exc:
             if exc.errno in (errno.ENOSPC, errno.EDQUOT):
                 raise ContainerFull(f"{self.label}: {name}: no space left on the disk for "
@@ -478,8 +477,9 @@ class MultiFile(Container):
         self._store_bytes = size
 
     def _store_end(self):
-        """The container file's size; bytes a crash left past the last block are cut the
-        first time, so that bytes past the last block always read as zeros."""
+        """The container file's size. Bytes past the last block (a crash's leftovers, or
+        blocks a commit freed) are cut when it is first asked, so that they always read
+        as zeros."""
         if self._store_bytes is None:
             size = self.store.size()
             if size > self._nblocks * self.block_size:
@@ -783,9 +783,8 @@ class MultiFile(Container):
         self._free = new.free_blocks.tolist()
         self._pending_free = []
         self._committed = used
-        if self._store_end() > new.nblocks * bs:
-            self.store.truncate(new.nblocks * bs)
-            self._store_bytes = new.nblocks * bs
+        self._store_bytes = None
+        self._store_end()  # cuts the blocks the new state does not use off the end
         self._dirty = False
 
     def _layout_header_v2(self, new, unused, spare, held):

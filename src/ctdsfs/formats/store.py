@@ -258,7 +258,7 @@ class VirtualFileStore:
     def room(self, count, block_size):
         """Make sure ``count`` writes of ``block_size`` bytes, at multiples of it, find room
         in the parent: each may land on committed blocks, which get fresh ones."""
-        self.parent.make_room(count, block_size)
+        self.parent.make_room(self.name, count, block_size)
 
     def fsync(self):
         """Durability comes from the parent's commit."""
