@@ -17,6 +17,7 @@ from ctdsfs.container import open_container
 
 from .conftest import SCRIPTS, Mount, make_casacore_table, unmount
 from .test_write import check_crcs, snapshot
+from .test_write_limits import small_disk  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.fuse
 
@@ -165,6 +166,62 @@ def test_posix_write_semantics(mount, tmp_path, name):
     validate(container)
     r = open_container(container)
     assert snapshot(r) == {"D/": b"", "D/x": b"b", "D/e/": b""}
+
+
+def test_sizes_past_the_disk_or_the_format_through_a_mount(mount, tmp_path):
+    """truncate -s / a write far out: ENOSPC or EFBIG, the file unchanged, the mount writable."""
+    container = new_container(tmp_path / "s.mf", block_size=4096)
+    m = mount(container, options=["rw"])
+    f = m.mountpoint / "f"
+    f.write_bytes(b"data")
+    for size, code in ((999999999999999, errno.ENOSPC), ((1 << 63) - 1, errno.EFBIG)):
+        with pytest.raises(OSError) as exc:
+            os.truncate(f, size)
+        assert exc.value.errno == code
+        assert os.path.getsize(f) == 4 and f.read_bytes() == b"data"
+    with pytest.raises(OSError) as exc:
+        with open(f, "r+b") as out:
+            out.seek(999999999999999)
+            out.write(b"!")
+            out.flush()
+            os.fsync(out.fileno())
+    assert exc.value.errno == errno.ENOSPC
+    (m.mountpoint / "g").write_bytes(b"more")
+    assert m.close() == 0
+    validate(container)
+    assert snapshot(open_container(container)) == {"f": b"data", "g": b"more"}
+
+
+def test_full_disk_through_a_mount(mount, small_disk):
+    """A full disk: ENOSPC (not EIO), committed files intact, rm frees space, writes go on."""
+    container = new_container(small_disk / "full.mf", block_size=4096)
+    m = mount(container, options=["rw"])
+    root = m.mountpoint
+    kept = os.urandom(300000)
+    (root / "kept").write_bytes(kept)
+    chunk = os.urandom(1 << 20)
+    with pytest.raises(OSError) as exc:
+        with open(root / "filler", "wb") as out:
+            for _ in range(16):  # 16 MiB cannot fit on 8 MiB
+                out.write(chunk)
+                out.flush()
+            os.fsync(out.fileno())
+    assert exc.value.errno == errno.ENOSPC
+    assert (root / "kept").read_bytes() == kept
+    os.unlink(root / "filler")
+    fd = os.open(root, os.O_RDONLY)
+    try:
+        os.fsync(fd)  # commits: the file gives the space back
+    finally:
+        os.close(fd)
+    assert os.path.getsize(container) < 400000
+    after = os.urandom(4 << 20)
+    (root / "after").write_bytes(after)
+    assert (root / "after").read_bytes() == after
+    assert "Traceback" not in m.log_text() and "read-only" not in m.log_text()
+    assert m.close() == 0
+    validate(container)
+    assert snapshot(open_container(container)) == {"kept": kept, "after": after}
 
 
 @pytest.mark.parametrize("name", ["l.mf", "l.mfh5"])

@@ -25,7 +25,15 @@ class NotPermitted(CtdsfsError):
 
 
 class ContainerFull(CtdsfsError):
-    """The container's format has no room for another entry (ENOSPC)."""
+    """No room: the format has no room for another entry, or the disk none for the
+    container to grow (ENOSPC). Raised before anything changed."""
+
+
+class TooLarge(CtdsfsError):
+    """A size or offset past what the container's format can hold (EFBIG).
+
+    Raised before anything changed.
+    """
 
 
 class BlockError(CtdsfsError):

@@ -17,6 +17,8 @@ promise a readable header.
 """
 
 import bisect
+import errno
+import functools
 import logging
 import os
 import threading
@@ -26,7 +28,7 @@ from collections import OrderedDict
 import numpy as np
 
 from ..container import Container, Usage, name_problem
-from ..errors import BlockError, CtdsfsError, FormatError, ReadOnlyError
+from ..errors import BlockError, ContainerFull, CtdsfsError, FormatError, ReadOnlyError, TooLarge
 from .crc import crc32_bzip2
 from .multifile_header import (FIXED_V2, Entry, Header, encode_body_v2, encode_header_v1,
                                encode_header_v2, looks_like_v2, read_header)
@@ -39,6 +41,9 @@ MAX_NESTING = 32
 # table.mf), not a subtable: casacore names nested containers after tables.
 CONTAINER_FILE_SUFFIXES = (".mf", ".mfh5")
 VERIFIED_CACHE_BYTES = 32 << 20
+INT64_MAX = (1 << 63) - 1  # casacore keeps sizes and offsets in Int64
+ZERO_CHUNK = 8 << 20  # zeros that must really be written go out in pieces this large
+GROW_AHEAD = 64 << 20  # how far past the last block a growing container file is allocated
 
 
 def _grown(values, length):
@@ -46,6 +51,16 @@ def _grown(values, length):
     if len(values) >= length:
         return values
     return np.concatenate([values, np.zeros(length - len(values), values.dtype)])
+
+
+@functools.lru_cache(maxsize=None)
+def _zero_block_crc(block_size):
+    """CRC-32/BZIP2 of an all-zero block, in bounded pieces (blocks may be 1 GiB)."""
+    piece = bytes(min(block_size, ZERO_CHUNK))
+    crc = None
+    for start in range(0, block_size, len(piece)):
+        crc = crc32_bzip2(piece[:block_size - start], crc)
+    return crc
 
 
 class MultiFile(Container):
@@ -112,6 +127,7 @@ class MultiFile(Container):
         self._dirty = False
         self._verified = OrderedDict()  # block number -> bytes already CRC-checked
         self._verified_max = max(4, VERIFIED_CACHE_BYTES // self.block_size)
+        self._store_bytes = None  # the container file's size, once the write path needs it
 
     def _referenced_blocks(self):
         """A bitmap of the blocks that the visible entries (as they are now) use."""
@@ -379,11 +395,98 @@ class MultiFile(Container):
 
     def _write(self, key, offset, data):
         e = self._entry(key)
+        if not len(data):
+            return 0  # write(2) of nothing moves no end of file
+        end = offset + len(data)
+        self._make_room(e, min(offset, e.size), end)
         if offset > e.size:
             self._write_range(e, e.size, None, offset - e.size)  # the hole reads as zeros
         self._write_range(e, offset, memoryview(data).cast("B"), len(data))
         self._dirty = True
         return len(data)
+
+    def _make_room(self, e, start, end):
+        """Check and reserve all that writing bytes ``start .. end`` of ``e`` needs, before
+        anything changes, so a full disk or a size past the format's limits fails the
+        whole call (ContainerFull, TooLarge) and never leaves it half done.
+
+        Fresh blocks are those past the file's last block and new homes for its
+        committed blocks in the range (copy-on-write); the ones the free list
+        cannot give are appended to the container, whose file grows now.
+        """
+        name = e.name or "(unlinked file)"
+        if start < 0:
+            raise CtdsfsError(f"{self.label}: {name}: negative offset {start}")
+        if end > INT64_MAX:
+            raise TooLarge(f"{self.label}: {name}: offset {end} is past what a MultiFile holds")
+        if end == start:
+            return
+        bs = self.block_size
+        first, stop = start // bs, -(-end // bs)
+        have = len(e.blocks)
+        existing = np.asarray(e.blocks[first:min(stop, have)], dtype=np.int64)
+        committed = self._committed
+        rewritten = existing[existing < len(committed)]
+        fresh = max(0, stop - have) + int(np.count_nonzero(committed[rewritten]))
+        self._reserve(fresh, stop - first, name)
+
+    def make_room(self, name, count, block_size):
+        """Reserve room for a nested container's writes of ``count`` blocks of ``block_size``
+        bytes into virtual file ``name`` (as if each landed on committed blocks)."""
+        per_block = -(-block_size // self.block_size) + (block_size % self.block_size != 0)
+        return self._guarded(self._reserve, count * per_block, count * per_block, name)
+
+    def _reserve(self, fresh, touched, name):
+        """Room for ``fresh`` allocations and ``touched`` block writes: the container file
+        grows over the blocks appended past the free list (zeros, disk space allocated),
+        and a parent container makes room for the writes into it."""
+        self._reserve_blocks(self._nblocks + max(0, fresh - len(self._free)), touched, name)
+
+    def _reserve_blocks(self, nblocks, touched, name):
+        bs = self.block_size
+        if nblocks * bs > INT64_MAX:
+            raise TooLarge(f"{self.label}: {name}: {nblocks} blocks of {bs} bytes are past "
+                           "what a MultiFile holds")
+        try:
+            self.store.room(touched, bs)
+            if nblocks * bs > self._store_end():
+                self._grow_store(nblocks * bs)
+        except OSError as exc:
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise ContainerFull(f"{self.label}: {name}: no space left on the disk for "
+                                    f"{nblocks - self._nblocks} more blocks of {bs} "
+                                    "bytes") from None
+            if exc.errno == errno.EFBIG:
+                raise TooLarge(f"{self.label}: {name}: the file system cannot hold "
+                               f"{nblocks * bs} bytes") from None
+            raise
+
+    def _grow_store(self, size):
+        """Grow the container file to ``size`` (a top-level one a good step further, so a
+        sequential writer grows it rarely; the commit cuts what was not used)."""
+        if self.depth == 0:
+            ahead = min(size + GROW_AHEAD, INT64_MAX // self.block_size * self.block_size)
+            try:
+                self.store.extend(ahead)
+                self._store_bytes = ahead
+                return
+            except OSError as exc:
+                if exc.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+                    raise
+        self.store.extend(size)
+        self._store_bytes = size
+
+    def _store_end(self):
+        """The container file's size. Bytes past the last block (a crash's leftovers, or
+        blocks a commit freed) are cut when it is first asked, so that they always read
+        as zeros."""
+        if self._store_bytes is None:
+            size = self.store.size()
+            if size > self._nblocks * self.block_size:
+                size = self._nblocks * self.block_size
+                self.store.truncate(size)
+            self._store_bytes = size
+        return self._store_bytes
 
     def _write_range(self, e, offset, data, length):
         """Write ``data`` (or zeros if None) at ``offset``; a partial block goes to the buffer."""
@@ -393,37 +496,42 @@ class MultiFile(Container):
             index, start = divmod(pos, bs)
             whole = (end - pos) // bs if start == 0 else 0  # full blocks from here on
             n = whole * bs if whole else min(bs - start, end - pos)
-            piece = bytes(n) if data is None else data[done:done + n]
             if whole:
                 buffered = self._buffers.get(id(e))
                 if buffered is not None and index <= buffered[0] < index + whole:
                     del self._buffers[id(e)]  # about to be overwritten whole
                 elif buffered is not None:
                     self._flush_buffer(id(e))  # one buffered block per file
-                self._put_blocks(e, index, piece)
+                self._put_blocks(e, index, whole, None if data is None else data[done:done + n])
             else:
                 buf = self._buffer_for(e, index)
-                buf[start:start + n] = piece
+                buf[start:start + n] = bytes(n) if data is None else data[done:done + n]
             pos += n
             done += n
             e.size = max(e.size, pos)
 
     def _buffer_for(self, e, index):
-        """The entry's dirty block buffer, holding block ``index`` (loaded or zero-filled)."""
+        """The entry's dirty block buffer, holding block ``index`` (loaded or zero-filled).
+
+        Its container block is fresh from the start (a committed one is replaced
+        now), so flushing it writes in place and never needs room.
+        """
         buffered = self._buffers.get(id(e))
         if buffered is not None and buffered[0] == index:
             return buffered[1]
         if buffered is not None:
             self._flush_buffer(id(e))
         bs = self.block_size
-        if index < len(e.blocks):
+        blocks = self._block_list(e)
+        if index < len(blocks):
             buf = bytearray(self._read_block(e, index))
             valid = max(0, e.size - index * bs)  # bytes past EOF are stale: never expose them
             buf[valid:] = bytes(bs - valid) if valid < bs else b""
+            if self._is_committed(blocks[index]):
+                self._retire(blocks[index])
+                blocks[index] = self._allocate()
         else:  # a new block: allocated now, as casacore's extend() does at write time
-            if not isinstance(e.blocks, array):
-                e.blocks = array("q", e.blocks.tolist())
-            e.blocks.append(self._allocate())
+            blocks.append(self._allocate())
             buf = bytearray(bs)
         self._buffers[id(e)] = [index, buf, e]
         return buf
@@ -437,44 +545,72 @@ class MultiFile(Container):
 
     def _flush_buffer(self, key):
         index, buf, e = self._buffers.pop(key)
-        self._put_blocks(e, index, bytes(buf))
+        self._put_blocks(e, index, 1, bytes(buf))
 
     def _flush_buffers(self):
         for key in list(self._buffers):
             self._flush_buffer(key)
 
-    def _put_blocks(self, e, index, data):
-        """Write whole blocks of ``e`` from ``index`` on; committed blocks get fresh ones.
-
-        Physically consecutive blocks go out in one pwrite.
-        """
+    @staticmethod
+    def _block_list(e):
+        """``e.blocks`` as an appendable array (a loaded entry holds a numpy array)."""
         if not isinstance(e.blocks, array):
             e.blocks = array("q", e.blocks.tolist())
+        return e.blocks
+
+    def _put_blocks(self, e, index, count, data=None):
+        """Write ``count`` whole blocks of ``e`` from ``index`` on (zeros if ``data`` is None);
+        committed blocks get fresh ones.
+
+        Blocks appended to the container for zeros are not written at all: the
+        file was grown with zeros (``_reserve``), so they only get the CRC of a
+        zero block. Physically consecutive blocks go out in one pwrite; zeros
+        in bounded pieces.
+        """
+        blocks = self._block_list(e)
         bs = self.block_size
-        count = len(data) // bs
+        zeros_from = self._nblocks  # blocks appended from here on already read as zeros
         targets = []
         for i in range(index, index + count):
-            if i == len(e.blocks):
-                e.blocks.append(self._allocate())
-            elif self._is_committed(e.blocks[i]):
-                self._pending_free.append(e.blocks[i])
-                self._crcs_set(e.blocks[i], 0)
-                e.blocks[i] = self._allocate()
-            targets.append(e.blocks[i])
-        view = memoryview(data)
+            if i == len(blocks):
+                blocks.append(self._allocate())
+            elif self._is_committed(blocks[i]):
+                self._retire(blocks[i])
+                blocks[i] = self._allocate()
+            targets.append(blocks[i])
+        view = None if data is None else memoryview(data)
         run = 0
         for k in range(1, count + 1):
             if k == count or targets[k] != targets[k - 1] + 1:
-                self.store.pwrite_bulk(targets[run] * bs, view[run * bs:k * bs])
+                if view is not None:
+                    self.store.pwrite_bulk(targets[run] * bs, view[run * bs:k * bs])
+                elif targets[run] < zeros_from:
+                    self._write_zeros(targets[run], min(k - run, zeros_from - targets[run]))
                 run = k
+        if view is None and self.header.use_crc:
+            self._crcs[targets] = _zero_block_crc(bs)
         for k, block in enumerate(targets):
-            if self.header.use_crc:
+            if view is not None and self.header.use_crc:
                 self._crcs[block] = crc32_bzip2(view[k * bs:(k + 1) * bs])
             self._verified.pop(block, None)
         self._dirty = True
 
+    def _write_zeros(self, first, count):
+        bs = self.block_size
+        step = max(1, ZERO_CHUNK // bs)
+        zeros = memoryview(bytes(min(count, step) * bs))
+        for start in range(first, first + count, step):
+            n = min(step, first + count - start)
+            self.store.pwrite_bulk(start * bs, zeros[:n * bs])
+
     def _is_committed(self, block):
         return block < len(self._committed) and self._committed[block]
+
+    def _retire(self, block):
+        """A committed block replaced by a fresh one: free after the next commit."""
+        self._pending_free.append(block)
+        self._crcs_set(block, 0)
+        self._verified.pop(block, None)
 
     def _crcs_set(self, block, value):
         if self.header.use_crc:
@@ -504,17 +640,19 @@ class MultiFile(Container):
 
     def _truncate(self, key, size):
         e = self._entry(key)
+        if size < 0:
+            raise CtdsfsError(f"{self.label}: {e.name or '(unlinked file)'}: negative size {size}")
         if size > e.size:
+            self._make_room(e, e.size, size)
             self._write_range(e, e.size, None, size - e.size)
         elif size < e.size:
             keep = -(-size // self.block_size)
             buffered = self._buffers.get(id(e))
             if buffered is not None and buffered[0] >= keep:
                 del self._buffers[id(e)]
-            if not isinstance(e.blocks, array):
-                e.blocks = array("q", e.blocks.tolist())
-            self._release(e.blocks[keep:].tolist())
-            del e.blocks[keep:]
+            blocks = self._block_list(e)
+            self._release(blocks[keep:].tolist())
+            del blocks[keep:]
             e.size = size
         self._dirty = True
 
@@ -595,40 +733,96 @@ class MultiFile(Container):
             return True
 
     def _commit_self(self):
-        self._flush_buffers()
+        """Data (fsync), the header's continuation blocks (fsync), block 0 (fsync), then trim.
+
+        Once block 0 is durable nothing needs a block the new state does not use,
+        so the file is cut after the last one the new state uses; the new header
+        is laid out within that (``_layout_header_v2``). Its room is reserved
+        before anything is written: a full disk fails the commit with
+        ContainerFull, the committed state and the writability intact.
+        """
+        self._flush_buffers()  # buffered blocks are fresh already: no room needed
         self.store.fsync()
         self._check_not_changed_on_disk()
-        bs = self.block_size
-        free = sorted(self._free + self._pending_free, reverse=True)
-        # Blocks free in the committed state too may be cut off the end of the file.
-        trimmed = 0
-        allocatable = set(self._free)
-        while self._nblocks - trimmed - 1 in allocatable:
-            trimmed += 1
-        nblocks = self._nblocks - trimmed
-        free = [b for b in free if b < nblocks]
         h = self.header
+        bs = self.block_size
+        used = self._referenced_blocks()  # by the new state: committed once this returns
+
+        def unused(b):
+            return 0 < b < self._nblocks and not (b < len(used) and used[b]) \
+                and not self._is_committed(b)
+
+        old_sets = [[b for b in np.asarray(s).tolist() if unused(b)] for s in h.cont_sets]
+        held = set(old_sets[h.active_cont_set]) if h.header_size > bs else set()  # its chain
+        free_now = set(self._free)  # free in both states
+        unused_now = free_now.union(self._pending_free, *old_sets)
+        nblocks = self._nblocks
+        while nblocks > 1 and nblocks - 1 in unused_now:
+            nblocks -= 1
         new = Header(version=h.version, block_size=bs, counter=h.counter + 1, nblocks=nblocks,
-                     header_size=0, entries=h.entries, free_blocks=np.array(free, np.int64),
-                     use_crc=h.use_crc, crcs=self._crcs[:nblocks] if h.use_crc else self._crcs[:0],
-                     cont_first=h.cont_first,  # tells which set is active until re-laid out
-                     cont_sets=tuple(np.array(s, np.int64) for s in h.cont_sets),
-                     cont_used=tuple(h.cont_used))
+                     header_size=0, entries=h.entries, free_blocks=np.zeros(0, np.int64),
+                     use_crc=h.use_crc, crcs=self._crcs[:0])
         if h.version == 1:
-            self._write_header_v1(new)
+            new.free_blocks = np.array(sorted((b for b in unused_now if b < nblocks),
+                                              reverse=True), np.int64)
+            raw, chain = encode_header_v1(new), []
         else:
-            self._write_header_v2(new)
+            spare = sorted(free_now.union(*old_sets) - held)
+            raw, chain = self._layout_header_v2(new, unused_now, spare, held)
+        new.header_size = len(raw)
+        self._reserve_blocks(new.nblocks, 1 + len(chain), "(header)")
+        if h.version == 1:
+            self._write_header_v1(raw)
+        else:
+            self._write_header_v2(raw, chain)
         # Committed: the new state is now the one to protect.
         self.header = new
         self._nblocks = new.nblocks
         if h.use_crc:
-            self._crcs = _grown(self._crcs, new.nblocks)
-        self._free = free
+            self._crcs = _grown(new.crcs.copy(), new.nblocks)
+        self._free = new.free_blocks.tolist()
         self._pending_free = []
-        self._committed = self._referenced_blocks()
-        if trimmed and new.nblocks * bs < self.store.size():
-            self.store.truncate(new.nblocks * bs)
+        self._committed = used
+        self._store_bytes = None
+        self._store_end()  # cuts the blocks the new state does not use off the end
         self._dirty = False
+
+    def _layout_header_v2(self, new, unused, spare, held):
+        """Fill in ``new``'s block count, free list, CRCs and continuation sets; returns the
+        encoded header and the continuation blocks of its chain, in order.
+
+        As casacore, the chain goes to the set the committed header does not use,
+        but that set is laid out afresh: in the lowest blocks free in both states
+        (``spare``), else in new ones past the end. The committed header's set
+        (``held``) stays reserved for the next commit only where it lies below the
+        new end; everything else goes back to the free list or off the end.
+        """
+        bs = self.block_size
+        base = new.nblocks
+        target = 1 - self.header.active_cont_set
+        body = encode_body_v2(new)
+        chain = []
+        while True:
+            nblocks = max([base] + [b + 1 for b in chain])
+            kept = sorted(b for b in held if b < nblocks)
+            taken = set(chain).union(kept)
+            sets = [kept, kept]
+            sets[target] = chain
+            new.nblocks = nblocks
+            new.free_blocks = np.array(sorted((b for b in unused if b < nblocks and b not in taken),
+                                              reverse=True), np.int64)
+            new.cont_sets = tuple(np.array(s, np.int64) for s in sets)
+            new.cont_used = tuple(len(chain) if i == target else 0 for i in (0, 1))
+            new.cont_first = chain[0] if chain else 0
+            if new.use_crc:
+                new.crcs = _grown(self._crcs, nblocks)[:nblocks].copy()
+                new.crcs[list(taken)] = 0  # continuation blocks have no CRC
+            raw = encode_header_v2(new, body)
+            needed = max(0, -(-(len(raw) - bs) // (bs - 8)))
+            if needed <= len(chain):
+                return raw, chain
+            appended = range(self._nblocks, self._nblocks + max(0, needed - len(spare)))
+            chain = spare[:needed] + list(appended)
 
     def _counter_on_disk(self):
         """The header counter as the file holds it now (offset 16 in both versions)."""
@@ -643,57 +837,38 @@ class MultiFile(Container):
                 raise OSError(f"the container was changed by another writer "
                               f"(header counter {on_disk}, expected {self.header.counter})")
 
-    def _write_header_v2(self, h):
-        """casacore's writeHeader: continuation pieces in the inactive set, then block 0."""
+    def _write_header_v2(self, raw, chain):
+        """casacore's writeHeader order: continuation pieces (fsync), then block 0 (fsync)."""
         bs = self.block_size
-        active = h.active_cont_set
-        sets = [np.asarray(s).tolist() for s in h.cont_sets]
-        used = list(h.cont_used)
-        used[active] = 0
-        h.cont_sets, h.cont_used, h.cont_first = tuple(map(np.array, sets)), tuple(used), 0
-        body = encode_body_v2(h)
-        raw = encode_header_v2(h, body)
-        if len(raw) > bs:
-            target = 1 - active
-            while True:
-                used[target] = len(sets[target])
-                h.cont_sets = tuple(np.array(s, np.int64) for s in sets)
-                h.cont_used = tuple(used)
-                h.cont_first = sets[target][0] if sets[target] else 0
-                if h.use_crc:
-                    h.crcs = _grown(h.crcs, h.nblocks)[:h.nblocks]  # continuation blocks: CRC 0
-                raw = encode_header_v2(h, body)
-                needed = -(-(len(raw) - bs) // (bs - 8))
-                if needed <= len(sets[target]):
-                    break
-                # New continuation blocks come from the end, never from the free list.
-                for _ in range(needed - len(sets[target])):
-                    sets[target].append(h.nblocks)
-                    h.nblocks += 1
-            blocks = sets[target]
-            pieces = [raw[i:i + bs - 8] for i in range(bs, len(raw), bs - 8)]
-            for i, piece in enumerate(pieces):
-                nxt = blocks[i + 1] if i + 1 < len(pieces) else 0
-                self.store.pwrite(blocks[i] * bs,
-                                  (nxt.to_bytes(8, "big", signed=True) + piece).ljust(bs, b"\0"))
+        pieces = [raw[i:i + bs - 8] for i in range(bs, len(raw), bs - 8)]
+        for i, piece in enumerate(pieces):
+            nxt = chain[i + 1] if i + 1 < len(pieces) else 0
+            self.store.pwrite(chain[i] * bs,
+                              (nxt.to_bytes(8, "big", signed=True) + piece).ljust(bs, b"\0"))
+        if pieces:
             self.store.fsync()
-        h.header_size = len(raw)
         self.store.pwrite(0, raw[:bs].ljust(bs, b"\0"))
         self.store.fsync()
 
-    def _write_header_v1(self, h):
+    def _write_header_v1(self, raw):
         """v1: the part past block 0 goes to ``<container>_hdrext`` (replaced atomically) first."""
         bs = self.block_size
-        raw = encode_header_v1(h)
-        h.header_size = len(raw)
         if len(raw) > bs:
             if self.hdrext_path is None:
                 raise OSError("a version-1 header this large needs a _hdrext file")
             tmp = self.hdrext_path + ".ctdsfs-new"
-            with open(tmp, "wb") as f:
-                f.write(raw[bs:])
-                f.flush()
-                os.fsync(f.fileno())
+            try:
+                with open(tmp, "wb") as f:
+                    f.write(raw[bs:])
+                    f.flush()
+                    os.fsync(f.fileno())
+            except OSError as exc:
+                if os.path.exists(tmp):
+                    os.unlink(tmp)
+                if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                    raise ContainerFull(f"{self.label}: no space left on the disk for "
+                                        f"{self.hdrext_path}") from None
+                raise
             os.replace(tmp, self.hdrext_path)
         self.store.pwrite(0, raw[:bs].ljust(bs, b"\0"))
         self.store.fsync()

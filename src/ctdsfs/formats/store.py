@@ -178,6 +178,29 @@ class FileStore:
         self._settle()
         os.ftruncate(self.fd, size)
 
+    def extend(self, size):
+        """Grow the file to ``size`` bytes of zeros, its disk space allocated now.
+
+        Later writes below ``size`` (the O_DIRECT worker's too) then cannot meet
+        a full disk. A full disk (ENOSPC) or a size the file system refuses
+        (EFBIG) raises OSError and leaves the file as it was. Writes in flight
+        lie below the old size, so they need not be waited for.
+        """
+        old = os.fstat(self.fd).st_size
+        if size <= old:
+            return
+        disk = os.fstatvfs(self.fd)
+        if size - old > disk.f_bavail * disk.f_frsize:  # at once, not after allocating it all
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        try:
+            os.posix_fallocate(self.fd, old, size - old)
+        except OSError:
+            os.ftruncate(self.fd, old)  # give back what a failed call allocated
+            raise
+
+    def room(self, count, block_size):
+        """Writes in place need no new space in a real file."""
+
     def fsync(self):
         self._settle()
         os.fsync(self.fd)
@@ -226,6 +249,16 @@ class VirtualFileStore:
 
     def truncate(self, size):
         self.parent.truncate(self.name, size)
+
+    def extend(self, size):
+        """Grow the virtual file with zeros (the parent checks its room first)."""
+        if size > self.parent.entry_size(self.name):
+            self.parent.truncate(self.name, size)
+
+    def room(self, count, block_size):
+        """Make sure ``count`` writes of ``block_size`` bytes, at multiples of it, find room
+        in the parent: each may land on committed blocks, which get fresh ones."""
+        self.parent.make_room(self.name, count, block_size)
 
     def fsync(self):
         """Durability comes from the parent's commit."""

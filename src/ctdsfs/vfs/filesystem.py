@@ -27,7 +27,7 @@ import stat
 import threading
 from dataclasses import dataclass
 
-from ..errors import BlockError, ContainerFull, CtdsfsError, NotPermitted, ReadOnlyError
+from ..errors import BlockError, ContainerFull, CtdsfsError, NotPermitted, ReadOnlyError, TooLarge
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +80,7 @@ class _Handle:
 
 _ERRNOS = ((FileNotFoundError, errno.ENOENT), (FileExistsError, errno.EEXIST),
            (BlockError, errno.EIO), (ReadOnlyError, errno.EROFS), (NotPermitted, errno.EPERM),
-           (ContainerFull, errno.ENOSPC),
+           (ContainerFull, errno.ENOSPC), (TooLarge, errno.EFBIG),
            (CtdsfsError, errno.EINVAL))  # the first match wins; anything else is EIO
 
 
