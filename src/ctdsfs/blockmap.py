@@ -95,12 +95,13 @@ def block_map(container, verify_crc=True, progress=None):
 
 def _multifile_map(c, verify_crc, progress):
     h = c.header
-    roles = np.full(h.nblocks, UNUSED, np.int64)
-    claims = np.zeros(h.nblocks, np.int64)
+    nblocks = c.nblocks  # bounded by the file: never the header's word alone
+    roles = np.full(nblocks, UNUSED, np.int64)
+    claims = np.zeros(nblocks, np.int64)
 
     def claim(blocks, role):
         blocks = np.asarray(blocks, np.int64)
-        blocks = blocks[(blocks >= 0) & (blocks < h.nblocks)]
+        blocks = blocks[(blocks >= 0) & (blocks < nblocks)]
         np.add.at(claims, blocks, 1)
         roles[blocks] = role
 
@@ -124,7 +125,7 @@ def _multifile_map(c, verify_crc, progress):
         with progress_for(progress, len(owned) * h.block_size) as bar:
             roles[bad_crc_blocks(c, owned, bar)] = BAD_CRC
     roles[(claims > 1) & (roles != BAD_CRC)] = CONFLICT
-    description = (f"MultiFile version {h.version}, {h.nblocks} blocks of {h.block_size} bytes"
+    description = (f"MultiFile version {h.version}, {nblocks} blocks of {h.block_size} bytes"
                    + (", CRCs" if h.use_crc else ""))
     return BlockMap(c.label, description, roles.tolist(), files, h.block_size)
 
