@@ -190,8 +190,9 @@ def test_absurd_header_values(tmp_path, offset, value, match):
     data[offset:offset + len(value)] = value
     p = tmp_path / "bad.mf"
     p.write_bytes(data)
-    with pytest.raises(FormatError, match=match):
+    with pytest.raises(FormatError, match=match) as raised:
         open_container(p)
+    assert str(raised.value).startswith(f"{p}: ")  # every header fault names the file
 
 
 def test_huge_block_count_claim_is_bounded(tmp_path):
