@@ -17,7 +17,7 @@ from collections import Counter
 
 import numpy as np
 
-from .errors import CtdsfsError
+from .errors import CtdsfsError, printable
 from .formats.check import bad_crc_blocks, progress_for
 from .formats.multifile import MultiFile
 
@@ -175,19 +175,14 @@ def _colour(role):
     return ROLES[role][1] if role < 0 else PALETTE[role % len(PALETTE)]
 
 
-def _printable(name):
-    """Entry names are untrusted: no control characters reach the terminal."""
-    return "".join(ch if ch.isprintable() else f"\\x{ord(ch):02x}" for ch in name)
-
-
 def _legend(bmap, per):
     counts = bmap.counts()
-    lines = [f"{_printable(bmap.label)}: {bmap.description}; one character per "
+    lines = [f"{printable(bmap.label)}: {bmap.description}; one character per "
              f"{'block' if per == 1 else f'{per} blocks'}"]
     lines += [f"  {sym!r:>4}  {text}: {counts[r]}" for r, (sym, _, text) in ROLES.items()
               if counts[r]]
     for i, (name, size, blocks) in enumerate(bmap.files):
-        lines.append(f"  {_symbol(i)!r:>4}  {_printable(name)}: {size} bytes, {blocks} blocks")
+        lines.append(f"  {_symbol(i)!r:>4}  {printable(name)}: {size} bytes, {blocks} blocks")
     return lines
 
 
