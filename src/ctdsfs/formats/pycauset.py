@@ -589,17 +589,17 @@ class Pycauset(Container):
             staged, self._staged = bytes(self._staged), None
             if staged == self._metadata_json:
                 return False
+            refused = f"{self.label}/metadata.json not stored"
             try:
                 value = from_json(json.loads(staged.decode("utf-8")))
             except (ValueError, UnicodeDecodeError) as exc:
-                raise CtdsfsError(f"metadata.json not stored: {exc}") from None
+                raise CtdsfsError(f"{refused}: {exc}") from None
             if value[0] != "map":
-                raise CtdsfsError("metadata.json not stored: the document must be an object")
+                raise CtdsfsError(f"{refused}: the document must be an object")
             problem = load_problem(native(value), self.active.payload_length)
             if problem and problem != load_problem(native(self.metadata),
                                                    self.active.payload_length):
-                raise CtdsfsError(f"metadata.json not stored: pycauset could not load it: "
-                                  f"{problem}")
+                raise CtdsfsError(f"{refused}: pycauset could not load it: {problem}")
             self.commit_metadata(value)
             return True
 
