@@ -90,3 +90,72 @@ def test_cli_exit_status_and_json(tmp_path):
     assert report["clean"] is False
     assert any("f1: block 2 (container block 3) fails its CRC check" in p
                for p in report["problems"])
+
+
+HOSTILE_NAMES = {  # same byte length as the casacore-written names they replace
+    b"hello.txt": b"he\xff\x1b[2J\nx",  # an undecodable byte, a terminal escape, a newline
+    b"data10000.bin": b"\xe2\x80\xaeev\xc2\x9b1000.b",  # a bidi override, a C1 control
+    b"empty.bin": b"\x07\r\t\x7fy.b\\n",  # bell, carriage return, tab, DEL, a backslash
+}
+
+
+def hostile_container(tmp_path):
+    raw = (DATA / "mf2_basic.mf").read_bytes()
+    for old, new in HOSTILE_NAMES.items():
+        assert len(old) == len(new) and raw.count(old) == 1
+        raw = raw.replace(old, new)
+    path = tmp_path / "hostile.mf"
+    path.write_bytes(raw)
+    return path
+
+
+def assert_terminal_safe(result):
+    assert result.returncode in (0, 1), result
+    assert b"Traceback" not in result.stderr and b"Error" not in result.stderr, result.stderr
+    for stream in (result.stdout, result.stderr):
+        text = stream.decode("utf-8")  # strict: nothing undecodable
+        assert not any(ord(ch) < 32 and ch != "\n" or 0x7f <= ord(ch) < 0xa0 or ch == "\u202e"
+                       for ch in text), text
+
+
+@pytest.mark.parametrize("command", [
+    ["info"], ["info", "--map"], ["ls"], ["ls", "-l"], ["check"], ["map"], ["map", "-o", "m.svg"],
+    ["info", "--json"], ["ls", "--json"], ["check", "--json"], ["map", "--json"]])
+def test_hostile_names_reach_no_terminal_raw(tmp_path, command):
+    """Names go through one escaping helper; --json keeps undecodable bytes as \\udcXX."""
+    import os
+
+    path = hostile_container(tmp_path)
+    env = dict(os.environ, LC_ALL="C.UTF-8", PYTHONIOENCODING="")
+    result = subprocess.run(["ctdsfs", command[0], str(path), *command[1:]], capture_output=True,
+                            env=env, cwd=tmp_path)
+    assert_terminal_safe(result)
+    assert result.returncode == 0
+    if "--json" in command:
+        text = result.stdout.decode()
+        assert command[0] == "check" or "\\udcff" in text  # the byte 0xFF, as Python's surrogateescape keeps it
+        if command[0] == "ls":
+            names = [r["name"].encode("utf-8", "surrogateescape") for r in json.loads(text)]
+            assert sorted(names) == sorted(HOSTILE_NAMES.values())
+    elif command[-1].endswith(".svg"):
+        svg = (tmp_path / "m.svg").read_text()
+        assert "he\\xff\\x1b[2J\\x0ax" in svg
+    elif command[0] != "check":
+        assert "he\\xff\\x1b[2J\\x0ax" in result.stdout.decode()
+        assert "\\x07\\x0d\\x09\\x7fy.b\\\\n" in result.stdout.decode()
+
+
+def test_hostile_names_in_errors_and_log_lines(tmp_path):
+    """A hidden entry's warning and a failing command's one-line error stay printable."""
+    import os
+
+    path = hostile_container(tmp_path)
+    short = tmp_path / "short\x1b]0;x\x07.mf"
+    short.write_bytes(path.read_bytes()[:3 * 4096])  # the last two files' blocks are gone
+    env = dict(os.environ, LC_ALL="C.UTF-8")
+    for args in (["info", str(short)], ["ls", str(short), "he\xff\x1b[2J\nx".encode(
+            "utf-8", "surrogateescape")]):
+        result = subprocess.run(["ctdsfs", *args], capture_output=True, env=env)
+        assert_terminal_safe(result)
+    assert result.returncode == 1 and result.stderr.count(b"\n") == 1
+    assert b"short\\x1b]0;x\\x07.mf" in result.stderr

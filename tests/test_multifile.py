@@ -1,6 +1,8 @@
 """The MultiFile container: casacore-written files read byte-exact, hostile ones refused cleanly."""
 
+import os
 import random
+import resource
 import shutil
 import struct
 
@@ -170,7 +172,8 @@ def test_truncated_container_hides_entries_whose_blocks_are_gone(tmp_path):
     p.write_bytes((DATA / "mf2_basic.mf").read_bytes()[:3 * 4096])
     c = open_container(p)
     assert c.names() == ["empty.bin"]
-    assert len(c.problems) == 2 and all("hidden" in x for x in c.problems)
+    assert c.problems[0].startswith("header claims 5 blocks, the file holds 3")
+    assert len(c.problems) == 3 and all("hidden" in x for x in c.problems[1:])
 
 
 @pytest.mark.parametrize("offset,value,match", [
@@ -187,8 +190,9 @@ def test_absurd_header_values(tmp_path, offset, value, match):
     data[offset:offset + len(value)] = value
     p = tmp_path / "bad.mf"
     p.write_bytes(data)
-    with pytest.raises(FormatError, match=match):
+    with pytest.raises(FormatError, match=match) as raised:
         open_container(p)
+    assert str(raised.value).startswith(f"{p}: ")  # every header fault names the file
 
 
 def test_huge_block_count_claim_is_bounded(tmp_path):
@@ -198,7 +202,71 @@ def test_huge_block_count_claim_is_bounded(tmp_path):
     p = build_v2(tmp_path / "x.mf", [("a", b"x" * 600), ("b", b"y")], patch=patch)
     c = open_container(p)
     assert c.names() == ["b"]
-    assert "outside the container" in c.problems[0]
+    assert c.problems[0].endswith("header claims 4611686018427387904 blocks, the file holds 4")
+    assert "outside the container" in c.problems[1]
+
+
+@pytest.fixture
+def bounded_memory():
+    """Address space limited to 1 GiB more than now: a allocation sized by a hostile
+    header fails the test with MemoryError instead of exhausting the machine."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    with open("/proc/self/statm") as f:
+        in_use = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    resource.setrlimit(resource.RLIMIT_AS, (in_use + (1 << 30), hard))
+    yield
+    resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+
+
+@pytest.mark.parametrize("nblocks", [2 ** 31, 2 ** 62, 2 ** 63 - 1])
+def test_absurd_block_count_with_valid_crc_sizes_nothing(tmp_path, nblocks, bounded_memory):
+    """A CRC-valid header may still lie: every consumer works from the blocks that exist."""
+    from ctdsfs.blockmap import block_map
+    from ctdsfs.formats.check import check_path
+
+    p = build_v2(tmp_path / "x.mf", [("a", b"x" * 600), ("b", b"y")], use_crc=True,
+                 patch=lambda h: setattr(h, "nblocks", nblocks))
+    c = open_container(p)
+    assert c.names() == ["a", "b"] and read_all(c, "a") == b"x" * 600
+    assert c.nblocks == 4 and c.usage().total_blocks == 4
+    assert f"header claims {nblocks} blocks, the file holds 4" in c.problems[0]
+    assert len(block_map(c).roles) == 4
+    assert c.describe()["blocks"] == nblocks  # what the header says, shown as it is
+    problems, notes = check_path(p)
+    assert any(f"its {nblocks} blocks need" in x for x in problems)
+    with pytest.raises(FormatError, match="mount it read-only"):
+        open_container(p, writable=True)
+
+
+def test_statfs_of_absurd_header_counts(tmp_path, mount):
+    """df works: a block count of 2**63-1 and a free list longer than the file stay in range."""
+    def patch(h):
+        h.nblocks = 2 ** 63 - 1
+        h.free_blocks = np.array([2, 2, 2])
+    p = build_v2(tmp_path / "x.mf", [("a", b"x" * 600)], patch=patch)
+    m = mount(p)
+    st = os.statvfs(m.mountpoint)
+    assert (st.f_blocks, st.f_bfree, st.f_bsize) == (3, 3, 512)
+    assert os.listdir(m.mountpoint) == ["a"]
+
+
+@pytest.mark.parametrize("nblocks", [0, -1, -(2 ** 63)])
+def test_non_positive_block_count_is_refused_naming_the_file(tmp_path, nblocks):
+    p = build_v2(tmp_path / "x.mf", [("a", b"x" * 600)],
+                 patch=lambda h: setattr(h, "nblocks", nblocks))
+    with pytest.raises(FormatError, match=rf"^{tmp_path}/x.mf: block count {nblocks} is invalid"):
+        open_container(p)
+
+
+def test_v1_header_size_beyond_hdrext_is_refused_unread(tmp_path):
+    data = bytearray((DATA / "casacore_test_v1.mf").read_bytes())
+    data[:8] = struct.pack(">q", 2 ** 40)
+    p = tmp_path / "v1.mf"
+    p.write_bytes(data)
+    shutil.copy(DATA / "casacore_test_v1.mf_hdrext", tmp_path / "v1.mf_hdrext")
+    with pytest.raises(FormatError, match=r"^\S*v1.mf: \S*v1.mf_hdrext holds 528 bytes, the "
+                                          r"header needs 1099511627648 there"):
+        open_container(p)
 
 
 def test_continuation_chain_loop(tmp_path):

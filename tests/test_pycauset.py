@@ -359,3 +359,71 @@ def test_kill_9_during_metadata_commits(workdir, tmp_path):
         acked = got
         assert np.array_equal(np.asarray(loaded), MATRICES["float64"])
     assert outcomes["old"] > 0
+
+
+def with_metadata(path, out, **changes):
+    """A copy of ``path`` whose metadata (committed the spec's way) has ``changes``."""
+    import shutil
+
+    shutil.copy(path, out)
+    c = Pycauset(FileStore(out, writable=True))
+    meta = to_json(c.metadata)
+    meta.update(changes)
+    c.commit_metadata(from_json(meta))
+    c.store.close()
+    return out
+
+
+@pytest.mark.parametrize("key", ["payload_layout", "view", "data_type", "rows"])
+@pytest.mark.parametrize("value", ["raw_dense", ["raw_dense"], 7, {"kind": 7}])
+def test_wrong_typed_metadata_values_are_no_crash(workdir, key, value):
+    """Every consumer of metadata values checks their type: no .npy view, no traceback."""
+    import subprocess
+
+    base = save(pycauset.matrix(MATRICES["float64"]), workdir / "base.pycauset")
+    path = with_metadata(base, workdir / "odd.pycauset", **{key: value})
+    c = open_container(path)
+    assert ("payload.npy" in c.names()) == (key == "view")  # a view not a map: untransposed
+    assert c.entry_size("payload") == 96
+    assert json.loads(c.read("metadata.json", 0, 1 << 20))[key] == value
+    for command in (["info"], ["ls", "-l"], ["info", "--json"]):
+        result = subprocess.run(["ctdsfs", *command, str(path)], capture_output=True, text=True)
+        assert result.returncode == 0 and result.stderr == "", result.stderr
+
+
+REFUSED_METADATA = {  # pycauset.load fails on each of these (checked below)
+    "rows as a word": {"rows": "three"},
+    "rows*cols beyond the payload": {"rows": 1000, "cols": 1000},
+    "an unknown data_type": {"data_type": "FLOAT128"},
+    "a data_type the matrix type does not take": {"data_type": "INT32"},
+    "an unknown matrix_type": {"matrix_type": "NOPE"},
+    "negative rows": {"rows": -3},
+    "no payload_uuid": {"payload_uuid": ""},
+    "a word as scalar": {"view": {"scalar": "a"}},
+    "a word as seed": {"seed": "x"},
+}
+
+
+def test_metadata_pycauset_cannot_load_is_refused(workdir, mount):
+    base = save(pycauset.matrix(MATRICES["float64"]), workdir / "base.pycauset")
+    for why, change in REFUSED_METADATA.items():  # the ground truth: pycauset refuses them
+        with pytest.raises(Exception):
+            pycauset.load(str(with_metadata(base, workdir / "truth.pycauset", **change)))
+    path = save(pycauset.matrix(MATRICES["float64"]), workdir / "m.pycauset")
+    before = open(path, "rb").read()
+    m = mount(path, options=["rw"])
+    doc = json.loads((m.mountpoint / "metadata.json").read_text())
+    for why, change in REFUSED_METADATA.items():
+        with pytest.raises(OSError) as exc:
+            with open(m.mountpoint / "metadata.json", "w") as f:
+                json.dump({**doc, **change}, f)
+        assert exc.value.errno == errno.EINVAL, why
+        assert open(path, "rb").read() == before, why
+    accepted = {**doc, "view": {**doc["view"], "is_transposed": True},
+                "properties": {"note": "kept"}}
+    with open(m.mountpoint / "metadata.json", "w") as f:
+        json.dump(accepted, f)
+    assert m.close() == 0
+    loaded = pycauset.load(str(path))
+    assert loaded.properties["note"] == "kept"
+    assert np.array_equal(np.asarray(loaded), MATRICES["float64"].T)

@@ -131,3 +131,78 @@ def test_tableinfo_command(tmp_path):
     assert "storage MultiFile, block size 4096" in text
     bad = subprocess.run(["ctdsfs", "tableinfo", str(tmp_path)], capture_output=True, text=True)
     assert bad.returncode == 1 and "not a casacore table" in bad.stderr
+
+
+def with_table_keywords(data, keywords):
+    """``data`` (a table.dat) with its table keywords replaced by the raw ``keywords`` bytes;
+    the lengths of the enclosing Table and TableDesc objects are patched to match."""
+    from ctdsfs.formats.aipsio import AipsReader
+
+    r = AipsReader(data)
+    r.start("Table", outer=True)
+    r.u32(), r.u32(), r.string()  # rows, endianness, table type
+    desc_at = r.pos
+    r.start("TableDesc")
+    r.string(), r.string(), r.string()
+    start = r.pos
+    tabledat._read_record(r)
+    delta = len(keywords) - (r.pos - start)
+    out = bytearray(data[:start] + keywords + data[r.pos:])
+    for at in (4, desc_at):
+        out[at:at + 4] = (int.from_bytes(out[at:at + 4], "big") + delta).to_bytes(4, "big")
+    return bytes(out)
+
+
+def nested_keywords(depth):
+    """A TableRecord whose only field is a record nested ``depth`` deep (built iteratively)."""
+    from ctdsfs.formats.aipsio import AipsWriter
+
+    w = AipsWriter()
+    w.start("TableRecord", 1)
+    for _ in range(depth):
+        w.start("RecordDesc", 2)
+        w.i32(1)
+        w.string("r")
+        w.i32(tabledat.TP_RECORD)
+    w.start("RecordDesc", 2)
+    w.i32(0)
+    w.end()
+    for _ in range(depth):
+        w.string("")  # the field's comment
+        w.end()
+    w.i32(0)
+    w.start("TableRecord", 1)  # the innermost (empty) record stores itself
+    w.start("RecordDesc", 2)
+    w.i32(0)
+    w.end()
+    w.i32(0)
+    w.end()
+    w.end()
+    return w.getvalue()
+
+
+def test_keyword_nesting_is_bounded():
+    data = (DATA / "t_mf.tab" / "table.dat").read_bytes()
+    shallow = tabledat.decode(with_table_keywords(data, nested_keywords(10)))
+    assert tabledat.record_dict(shallow.desc.keywords)["r"]["r"]["r"] is not None
+    with pytest.raises(FormatError, match=r"^x/table.dat: AipsIO objects nested more than 64"):
+        tabledat.decode(with_table_keywords(data, nested_keywords(1000)), "x/table.dat")
+
+
+def test_damaged_table_dat_in_a_mounted_directory(tmp_path, mount):
+    """The table view shows a table.dat it cannot decode as it is; the rest stays listable."""
+    import shutil
+
+    table = tmp_path / "src" / "t.tab"
+    shutil.copytree(DATA / "t_mf.tab", table)
+    raw = with_table_keywords((table / "table.dat").read_bytes(), nested_keywords(1000))
+    (table / "table.dat").write_bytes(raw)
+    m = mount(tmp_path / "src")
+    view = m.mountpoint / "t.tab"
+    names = sorted(os.listdir(view))
+    assert "table.dat" in names and "table.f0" in names and "table.mf" not in names
+    assert all((view / n).stat().st_size >= 0 for n in names)
+    assert (view / "table.dat").read_bytes() == raw
+    log = m.log_text()
+    assert "internal error" not in log and "Traceback" not in log
+    assert log.count("table.dat shown as it is") == 1

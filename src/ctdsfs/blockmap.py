@@ -17,7 +17,7 @@ from collections import Counter
 
 import numpy as np
 
-from .errors import CtdsfsError
+from .errors import CtdsfsError, printable
 from .formats.check import bad_crc_blocks, progress_for
 from .formats.multifile import MultiFile
 
@@ -95,12 +95,13 @@ def block_map(container, verify_crc=True, progress=None):
 
 def _multifile_map(c, verify_crc, progress):
     h = c.header
-    roles = np.full(h.nblocks, UNUSED, np.int64)
-    claims = np.zeros(h.nblocks, np.int64)
+    nblocks = c.nblocks  # bounded by the file: never the header's word alone
+    roles = np.full(nblocks, UNUSED, np.int64)
+    claims = np.zeros(nblocks, np.int64)
 
     def claim(blocks, role):
         blocks = np.asarray(blocks, np.int64)
-        blocks = blocks[(blocks >= 0) & (blocks < h.nblocks)]
+        blocks = blocks[(blocks >= 0) & (blocks < nblocks)]
         np.add.at(claims, blocks, 1)
         roles[blocks] = role
 
@@ -124,7 +125,7 @@ def _multifile_map(c, verify_crc, progress):
         with progress_for(progress, len(owned) * h.block_size) as bar:
             roles[bad_crc_blocks(c, owned, bar)] = BAD_CRC
     roles[(claims > 1) & (roles != BAD_CRC)] = CONFLICT
-    description = (f"MultiFile version {h.version}, {h.nblocks} blocks of {h.block_size} bytes"
+    description = (f"MultiFile version {h.version}, {nblocks} blocks of {h.block_size} bytes"
                    + (", CRCs" if h.use_crc else ""))
     return BlockMap(c.label, description, roles.tolist(), files, h.block_size)
 
@@ -174,19 +175,14 @@ def _colour(role):
     return ROLES[role][1] if role < 0 else PALETTE[role % len(PALETTE)]
 
 
-def _printable(name):
-    """Entry names are untrusted: no control characters reach the terminal."""
-    return "".join(ch if ch.isprintable() else f"\\x{ord(ch):02x}" for ch in name)
-
-
 def _legend(bmap, per):
     counts = bmap.counts()
-    lines = [f"{_printable(bmap.label)}: {bmap.description}; one character per "
+    lines = [f"{printable(bmap.label)}: {bmap.description}; one character per "
              f"{'block' if per == 1 else f'{per} blocks'}"]
     lines += [f"  {sym!r:>4}  {text}: {counts[r]}" for r, (sym, _, text) in ROLES.items()
               if counts[r]]
     for i, (name, size, blocks) in enumerate(bmap.files):
-        lines.append(f"  {_symbol(i)!r:>4}  {_printable(name)}: {size} bytes, {blocks} blocks")
+        lines.append(f"  {_symbol(i)!r:>4}  {printable(name)}: {size} bytes, {blocks} blocks")
     return lines
 
 

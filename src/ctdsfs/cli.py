@@ -8,7 +8,7 @@ import sys
 
 from . import __version__
 from .container import FORMATS, create_container, open_container
-from .errors import CtdsfsError
+from .errors import CtdsfsError, PrintableFormatter, printable
 
 MOUNT_DESCRIPTION = """\
 Mount SOURCE on MOUNTPOINT. SOURCE may be:
@@ -299,7 +299,8 @@ def _main_parser():
 
 
 def _print_pycauset_info(info, out):
-    lines = [f"{info['container']}: .pycauset version {info['preamble']['format_version']}, "
+    lines = [f"{printable(info['container'])}: .pycauset version "
+             f"{info['preamble']['format_version']}, "
              f"{info['file_size']} bytes, active slot {info['active_slot']}"]
     for name, slot in info["slots"].items():
         state = "valid" if slot["valid"] else f"INVALID: {slot['problem']}"
@@ -314,8 +315,15 @@ def _print_pycauset_info(info, out):
     lines += ["    " + line for line in json.dumps(info["metadata"], indent=2,
                                                   sort_keys=True).splitlines()]
     lines.append("  files")
-    lines += [f"    {f['size']:>10}  {f['name']}" for f in info["files"]]
-    print("\n".join(lines), file=out)
+    lines += [f"    {f['size']:>10}  {f['name']}" for f in info["files"]]  # fixed names
+    print("\n".join(lines), file=out)  # the metadata is JSON, escaped already
+
+
+def _print_lines(lines, out):
+    """Print lines holding container-derived text (names, labels, problems): each goes
+    through :func:`printable`, so no name can put control bytes or undecodable bytes
+    on the terminal, whatever the locale."""
+    print("\n".join(map(printable, lines)), file=out)
 
 
 def _print_multihdf5_info(info, out):
@@ -326,7 +334,7 @@ def _print_multihdf5_info(info, out):
     lines += [f"    {f['size']:>10}  {f['blocks']:>6}  {f['name']}"
               f"{'/  (nested container)' if f['nested'] else ''}" for f in info["files"]]
     lines += [f"  problem: {p}" for p in info["problems"]]
-    print("\n".join(lines), file=out)
+    _print_lines(lines, out)
 
 
 def _print_info(info, out):
@@ -358,7 +366,7 @@ def _print_info(info, out):
         lines.append(f"    {f['size']:>{width}}  {f['blocks']:>6}  {f['name']}{suffix}")
     for problem in info["problems"]:
         lines.append(f"  problem: {problem}")
-    print("\n".join(lines), file=out)
+    _print_lines(lines, out)
 
 
 def _block_list(blocks):
@@ -390,12 +398,15 @@ def _ls(args, out):
         out.write("\n")
         return
     width = max([len(str(r["size"])) for r in rows] + [1])
+    lines = []
     for r in rows:
         name = r["name"] + ("/" if r["type"] == "dir" else "")
         if args.long:
-            print(f"{r['type']:<4} {r['size']:>{width}} {r['blocks']:>6} {name}", file=out)
+            lines.append(f"{r['type']:<4} {r['size']:>{width}} {r['blocks']:>6} {name}")
         else:
-            print(name, file=out)
+            lines.append(name)
+    if lines:
+        _print_lines(lines, out)
 
 
 def _tableinfo(args, out):
@@ -420,44 +431,79 @@ def _tableinfo(args, out):
         out.write("\n")
         return 0
     block = f", block size {info['block_size']}" if info["block_size"] else ""
-    lines = [f"{directory}: {info['rows']} rows, storage {info['storage_option']}{block} "
+    lines = [f"{printable(directory)}: {info['rows']} rows, storage {info['storage_option']}{block} "
              f"(Table v{info['table_version']}, ColumnSet v{info['column_set_version']}, "
              f"{info['endian']} endian)", "  columns"]
     for c in info["columns"]:
         shape = f" shape {c['shape']}" if c.get("shape") else (
             f" ndim {c['ndim']}" if "ndim" in c else "")
-        lines.append(f"    {c['name']:<20} {c['kind']:<16} {c['data_type']:<10}{shape} "
-                     f"-> {c['data_manager']}")
+        lines.append(f"    {printable(c['name']):<20} {printable(c['kind']):<16} "
+                     f"{c['data_type']:<10}{shape} -> {printable(c['data_manager'])}")
         for key, value in c["keywords"].items():
-            lines.append(f"      {key} = {json.dumps(value)}")
+            lines.append(f"      {printable(key)} = {json.dumps(value)}")
     lines.append("  data managers")
     for dm in info["data_managers"]:
-        lines.append(f"    {dm['sequence_number']}: {dm['type']} columns {dm['columns']} "
-                     f"files {dm['files']}")
+        lines.append(f"    {dm['sequence_number']}: {printable(dm['type'])} columns "
+                     f"{dm['columns']} files {dm['files']}")  # lists: repr escapes
     lines.append("  keywords")
     for key, value in info["keywords"].items():
-        lines.append(f"    {key} = {json.dumps(value)}")
-    print("\n".join(lines), file=out)
+        lines.append(f"    {printable(key)} = {json.dumps(value)}")
+    print("\n".join(lines), file=out)  # untrusted text escaped above, values as JSON
     return 0
 
 
+class _HeldWarnings(logging.Handler):
+    """A command's warnings (hidden entries and the like), printed once it has succeeded.
+
+    A command that fails prints only its one-line error, which says what went
+    wrong; at most ``LIMIT`` lines are held, the rest only counted.
+    """
+
+    LIMIT = 100
+
+    def __init__(self):
+        super().__init__()
+        self.setFormatter(PrintableFormatter("ctdsfs: %(levelname)s: %(message)s"))
+        self.lines = []
+        self.more = 0
+
+    def emit(self, record):
+        if len(self.lines) < self.LIMIT:
+            self.lines.append(self.format(record))
+        else:
+            self.more += 1
+
+    def print_held(self, failed):
+        if not failed:
+            for line in self.lines:
+                print(line, file=sys.stderr)
+            if self.more:
+                print(f"ctdsfs: ... and {self.more} more warnings", file=sys.stderr)
+        self.lines, self.more = [], 0
+
+
 def _setup_cli_logging():
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("ctdsfs: %(levelname)s: %(message)s"))
-    logging.getLogger().handlers[:] = [handler]
+    logging.getLogger().handlers[:] = [_HeldWarnings()]
     logging.getLogger().setLevel(logging.WARNING)
 
 
 def _run(func, prog):
+    failed = True
     try:
-        return func()
+        status = func()
+        failed = status == 1
+        return status
     except CtdsfsError as exc:
-        print(f"{prog}: {exc}", file=sys.stderr)
+        print(printable(f"{prog}: {exc}"), file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:
         return 0
+    finally:
+        for handler in logging.getLogger().handlers:
+            if isinstance(handler, _HeldWarnings):
+                handler.print_held(failed)
 
 
 def _mount_from_args(args):
@@ -539,11 +585,11 @@ def main(argv=None):
                            "problems": problems, "notes": notes}, sys.stdout, indent=2)
                 sys.stdout.write("\n")
             else:
-                for line in problems:
-                    print(f"problem: {line}")
-                for line in notes:
-                    print(f"note: {line}")
-                print(f"{args.container}: {'clean' if not problems else f'{len(problems)} problems'}")
+                _print_lines([f"problem: {line}" for line in problems]
+                             + [f"note: {line}" for line in notes]
+                             + [f"{args.container}: "
+                                f"{'clean' if not problems else f'{len(problems)} problems'}"],
+                             sys.stdout)
             return 1 if problems else 0
         return _run(check, "ctdsfs")
     if args.command == "tableinfo":
@@ -589,7 +635,7 @@ def _map(args, out):
             raise CtdsfsError(f"{args.output}: the image must be a .png or .svg file")
         with open(args.output, "wb") as f:
             f.write(image)
-        print(f"{args.output}: map of {len(bmap.roles)} blocks of {args.container}", file=out)
+        _print_lines([f"{args.output}: map of {len(bmap.roles)} blocks of {args.container}"], out)
     else:
         out.write(_map_text(bmap))
     return 0

@@ -1,7 +1,10 @@
 """Exceptions shared by the format codecs, the VFS and the command line.
 
-Every message is one line that names the container, so the CLI can print it as is.
+Every message is one line that names the container, so the CLI can print it as is
+(through :func:`printable`, since names in it come from the container).
 """
+
+import logging
 
 
 class CtdsfsError(Exception):
@@ -41,3 +44,40 @@ class BlockError(CtdsfsError):
 
     The VFS turns this into EIO for that read only; the rest of the container stays usable.
     """
+
+
+def printable(text):
+    """``text`` (names and messages from containers are untrusted) made safe for one terminal
+    or log line, in the manner of ``ls -b``.
+
+    Unprintable characters (controls such as ESC or a newline, bidi overrides)
+    become ``\\xNN`` below U+0080 and ``\\uNNNN`` above; a byte that is not UTF-8
+    (kept in the name as a surrogate escape) becomes ``\\xNN`` of that byte, and
+    a backslash ``\\\\``. So nothing raw reaches the terminal, any UTF-8 locale
+    can print the result, and two different names never print alike.
+    """
+    text = str(text)
+    if text.isprintable() and "\\" not in text:
+        return text
+    return "".join(map(_printable_char, text))
+
+
+def _printable_char(ch):
+    code = ord(ch)
+    if ch == "\\":
+        return "\\\\"
+    if 0xDC80 <= code <= 0xDCFF:  # surrogateescape: the undecodable byte itself
+        return f"\\x{code - 0xDC00:02x}"
+    if ch.isprintable():
+        return ch
+    if code < 0x80:
+        return f"\\x{code:02x}"
+    return f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}"
+
+
+class PrintableFormatter(logging.Formatter):
+    """Log lines whose message part (names from containers in it) passes through
+    :func:`printable`; a traceback that follows stays as it is."""
+
+    def formatMessage(self, record):
+        return printable(super().formatMessage(record))

@@ -15,7 +15,7 @@ import sys
 from dataclasses import dataclass, field
 
 from .container import create_container, open_container
-from .errors import CtdsfsError
+from .errors import CtdsfsError, PrintableFormatter, printable
 
 log = logging.getLogger("ctdsfs")
 
@@ -114,14 +114,14 @@ def check_mountpoint(path):
 def _setup_logging(opts, foreground):
     root = logging.getLogger()
     root.setLevel(logging.DEBUG if opts.debug else logging.INFO)
-    fmt = logging.Formatter("%(asctime)s ctdsfs[%(process)d] %(levelname)s: %(message)s")
+    fmt = PrintableFormatter("%(asctime)s ctdsfs[%(process)d] %(levelname)s: %(message)s")
     if opts.logfile:
         handler = logging.FileHandler(opts.logfile)
     elif foreground:
         handler = logging.StreamHandler(sys.stderr)
     elif os.path.exists("/dev/log"):
         handler = logging.handlers.SysLogHandler("/dev/log")
-        fmt = logging.Formatter("ctdsfs[%(process)d]: %(levelname)s: %(message)s")
+        fmt = PrintableFormatter("ctdsfs[%(process)d]: %(levelname)s: %(message)s")
     else:
         handler = logging.NullHandler()
     handler.setFormatter(fmt)
@@ -195,7 +195,7 @@ def mount(source, mountpoint, opts, foreground=False):
         serve(operations, mountpoint, fuse_options, on_mounted=mounted)
     except BaseException as exc:  # report to the waiting parent, then exit
         try:
-            os.write(write_end, f"{mountpoint}: {exc}\n".encode())
+            os.write(write_end, printable(f"{mountpoint}: {exc}").encode() + b"\n")
         except OSError:
             log.exception("mount daemon failed")
         status = 1

@@ -7,7 +7,7 @@ nested objects of type ``"Block"`` holding ``uInt n`` and the elements.
 
 The reader never trusts a length: every read is checked against the end of the
 innermost open object, so a hostile length cannot make it read past its data or
-allocate more than the input holds.
+allocate more than the input holds; and objects nest at most ``MAX_DEPTH`` deep.
 """
 
 import struct
@@ -17,6 +17,9 @@ import numpy as np
 from ..errors import FormatError
 
 MAGIC = 0xBEBEBEBE
+# Objects open at once. casacore's own records rarely nest beyond ten; a hostile
+# file nesting thousands deep must not exhaust the (recursive) decoders' stack.
+MAX_DEPTH = 64
 
 _U8 = struct.Struct(">B")
 _U32 = struct.Struct(">I")
@@ -89,6 +92,8 @@ class AipsReader:
             magic = self.u32()
             if magic != MAGIC:
                 raise FormatError(f"AipsIO magic missing (found 0x{magic:08x})")
+        if len(self._limits) > MAX_DEPTH:
+            raise FormatError(f"AipsIO objects nested more than {MAX_DEPTH} deep")
         length_at = self.pos
         length = self.u32()
         end = length_at + length

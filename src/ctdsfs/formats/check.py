@@ -53,20 +53,26 @@ def check_multifile(container, location=None, bar=None):
         owners.update(e.blocks.tolist())
     free = h.free_blocks.tolist()
     cont = [b for s in h.cont_sets for b in s.tolist()]
+    nblocks = container.nblocks  # bounded by the file (the header's claim is a problem above)
     for label, blocks in (("free list", free), ("continuation sets", cont)):
         for b, n in Counter(blocks).items():
             if n > 1:
                 problems.append(f"{where}: block {b} appears {n} times in the {label}")
-            if not 0 < b < h.nblocks:
+            if not 0 < b < nblocks:
                 problems.append(f"{where}: {label} block {b} is outside the container")
             if b in owners:
                 problems.append(f"{where}: block {b} is in the {label} and used by a file")
     for b in set(free) & set(cont):
         problems.append(f"{where}: block {b} is both free and a continuation block")
-    unused = set(range(1, h.nblocks)) - set(owners) - set(free) - set(cont)
-    if unused:
+    belongs = np.zeros(nblocks, bool)
+    belongs[:1] = True  # block 0: the header
+    for blocks in (list(owners), free, cont):
+        blocks = np.asarray(blocks, np.int64)
+        belongs[blocks[(blocks >= 0) & (blocks < nblocks)]] = True
+    unused = np.flatnonzero(~belongs)
+    if len(unused):
         notes.append(f"{where}: {len(unused)} blocks belong to nothing "
-                     f"(first: {sorted(unused)[:10]})")
+                     f"(first: {unused[:10].tolist()})")
     if h.use_crc:
         owned = {name: container._entry(name).blocks for name in container.names()}
         for name, blocks in owned.items():

@@ -83,7 +83,10 @@ class MultiFile(Container):
         self.depth = depth
         self.failure = None  # why writing was switched off, if it was
         self._lock = lock or threading.RLock()  # one lock for a whole tree of containers
-        self._load(header or read_header(store, hdrext_path, verify_crc))
+        if header is None:
+            self._load(read_header(store, hdrext_path, verify_crc))
+        else:  # a new container, not yet on disk
+            self._load(header, on_disk=False)
 
     @classmethod
     def new(cls, store, *, block_size, use_crc=False, version=2, hdrext_path=None, depth=0,
@@ -106,18 +109,19 @@ class MultiFile(Container):
 
     # ------------------------------------------------------------ state
 
-    def _load(self, header):
+    def _load(self, header, on_disk=True):
         self.header = header
         self.block_size = header.block_size
         self.problems = []
+        self._nblocks = self._blocks_present(header) if on_disk else header.nblocks
         self._entries = self._validate()
+        self._check_spare_lists()
         self._orphans = 0  # unlinked files still open: their blocks are in no header list
         if self.writable and self.problems:
-            raise FormatError(f"{self.label}: damaged entries ({self.problems[0]}); "
+            raise FormatError(f"{self.label}: damaged ({self.problems[0]}); "
                               "mount it read-only")
         self._free = sorted(header.free_blocks.tolist(), reverse=True)  # allocatable now
         self._pending_free = []  # freed since the last commit, still in the committed state
-        self._nblocks = header.nblocks
         self._crcs = np.array(header.crcs, dtype=np.uint32)
         if header.use_crc:
             self._crcs = _grown(self._crcs, self._nblocks)
@@ -172,11 +176,45 @@ class MultiFile(Container):
         self.problems.append(text)
         log.warning("%s: %s", self.label, text)
 
+    @property
+    def nblocks(self):
+        """How many blocks the container has: the header's count, bounded by the file."""
+        return self._nblocks
+
+    def _blocks_present(self, header):
+        """The header's block count, bounded by the blocks the file holds.
+
+        A header claiming more (a truncated copy, or a hostile count such as
+        2**62) is a problem, and the count served is the file's: no vector,
+        check, map or statfs is ever sized by the number the header states.
+        """
+        present = -(-self.store.size() // header.block_size)
+        if header.nblocks > present:
+            self._problem(f"header claims {header.nblocks} blocks, the file holds {present}")
+            return present
+        return header.nblocks
+
+    def _check_spare_lists(self):
+        """The free list and continuation sets name blocks a write may reuse: each must be
+        a block of the container that no file uses (else a problem, so never written to)."""
+        used = self._referenced_blocks()
+        for what, blocks in (("free list", self.header.free_blocks),
+                             ("continuation sets", np.concatenate(self.header.cont_sets))):
+            blocks = np.asarray(blocks, np.int64)
+            outside = (blocks < 1) | (blocks >= self._nblocks)
+            inside = blocks[~outside]
+            shared = inside[inside < len(used)]
+            if outside.any():
+                self._problem(f"{what} names block {int(blocks[outside][0])}, outside the "
+                              "container")
+            elif used[shared].any() or len(np.unique(inside)) < len(inside):
+                self._problem(f"{what} names a block twice or one that a file uses")
+
     def _validate(self):
         """The entries that can be served, by name; every other one is reported and hidden."""
         h = self.header
         bs = h.block_size
-        limit = max(0, min(h.nblocks, -(-self.store.size() // bs)))
+        limit = self._nblocks
         hidden = {}
         candidates = {}
         for slot, e in enumerate(h.entries):

@@ -19,6 +19,7 @@ entry that fails validation is hidden (with a reason in ``problems``) instead
 of failing the whole container.
 """
 
+import os
 import struct
 from dataclasses import dataclass, field
 
@@ -198,39 +199,67 @@ def _check_block_size(block_size, minimum):
         raise FormatError(f"block size {block_size} is out of range")
 
 
+def _check_block_count(nblocks):
+    """A negative block count is refused; one beyond the file is the container's concern
+    (``MultiFile`` serves at most the blocks the file holds and reports the difference)."""
+    if nblocks < 1:
+        raise FormatError(f"block count {nblocks} is invalid (block 0 holds the header)")
+
+
 def read_header(store, hdrext_path=None, verify_crc=True):
-    """Decode the header of the MultiFile in ``store`` (v1 or v2)."""
+    """Decode the header of the MultiFile in ``store`` (v1 or v2).
+
+    Every FormatError names the container (``store.label``, which for a nested
+    one is the path of the virtual file holding it): the codec below raises
+    bare reasons and this is the one place that adds the name.
+    """
+    try:
+        return _read_header(store, hdrext_path, verify_crc)
+    except FormatError as exc:
+        raise FormatError(f"{store.label}: {exc}") from None
+
+
+def _read_header(store, hdrext_path, verify_crc):
     physical = store.size()
     lead = store.pread(0, LEAD_V1.size)
     if len(lead) < LEAD_V1.size:
-        raise FormatError(f"{store.label}: too short for a MultiFile ({physical} bytes)")
+        raise FormatError(f"too short for a MultiFile ({physical} bytes)")
     first, second, counter = LEAD_V1.unpack(lead)
     if first == 0:
         return _read_header_v2(store, physical, verify_crc)
     if first > 0:
         return _read_header_v1(store, physical, first, second, counter, hdrext_path)
-    raise FormatError(f"{store.label}: not a MultiFile (negative header size)")
+    raise FormatError("not a MultiFile (negative header size)")
+
+
+def _read_hdrext(hdrext_path, length):
+    """The ``length`` header bytes kept in ``_hdrext``; refused unless the file holds them
+    (a hostile header size never becomes a read of that size)."""
+    try:
+        with open(hdrext_path, "rb") as f:
+            available = os.fstat(f.fileno()).st_size
+            if available < length:
+                raise FormatError(f"{hdrext_path} holds {available} bytes, the header needs "
+                                  f"{length} there")
+            rest = f.read(length)
+    except OSError as exc:
+        raise FormatError(f"cannot read {hdrext_path}: {exc.strerror}") from None
+    if len(rest) < length:
+        raise FormatError(f"{hdrext_path} is shorter than the header needs")
+    return rest
 
 
 def _read_header_v1(store, physical, header_size, block_size, counter, hdrext_path):
-    label = store.label
     _check_block_size(block_size, LEAD_V1.size)
     in_block0 = min(header_size, block_size)
     if in_block0 > physical:
-        raise FormatError(f"{label}: header of {header_size} bytes does not fit in the file")
+        raise FormatError(f"header of {header_size} bytes does not fit in the file")
     data = store.pread(0, in_block0)
     has_hdrext = header_size > block_size
     if has_hdrext:
         if hdrext_path is None:
-            raise FormatError(f"{label}: header continues in a _hdrext file, which is missing")
-        try:
-            with open(hdrext_path, "rb") as f:
-                rest = f.read(header_size - block_size)
-        except OSError as exc:
-            raise FormatError(f"{label}: cannot read {hdrext_path}: {exc.strerror}") from None
-        if len(rest) < header_size - block_size:
-            raise FormatError(f"{label}: {hdrext_path} is shorter than the header needs")
-        data += rest
+            raise FormatError("header continues in a _hdrext file, which is missing")
+        data += _read_hdrext(hdrext_path, header_size - block_size)
     try:
         r = AipsReader(data, LEAD_V1.size)
         version = r.start("MultiFile", outer=True)
@@ -246,8 +275,9 @@ def _read_header_v1(store, physical, header_size, block_size, counter, hdrext_pa
         r.end()
         free = r.block_i64()
         r.end()
+        _check_block_count(nblocks)
     except FormatError as exc:
-        raise FormatError(f"{label}: bad MultiFile v1 header: {exc}") from None
+        raise FormatError(f"bad MultiFile v1 header: {exc}") from None
     entries = [Entry(name, size, blocks) for name, size, blocks in raw_entries]
     return Header(version=1, block_size=block_size, counter=counter, nblocks=nblocks,
                   header_size=header_size, entries=entries, free_blocks=free,
@@ -256,46 +286,45 @@ def _read_header_v1(store, physical, header_size, block_size, counter, hdrext_pa
 
 def _assemble_v2(store, physical, block_size, header_size, cont_first):
     """Block 0's part of the header plus the pieces of the continuation chain."""
-    label = store.label
     data = bytearray(store.pread(0, min(header_size, block_size)))
     if len(data) < min(header_size, block_size):
-        raise FormatError(f"{label}: file ends inside the header")
+        raise FormatError("file ends inside the header")
     physical_blocks = physical // block_size
     piece = block_size - 8
     blk = cont_first
     seen = set()
     while len(data) < header_size:
         if not 0 < blk < physical_blocks:
-            raise FormatError(f"{label}: header continuation block {blk} is outside the file")
+            raise FormatError(f"header continuation block {blk} is outside the file")
         if blk in seen:
-            raise FormatError(f"{label}: header continuation chain loops at block {blk}")
+            raise FormatError(f"header continuation chain loops at block {blk}")
         seen.add(blk)
         raw = store.pread(blk * block_size, block_size)
         data += raw[8:8 + min(piece, header_size - len(data))]
         blk = struct.unpack(">q", raw[:8])[0]
     if blk != 0:
-        raise FormatError(f"{label}: header continuation chain does not end after the header")
+        raise FormatError("header continuation chain does not end after the header")
     return bytes(data)
 
 
 def _read_header_v2(store, physical, verify_crc):
-    label = store.label
     fixed = store.pread(0, FIXED_V2.size)
     if len(fixed) < FIXED_V2.size:
-        raise FormatError(f"{label}: too short for a MultiFile v2 header")
+        raise FormatError("too short for a MultiFile v2 header")
     (_, cont_first, counter, version, header_crc, header_size, block_size, nblocks,
      use_crc, _) = FIXED_V2.unpack(fixed)
     if version != 2:
-        raise FormatError(f"{label}: MultiFile version {version} is not supported")
+        raise FormatError(f"MultiFile version {version} is not supported")
     _check_block_size(block_size, FIXED_V2.size)
+    _check_block_count(nblocks)
     if not FIXED_V2.size <= header_size <= max(physical, block_size):
-        raise FormatError(f"{label}: header size {header_size} is invalid")
+        raise FormatError(f"header size {header_size} is invalid")
     data = _assemble_v2(store, physical, block_size, header_size, cont_first)
     use_crc = use_crc != 0
     if use_crc and verify_crc:
         actual = crc32_bzip2(data[:28] + b"\0\0\0\0" + data[32:])
         if actual != header_crc:
-            raise FormatError(f"{label}: header CRC mismatch (stored 0x{header_crc:08x}, "
+            raise FormatError(f"header CRC mismatch (stored 0x{header_crc:08x}, "
                               f"computed 0x{actual:08x})")
     try:
         r = AipsReader(data, FIXED_V2.size)
@@ -311,7 +340,7 @@ def _read_header_v2(store, physical, verify_crc):
         cont_sets = (_raw_vector(r, 8, np.dtype(">i8")), _raw_vector(r, 8, np.dtype(">i8")))
         cont_used = (r.u32(), r.u32())
     except FormatError as exc:
-        raise FormatError(f"{label}: bad MultiFile v2 header: {exc}") from None
+        raise FormatError(f"bad MultiFile v2 header: {exc}") from None
     # Indexes expand to at most one entry per block that physically exists.
     max_blocks = -(-physical // block_size)
     live = [p if name else p[:0] for (name, _, _), p in zip(raw, packed)]
@@ -324,7 +353,7 @@ def _read_header_v2(store, physical, verify_crc):
     try:
         free = unpack_index(free_packed, max_blocks)
     except FormatError as exc:
-        raise FormatError(f"{label}: bad free list: {exc}") from None
+        raise FormatError(f"bad free list: {exc}") from None
     return Header(version=2, block_size=block_size, counter=counter, nblocks=nblocks,
                   header_size=header_size, entries=entries, free_blocks=free,
                   use_crc=use_crc, header_crc=header_crc, crcs=crcs, cont_first=cont_first,

@@ -60,6 +60,18 @@ NUMPY_TYPES = {
     "COMPLEX_FLOAT64": "<c16", "COMPLEX_FLOAT32": "<c8",
 }
 
+# What pycauset.load (pycauset/_internal/persistence.py) accepts: the matrix types it
+# knows, and for those whose class the data type picks, the data types it knows.
+_FLOATS = {"FLOAT16", "FLOAT32", "FLOAT64", "COMPLEX_FLOAT16", "COMPLEX_FLOAT32",
+           "COMPLEX_FLOAT64"}
+_INTEGERS = {"INT8", "INT16", "INT32", "INT64", "UINT8", "UINT16", "UINT32", "UINT64"}
+LOADABLE_DATA_TYPES = {"DENSE_FLOAT": _FLOATS | {"BIT"}, "INTEGER": _INTEGERS,
+                       "VECTOR": _FLOATS | _INTEGERS | {"BIT"}}
+SQUARE_MATRIX_TYPES = {"CAUSAL", "TRIANGULAR_FLOAT", "TRIANGULAR_INTEGER", "DIAGONAL",
+                       "SYMMETRIC", "ANTISYMMETRIC"}
+LOADABLE_MATRIX_TYPES = set(LOADABLE_DATA_TYPES) | SQUARE_MATRIX_TYPES | {"IDENTITY",
+                                                                         "UNIT_VECTOR"}
+
 
 # ---------------------------------------------------------------- typed metadata
 
@@ -160,6 +172,65 @@ def _encode_value(value, out):
             raw = key.encode("utf-8")
             out += struct.pack("<H", len(raw)) + raw
             _encode_value(item, out)
+
+
+def native(value):
+    """A ``(tag, value)`` tree as pycauset's own reader returns it: ints, floats, str,
+    bytes, lists and dicts (what its loader, and :func:`load_problem`, look at)."""
+    tag, v = value
+    if tag == "array":
+        return [native(item) for item in v]
+    if tag == "map":
+        return {key: native(item) for key, item in v}
+    return v
+
+
+def _is_int(value):
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value):
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def load_problem(meta, payload_length):
+    """Why ``pycauset.load`` would refuse (or misread the payload with) the identity
+    keys of ``meta`` (a :func:`native` dict), or None.
+
+    Mirrors the loader: a matrix type it knows (block matrices are not judged
+    here), a data type it knows for that matrix type, integer ``rows`` and
+    ``cols`` (the loader also takes strings of digits; ctdsfs does not),
+    square shapes where it demands them, an integer ``seed``, a non-empty
+    ``payload_uuid`` and a numeric view ``scalar``. A dense payload of a NumPy
+    element type must also be exactly ``rows * cols`` elements long.
+    """
+    kind, data_type = meta.get("matrix_type"), meta.get("data_type")
+    if not isinstance(kind, str) or kind not in LOADABLE_MATRIX_TYPES:
+        return f"matrix_type {kind!r} is not one pycauset loads (ctdsfs checks " \
+               f"{', '.join(sorted(LOADABLE_MATRIX_TYPES))})"
+    if kind in LOADABLE_DATA_TYPES and data_type not in LOADABLE_DATA_TYPES[kind]:
+        return f"data_type {data_type!r} is not one pycauset loads for {kind}"
+    rows, cols = meta.get("rows"), meta.get("cols")
+    if not (_is_int(rows) and _is_int(cols) and rows >= 0 and cols >= 0):
+        return "rows and cols must be non-negative integers"
+    if kind in SQUARE_MATRIX_TYPES and rows != cols:
+        return f"{kind} needs rows == cols (got {rows} and {cols})"
+    if not _is_int(meta.get("seed", 0)):
+        return "seed must be an integer"
+    uuid = meta.get("payload_uuid")
+    if not isinstance(uuid, str) or not uuid:
+        return "payload_uuid must be a non-empty string"
+    view = meta.get("view", {})
+    scalar = view.get("scalar", 1.0) if isinstance(view, dict) else 1.0
+    if isinstance(scalar, dict):
+        scalar = [scalar.get("real"), scalar.get("imag")]
+    if not all(map(_is_number, scalar if isinstance(scalar, list) else [scalar])):
+        return "view scalar must be a number or {real, imag} numbers"
+    descr = NUMPY_TYPES.get(data_type)
+    if kind in LOADABLE_DATA_TYPES and descr and rows * cols * int(descr[2:]) != payload_length:
+        return (f"{rows} x {cols} {data_type} elements do not fill the payload of "
+                f"{payload_length} bytes")
+    return None
 
 
 def to_json(value):
@@ -367,32 +438,26 @@ class Pycauset(Container):
         self._npy = self._npy_header()
         self._header_json = (json.dumps(self._describe_header(), indent=2) + "\n").encode()
 
-    def _meta(self, key):
-        for k, v in self.metadata[1]:
-            if k == key:
-                return v
-        return None
-
     def _npy_header(self):
-        """The .npy header for a dense payload with a NumPy element type, else None."""
-        def plain(key):
-            value = self._meta(key)
-            return None if value is None else to_json(value)
-        layout = plain("payload_layout") or {}
-        descr = NUMPY_TYPES.get(plain("data_type"))
-        rows, cols = plain("rows"), plain("cols")
-        if layout.get("kind") != "raw_dense" or descr is None:
+        """The .npy header for a dense payload with a NumPy element type, else None.
+
+        Every value is checked for its type first: metadata is untrusted, and a
+        ``view`` or ``payload_layout`` that is not a map simply means no .npy.
+        """
+        meta = native(self.metadata)
+        layout, view = meta.get("payload_layout"), meta.get("view", {})
+        data_type, rows, cols = meta.get("data_type"), meta.get("rows"), meta.get("cols")
+        descr = NUMPY_TYPES.get(data_type) if isinstance(data_type, str) else None
+        if not isinstance(layout, dict) or layout.get("kind") != "raw_dense" or descr is None:
             return None
-        if not isinstance(rows, int) or not isinstance(cols, int):
+        if not (_is_int(rows) and _is_int(cols) and rows >= 0 and cols >= 0):
             return None
-        itemsize = int(descr[2:])
-        if rows * cols * itemsize != self.active.payload_length:
+        if rows * cols * int(descr[2:]) != self.active.payload_length:
             return None
-        view = plain("view") or {}
-        if plain("matrix_type") == "VECTOR":
+        if meta.get("matrix_type") == "VECTOR":
             return npy_header(descr, (rows,), False)
-        if view.get("is_transposed"):  # the stored rows are the logical columns
-            return npy_header(descr, (cols, rows), True)
+        if isinstance(view, dict) and view.get("is_transposed"):
+            return npy_header(descr, (cols, rows), True)  # stored rows: the logical columns
         return npy_header(descr, (rows, cols), False)
 
     def _describe_header(self):
@@ -524,12 +589,17 @@ class Pycauset(Container):
             staged, self._staged = bytes(self._staged), None
             if staged == self._metadata_json:
                 return False
+            refused = f"{self.label}/metadata.json not stored"
             try:
                 value = from_json(json.loads(staged.decode("utf-8")))
             except (ValueError, UnicodeDecodeError) as exc:
-                raise CtdsfsError(f"metadata.json not stored: {exc}") from None
+                raise CtdsfsError(f"{refused}: {exc}") from None
             if value[0] != "map":
-                raise CtdsfsError("metadata.json not stored: the document must be an object")
+                raise CtdsfsError(f"{refused}: the document must be an object")
+            problem = load_problem(native(value), self.active.payload_length)
+            if problem and problem != load_problem(native(self.metadata),
+                                                   self.active.payload_length):
+                raise CtdsfsError(f"{refused}: pycauset could not load it: {problem}")
             self.commit_metadata(value)
             return True
 

@@ -257,18 +257,32 @@ class TableView(DirectorySource):
             return True  # a file of the container unlinked while open
         return self.container.contains(key)
 
-    def _original(self):
+    def _stored_table_dat(self):
         with open(self._real("table.dat"), "rb") as f:
-            return tabledat.decode(f.read(), self._real("table.dat"))
+            return f.read()
+
+    def _original(self):
+        return tabledat.decode(self._stored_table_dat(), self._real("table.dat"))
 
     def _table_dat(self):
-        """table.dat as casacore writes the table in separate files (cached per file state)."""
+        """table.dat as casacore writes the table in separate files (cached per file state).
+
+        One that does not decode (damaged, or hostile) is shown as it is, with
+        one log line per state of the file: the rest of the table stays usable.
+        """
         if self._staged is not None:
             return bytes(self._staged)
         st = os.stat(self._real("table.dat"))
         key = (st.st_mtime_ns, st.st_size, st.st_ino)
         if self._translated is None or self._translated[0] != key:
-            self._translated = (key, self._original().with_storage("SepFile").encode())
+            stored = self._stored_table_dat()
+            try:
+                shown = tabledat.decode(stored, self._real("table.dat")) \
+                    .with_storage("SepFile").encode()
+            except FormatError as exc:
+                log.warning("table.dat shown as it is: %s", exc)
+                shown = stored
+            self._translated = (key, shown)
         return self._translated[1]
 
     # -- reading

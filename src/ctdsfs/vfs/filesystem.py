@@ -283,8 +283,12 @@ class ContainerFS:
         return self._call(node.owner.read, node.key, offset, size)
 
     def statfs(self):
+        """Space in the root container's blocks. Counts come from an untrusted header: the
+        free count is kept within 0 .. total, so every field fits the kernel's unsigned ones."""
         usage = self.root.usage()
-        free = usage.free_blocks
+        total = max(0, usage.total_blocks)
+        own_free = min(max(0, usage.free_blocks), total)
+        free = own_free
         avail = 0
         if self.writable:
             disk = os.statvfs(self.source_path)
@@ -293,7 +297,7 @@ class ContainerFS:
         return {
             "f_bsize": usage.block_size,
             "f_frsize": usage.block_size,
-            "f_blocks": usage.total_blocks + (free - usage.free_blocks),
+            "f_blocks": total + (free - own_free),
             "f_bfree": free,
             "f_bavail": avail,
             "f_files": len(self._nodes),

@@ -1,0 +1,344 @@
+"""Fuzzing: mutated real containers never crash, hang or exhaust memory.
+
+Seeds are files the real writers made: casacore's MultiFile v1 (with
+``_hdrext``) and v2 fixtures (plain, CRC, nested, multi-block header, free
+list), a ``.pycauset`` file pycauset itself wrote, and casacore table.dat files.
+Each case mutates one seed (random byte flips, a truncation, or a targeted
+header field set to 0, -1, 2**31, 2**62 or 2**63-1; checksums are then
+recomputed for half the cases, so the mutation reaches past them) and runs
+every library operation on it in a child process with an address-space limit
+and a time limit per case: open, list, read every file, walk nested
+containers, describe, check and block map (a table.dat: decode, describe,
+encode). Only ctdsfs's own errors may come out. A sample of the mutated
+files then goes through the real CLI (``info``, ``ls -l``, ``check``,
+``map --json``): exit status 0 or 1, no traceback, one line of stderr on
+failure.
+
+The RNG is seeded (``CTDSFS_FUZZ_SEED``, default below; ``CTDSFS_FUZZ_CASES``
+cases per seed file), and a failure names the seed, the case and the
+mutation, so ``python3 tests/test_fuzz.py SEED FILE CASE`` replays it.
+"""
+
+import functools
+import json
+import os
+import random
+import resource
+import shutil
+import struct
+import subprocess
+import sys
+import zlib
+from pathlib import Path
+
+DATA = Path(__file__).parent / "data"
+SEED = int(os.environ.get("CTDSFS_FUZZ_SEED", "20261123"))
+CASES = int(os.environ.get("CTDSFS_FUZZ_CASES", "150"))  # per seed file
+CASE_SECONDS = 10
+ADDRESS_SPACE = 2 << 30
+SPECIALS = (0, -1, 2 ** 31, 2 ** 62, 2 ** 63 - 1)
+MULTIFILES = ["casacore_test_v1.mf", "mf2_basic.mf", "mf2_crc.mf", "mf2_nested.mf",
+              "mf2_bighdr.mf", "mf2_free.mf"]
+TABLE_DATS = ["t_mf.tab/table.dat", "t_mh5.tab/table.dat"]
+CLI_COMMANDS = (["info"], ["ls", "-l"], ["check"], ["map", "--json"])  # tableinfo: table.dat
+CLI_SAMPLE = 2  # mutated files per seed file that also go through the CLI
+
+
+# ---------------------------------------------------------------- mutations
+
+def _put(data, offset, width, value, order):
+    """Write ``value`` (wrapped to ``width`` bytes, two's complement) at ``offset``."""
+    if 0 <= offset and offset + width <= len(data):
+        data[offset:offset + width] = (value % (1 << 8 * width)).to_bytes(width, order)
+
+
+@functools.lru_cache(maxsize=None)
+def _multifile_fields(path, raw):
+    """(offset, width) of the header fields of a MultiFile and of the containers nested in
+    it, found by reading the pristine file: fixed fields, name lengths, continuation
+    pointers. The Int64 words between them (counts, indexes, lengths) are picked at random."""
+    from ctdsfs.container import open_container
+
+    fields, regions = [], []
+    c = open_container(path, verify_crc=False)
+    try:
+        def visit(container, base):
+            h = container.header
+            if h.version == 1:
+                fields.extend((base + o, 8) for o in (0, 8, 16))
+            else:
+                fields.extend((base + o, w) for o, w in ((8, 8), (16, 8), (24, 4), (32, 8),
+                                                         (40, 8), (48, 8), (56, 1)))
+                fields.extend((base + b * h.block_size, 8) for s in h.cont_sets for b in s)
+            head = raw[base:base + min(h.header_size, h.block_size)]
+            regions.append((base, base + len(head)))
+            for e in h.entries:
+                at = head.find(e.name.encode("utf-8", "surrogateescape")) if e.name else -1
+                if at >= 4:
+                    fields.append((base + at - 4, 4))
+            for name in container.names():
+                child = container.nested(name)
+                if child is not None and base == 0:  # one level: its first block
+                    visit(child, int(container._entry(name).blocks[0]) * h.block_size)
+        visit(c, 0)
+    finally:
+        c.close()
+    return fields, regions
+
+
+def _refresh_multifile_crc(data):
+    """Recompute a v2 header CRC (block 0 part only: enough for single-block headers)."""
+    from ctdsfs.formats.crc import crc32_bzip2
+
+    if data[:8] == bytes(8) and len(data) >= 64 and data[56] == 1:
+        size = int.from_bytes(data[32:40], "big")
+        if 64 <= size <= int.from_bytes(data[40:48], "big") and size <= len(data):
+            head = bytearray(data[:size])
+            head[28:32] = bytes(4)
+            data[28:32] = crc32_bzip2(bytes(head)).to_bytes(4, "big")
+
+
+def _refresh_pycauset_crcs(data):
+    """Recompute both slot CRCs and the metadata block CRC each slot points at."""
+    for at in (16, 144):
+        slot = data[at:at + 56]
+        data[at + 56:at + 60] = struct.pack("<I", zlib.crc32(slot))
+        offset, length = struct.unpack("<QQ", slot[24:40])
+        if 32 <= length <= len(data) and offset + length <= len(data):
+            data[offset + 24:offset + 28] = struct.pack("<I", zlib.crc32(
+                data[offset + 32:offset + length]))
+
+
+def _pycauset_fields(raw):
+    fields = [(8, 4), (12, 1), (13, 2), (15, 1)]
+    for at in (16, 144):
+        fields += [(at + 8 * k, 8) for k in range(7)]
+        offset, length = struct.unpack("<QQ", raw[at + 24:at + 40])
+        fields += [(offset + o, w) for o, w in ((4, 4), (8, 4), (12, 4), (16, 8), (28, 4))]
+        fields += [(o, 4) for o in range(offset + 33, offset + length - 4, 7)]  # typed counts
+    return fields
+
+
+def mutate(kind, path, raw, rng):
+    """A mutated copy of ``raw`` and a description of the mutation."""
+    data = bytearray(raw)
+    choice = rng.random()
+    order = "little" if kind == "pycauset" else "big"
+    if choice < 0.2:
+        end = rng.randrange(len(raw))
+        return bytes(data[:end]), f"truncated to {end} bytes"
+    if choice < 0.45:
+        offsets = [rng.randrange(min(len(raw), 8192)) for _ in range(rng.randint(1, 8))]
+        for o in offsets:
+            data[o] = rng.randrange(256)
+        what = f"bytes at {offsets} randomised"
+    else:
+        if kind == "multifile":
+            fields, regions = _multifile_fields(str(path), raw)
+            start, end = rng.choice(regions)
+            fields = fields + [(rng.randrange(start, max(start + 1, end - 8)), rng.choice((4, 8)))]
+        elif kind == "pycauset":
+            fields = _pycauset_fields(raw)
+        else:
+            fields = [(rng.randrange(len(raw) - 8), rng.choice((4, 8)))]
+        offset, width = rng.choice(fields)
+        value = rng.choice(SPECIALS)
+        _put(data, offset, width, value, order)
+        what = f"{width}-byte field at {offset} set to {value}"
+    if rng.random() < 0.5:
+        if kind == "multifile":
+            _refresh_multifile_crc(data)
+        elif kind == "pycauset":
+            _refresh_pycauset_crcs(data)
+        what += ", checksums recomputed"
+    return bytes(data), what
+
+
+# ---------------------------------------------------------------- the operations
+
+def exercise_container(path):
+    """Everything a user can ask of a container file, read-only."""
+    from ctdsfs.blockmap import block_map, render_text
+    from ctdsfs.container import open_container
+    from ctdsfs.formats.check import check_path
+    from ctdsfs.formats.multifile import MultiFile
+
+    for verify in (True, False):
+        c = open_container(path, verify_crc=verify)
+        try:
+            walk(c)
+            json.dumps(c.describe())
+            if isinstance(c, MultiFile):
+                bmap = block_map(c, verify_crc=verify)
+                render_text(bmap)
+                json.dumps(bmap.to_json())
+        finally:
+            c.close()
+    check_path(path)
+
+
+def walk(container, depth=0):
+    from ctdsfs.errors import BlockError
+
+    for name in container.names():
+        size = container.entry_size(name)
+        container.entry_blocks(name)
+        try:
+            for offset in range(0, size, 1 << 20):
+                container.read(name, offset, 1 << 20)
+        except BlockError:
+            pass  # one bad block: EIO for that read, the rest stays readable
+        child = container.nested(name)
+        if child is not None:
+            walk(child, depth + 1)
+
+
+def exercise_table_dat(path):
+    from ctdsfs.formats import tabledat
+
+    table = tabledat.decode(Path(path).read_bytes(), str(path))
+    json.dumps(tabledat.describe(table))
+    table.encode()
+    table.with_storage("SepFile").encode()
+
+
+# ---------------------------------------------------------------- the child process
+
+class CaseTimeout(BaseException):
+    """A case ran longer than CASE_SECONDS (BaseException: no handler swallows it)."""
+
+
+def _alarm(signum, frame):
+    raise CaseTimeout()
+
+
+def run_cases(seed, seed_files, cases, workdir, only=None):
+    """In the child: every case of every seed file; one JSON line per failure."""
+    import signal
+    import traceback
+
+    from ctdsfs.errors import CtdsfsError
+
+    resource.setrlimit(resource.RLIMIT_AS, (ADDRESS_SPACE, ADDRESS_SPACE))
+    signal.signal(signal.SIGALRM, _alarm)
+    workdir = Path(workdir)
+    for source, kind in seed_files:
+        raw = Path(source).read_bytes()
+        hdrext = Path(source + "_hdrext")
+        name = Path(source).name if kind != "table.dat" else Path(source).parent.name + ".dat"
+        for case in range(cases) if only is None else [only]:
+            rng = random.Random(f"{seed}/{name}/{case}")
+            target = workdir / f"{case}-{name}"
+            if hdrext.exists():  # v1: mutate the _hdrext file in some cases instead
+                shutil.copy(hdrext, str(target) + "_hdrext")
+            print(json.dumps({"started": [name, case]}), flush=True)
+            what = ""
+            signal.alarm(CASE_SECONDS)
+            try:
+                if hdrext.exists() and rng.random() < 0.3:
+                    data, what = mutate("table.dat", source, hdrext.read_bytes(), rng)
+                    Path(str(target) + "_hdrext").write_bytes(data)
+                    target.write_bytes(raw)
+                    what = "_hdrext: " + what
+                else:
+                    data, what = mutate(kind, source, raw, rng)
+                    target.write_bytes(data)
+                if kind == "table.dat":
+                    exercise_table_dat(target)
+                else:
+                    exercise_container(target)
+            except CtdsfsError:
+                pass
+            except (Exception, CaseTimeout) as exc:
+                print(json.dumps({"failed": [name, case], "mutation": what,
+                                  "error": "".join(traceback.format_exception(exc))[-3000:]}),
+                      flush=True)
+            finally:
+                signal.alarm(0)
+            if case % max(1, cases // CLI_SAMPLE) == 0:  # kept for the CLI sample
+                keep = workdir / "cli" / f"{case}-{name}"
+                if kind == "table.dat":  # a table directory holding it
+                    keep.mkdir(parents=True)
+                    keep = keep / "table.dat"
+                keep.parent.mkdir(exist_ok=True)
+                shutil.copy(target, keep)
+                if Path(str(target) + "_hdrext").exists():
+                    shutil.copy(str(target) + "_hdrext", str(keep) + "_hdrext")
+            for leftover in (target, Path(str(target) + "_hdrext")):
+                if leftover.exists():
+                    leftover.unlink()
+
+
+def seed_files(workdir):
+    """(path, kind) of every seed: the casacore fixtures and a file pycauset writes now."""
+    workdir = Path(workdir)
+    seeds = [(str(DATA / name), "multifile") for name in MULTIFILES]
+    seeds += [(str(DATA / name), "table.dat") for name in TABLE_DATS]
+    made = workdir / "matrix.pycauset"
+    subprocess.run([sys.executable, "-c",
+                    "import numpy, pycauset; m = pycauset.matrix(numpy.arange(12.0)"
+                    ".reshape(3, 4)); m.properties['note'] = 'fuzz seed'; "
+                    f"pycauset.save(m, {str(made)!r})"], check=True, cwd=workdir)
+    return seeds + [(str(made), "pycauset")]
+
+
+def run_child(seed, seeds, cases, workdir, only=None):
+    """Run the cases in a child process; (failures, cases started, exit status, stderr)."""
+    args = json.dumps({"seed": seed, "seeds": seeds, "cases": cases, "workdir": str(workdir),
+                       "only": only})
+    proc = subprocess.run([sys.executable, __file__, "--child", args], capture_output=True,
+                          text=True, timeout=600, env=dict(os.environ, PYTHONHASHSEED="0"))
+    lines = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    failures = [line for line in lines if "failed" in line]
+    started = [line["started"] for line in lines if "started" in line]
+    return failures, started, proc.returncode, proc.stderr
+
+
+# ---------------------------------------------------------------- the tests
+
+def test_mutated_containers_fail_cleanly(tmp_path):
+    seeds = seed_files(tmp_path)
+    failures, started, status, stderr = run_child(SEED, seeds, CASES, tmp_path)
+    assert status == 0, (f"fuzz child died (status {status}) in case {started[-1:]} of seed "
+                         f"{SEED}: {stderr[-2000:]}")
+    report = [f"seed {SEED} file {f['failed'][0]} case {f['failed'][1]} ({f['mutation']}):\n"
+              f"{f['error']}" for f in failures]
+    assert not failures, "\n".join(report[:5])
+    assert len(started) == len(seeds) * CASES  # every case ran
+    sample = sorted((tmp_path / "cli").iterdir())
+    assert len(sample) >= len(seeds) * CLI_SAMPLE
+    _run_cli_sample([p for p in sample if not p.name.endswith("_hdrext")])
+
+
+def _limit_child():
+    resource.setrlimit(resource.RLIMIT_AS, (ADDRESS_SPACE, ADDRESS_SPACE))
+
+
+def _run_cli_sample(paths):
+    env = dict(os.environ, LC_ALL="C.UTF-8")
+    for path in paths:
+        for command in CLI_COMMANDS if path.is_file() else (["tableinfo"],):
+            args = ["ctdsfs", command[0], str(path), *command[1:]]
+            result = subprocess.run(args, capture_output=True, text=True, env=env,
+                                    timeout=60, preexec_fn=_limit_child)
+            where = f"seed {SEED}: {' '.join(args)}"
+            assert result.returncode in (0, 1), (where, result.returncode, result.stderr)
+            assert "Traceback" not in result.stderr and "MemoryError" not in result.stderr, \
+                (where, result.stderr)
+            if result.returncode == 1:
+                assert result.stderr.count("\n") <= 1, (where, result.stderr)
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "--child":
+        options = json.loads(sys.argv[2])
+        run_cases(options["seed"], options["seeds"], options["cases"], options["workdir"],
+                  options["only"])
+    else:  # replay one case: SEED FILE CASE (FILE as named in the failure)
+        import tempfile
+
+        seed, file_name, case = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+        with tempfile.TemporaryDirectory() as work:
+            chosen = [s for s in seed_files(work) if Path(s[0]).name == file_name or
+                      Path(s[0]).parent.name + ".dat" == file_name]
+            run_cases(seed, chosen, case + 1, work, only=case)
