@@ -7,7 +7,7 @@ import stat
 import pytest
 
 from ctdsfs.container import open_container
-from ctdsfs.vfs import ROOT_INO, ContainerFS, FSError
+from ctdsfs.vfs import ROOT_INO, ContainerFS, FSError, filesystem
 
 from .conftest import DATA, pattern
 
@@ -56,9 +56,12 @@ def test_readdir_resumes_at_offset(nested_fs):
     assert [e[0] for e in nested_fs.readdir(ROOT_INO, entries[2][2])] == [entries[3][0]]
 
 
-def test_readdir_lists_dot_entries_and_counts_subdirectories(nested_fs):
+def test_readdir_lists_dot_entries_and_counts_subdirectories(nested_fs, monkeypatch):
     fs = nested_fs
-    assert fs.getattr(ROOT_INO).nlink == 1  # not listed yet: "unknown", nothing opened
+    assert fs.getattr(ROOT_INO).nlink == 3  # 2 + SUB, from the first stat on
+    monkeypatch.setattr(filesystem, "CLASSIFY_MAX", 1)
+    fs._subdirs.clear()
+    assert fs.getattr(ROOT_INO).nlink == 1  # too large to classify for a stat: "unknown"
     entries = {name: attr for name, attr, _ in fs.readdir(ROOT_INO)}
     assert list(entries)[:2] == [".", ".."]
     sub = entries["SUB"].ino

@@ -5,10 +5,14 @@ virtual file of a container. Inode numbers are handed out on first sight and
 kept for the life of the mount. Ownership, permissions and times come from
 the container file itself: MultiFile stores none of them, so chmod, chown and
 utimens succeed without changing anything (``cp -a``/``rsync -a`` work).
-A directory's link count is 2 plus its subdirectories once a listing has
-sorted its entries (telling a nested container from a file reads it), and 1
-before that: the "count unknown" value find and fts accept, so a stat never
-opens every nested container. A file unlinked while open has link count 0.
+A directory's link count is 2 plus its subdirectories. Telling a nested
+container from a file reads the entry's first block, so a directory is
+classified once (then kept until it changes), on its first stat if it has at
+most CLASSIFY_MAX entries, else by its first full listing, which classifies
+every entry anyway: until then it shows 1, the "count unknown" value find and
+fts accept, so a stat never reads a block of every file of a huge directory.
+A directory source's real directory changed behind the mount is counted anew
+at its next listing. A file unlinked while open has link count 0.
 
 Directory sources may hold symbolic links: they show as links (readlink gives
 their text as stored) and are never followed here; the kernel resolves them
@@ -45,6 +49,8 @@ ROOT_INO = 1
 NAME_MAX = 255
 COPY_CHUNK = 4 << 20
 LOGGED_MAX = 4096  # bad-block lines remembered per mount (so each is logged once)
+CLASSIFY_MAX = 1024  # entries a stat may classify to count a directory's subdirectories
+UNKNOWN = -1  # subdirectory count of a large directory not listed yet
 
 
 class FSError(Exception):
@@ -165,8 +171,8 @@ class ContainerFS:
         st = st or os.stat(self.source_path)
         perms = st.st_mode & (0o666 if self.writable else 0o444)
         if node.directory is not None:
-            subdirs = self._subdirs.get(node.directory)
-            nlink = 1 if subdirs is None else 2 + subdirs
+            subdirs = self._subdirectories(node.directory)
+            nlink = 1 if subdirs == UNKNOWN else 2 + subdirs
             mode = stat.S_IFDIR | perms | ((perms & 0o444) >> 2)  # r -> r-x
         elif self._link_text(node) is not None:
             mode, nlink = stat.S_IFLNK | 0o777, 1
@@ -183,6 +189,17 @@ class ContainerFS:
                     blocks=nblocks * blksize // 512, blksize=blksize,
                     uid=st.st_uid, gid=st.st_gid, atime_ns=st.st_atime_ns,
                     mtime_ns=st.st_mtime_ns, ctime_ns=st.st_ctime_ns)
+
+    def _subdirectories(self, directory):
+        """How many of ``directory``'s entries are directories (UNKNOWN if too many to
+        classify for a stat)."""
+        count = self._subdirs.get(directory)
+        if count is None:
+            names = directory.names()
+            count = UNKNOWN if len(names) > CLASSIFY_MAX else sum(
+                directory.nested(name) is not None for name in names)
+            self._subdirs[directory] = count
+        return count
 
     def _link_text(self, node):
         """The text of ``node`` if it is a symbolic link, else None."""
