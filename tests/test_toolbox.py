@@ -267,5 +267,12 @@ def test_every_command_refuses_an_existing_output_in_the_same_words(tmp_path):
     for output, args in cases:
         result = ctdsfs(*args, ok=False)
         assert (result.returncode, result.stderr) == (1, f"ctdsfs: {output}: File exists\n"), args
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    os.symlink(tmp_path / "nowhere", tmp_path / "dangling.mf")
+    for link in (tmp_path / "dangling.mf", dangling):  # 'create' makes a missing SOURCE
+        result = subprocess.run(["mount.ctdsfs", "-o", "create", link, mnt],
+                                capture_output=True, text=True)
+        assert (result.returncode, result.stderr) == (1, f"mount.ctdsfs: {link}: File exists\n")
     assert mf.read_bytes() == mfh5.read_bytes() == b"keep"
     assert os.listdir(directory) == [] and not os.path.exists(dangling)
