@@ -280,8 +280,11 @@ def test_contradictory_options_are_refused(tmp_path):
                           ("nosuid,suid", "'suid' and 'nosuid' contradict each other"),
                           ("allow_other,default_permissions,no_default_permissions",
                            "'default_permissions' and 'no_default_permissions' contradict"),
-                          ("blocksize=4096", "'blocksize' shapes a new container: it needs"),
-                          ("rw,crc", "'crc' shapes a new container: it needs 'create'")]:
+                          ("ro,commit=10", "'ro' and 'commit' contradict each other"),
+                          ("blocksize=4096", "'blocksize' means nothing without 'create'"),
+                          ("rw,crc", "'crc' means nothing without 'create'"),
+                          ("no_default_permissions",
+                           "'no_default_permissions' means nothing without 'allow_other'")]:
         try:
             assert_one_line_error(run_cli("mount.ctdsfs", "-o", options, str(new), str(mnt)),
                                   text)

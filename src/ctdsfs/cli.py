@@ -79,8 +79,10 @@ mount options (-o, comma separated):
   noauto,user,nofail,_netdev,x-*,defaults
                        used by mount(8)/fstab, ignored here
 
-contradictory options (ro with rw or create, nosuid with suid, ...) and
-blocksize=/crc without create are refused with one line.
+contradictory options (ro with rw, create or commit=, nosuid with suid, ...)
+and options that mean nothing without another (blocksize= and crc without
+create, no_default_permissions without allow_other) are refused with one
+line.
 
 a block whose CRC does not match fails that read with EIO and logs one line
 naming the container, the virtual file and the block; no unchecked byte is

@@ -32,13 +32,14 @@ DEFAULT_BLOCK_SIZE = 4 << 20  # casacore's default for tables (StorageOption)
 DEFAULT_COMMIT_SECONDS = 5.0
 IGNORED_PREFIXES = ("x-", "comment=")
 # Options that cannot be given together (each pair says opposite things).
-CONTRADICTIONS = [("ro", "rw"), ("ro", "create"), ("suid", "nosuid"), ("dev", "nodev"),
+CONTRADICTIONS = [("ro", "rw"), ("ro", "create"), ("ro", "commit"), ("suid", "nosuid"),
+                  ("dev", "nodev"),
                   ("exec", "noexec"), ("sync", "async"), ("atime", "noatime"),
                   ("noatime", "relatime"), ("noatime", "strictatime"),
                   ("relatime", "norelatime"), ("relatime", "strictatime"),
                   ("diratime", "nodiratime"), ("default_permissions", "no_default_permissions")]
-# Options that only shape a container made by ``create``.
-CREATE_ONLY = ("blocksize", "crc")
+# Options that mean nothing without another one.
+REQUIRES = {"blocksize": "create", "crc": "create", "no_default_permissions": "allow_other"}
 
 
 class UsageError(CtdsfsError):
@@ -76,10 +77,9 @@ def _check_consistent(given):
     for first, second in CONTRADICTIONS:
         if first in given and second in given:
             raise UsageError(f"mount options {first!r} and {second!r} contradict each other")
-    for name in CREATE_ONLY:
-        if name in given and "create" not in given:
-            raise UsageError(f"mount option {name!r} shapes a new container: "
-                             "it needs 'create'")
+    for name, needed in REQUIRES.items():
+        if name in given and needed not in given:
+            raise UsageError(f"mount option {name!r} means nothing without {needed!r}")
 
 
 def parse_options(text):
