@@ -49,7 +49,7 @@ ROOT_INO = 1
 NAME_MAX = 255
 COPY_CHUNK = 4 << 20
 LOGGED_MAX = 4096  # bad-block lines remembered per mount (so each is logged once)
-CLASSIFY_MAX = 1024  # entries a stat may classify to count a directory's subdirectories
+CLASSIFY_MAX = 256  # entries a stat may classify to count a directory's subdirectories
 UNKNOWN = -1  # subdirectory count of a large directory not listed yet
 
 
