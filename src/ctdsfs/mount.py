@@ -32,12 +32,12 @@ DEFAULT_BLOCK_SIZE = 4 << 20  # casacore's default for tables (StorageOption)
 DEFAULT_COMMIT_SECONDS = 5.0
 IGNORED_PREFIXES = ("x-", "comment=")
 # Options that cannot be given together (each pair says opposite things).
-CONTRADICTIONS = [("ro", "rw"), ("ro", "create"), ("ro", "commit"), ("suid", "nosuid"),
-                  ("dev", "nodev"),
-                  ("exec", "noexec"), ("sync", "async"), ("atime", "noatime"),
-                  ("noatime", "relatime"), ("noatime", "strictatime"),
+CONTRADICTIONS = [("ro", "rw"), ("ro", "create"), ("ro", "commit"),
+                  ("default_permissions", "no_default_permissions"),
+                  ("suid", "nosuid"), ("dev", "nodev"), ("exec", "noexec"), ("sync", "async"),
+                  ("atime", "noatime"), ("noatime", "relatime"), ("noatime", "strictatime"),
                   ("relatime", "norelatime"), ("relatime", "strictatime"),
-                  ("diratime", "nodiratime"), ("default_permissions", "no_default_permissions")]
+                  ("diratime", "nodiratime")]
 # Options that mean nothing without another one.
 REQUIRES = {"blocksize": "create", "crc": "create", "no_default_permissions": "allow_other"}
 
