@@ -223,6 +223,17 @@ def test_to_multifile_and_back(tmp_path):
     assert not [p for p in os.listdir(tmp_path) if ".ctdsfs-" in p]
 
 
+def test_to_sepfile_keeps_symbolic_links_as_links(tmp_path):
+    table = make_casacore_table(tmp_path / "t.tab", rows=10)
+    os.symlink("/etc/hostname", table / "outside")
+    os.symlink("ANTENNA", table / "ANTENNA_LINK")
+    result = ctdsfs("to-sepfile", table, ok=False)
+    assert (result.returncode, result.stderr) == (0, "")
+    assert os.readlink(table / "outside") == "/etc/hostname"
+    assert os.readlink(table / "ANTENNA_LINK") == "ANTENNA"
+    assert "table.mf" not in os.listdir(table / "ANTENNA")
+
+
 @pytest.mark.parametrize("command", ["to-multifile", "to-sepfile"])
 def test_kill_9_during_storage_change_leaves_a_readable_table(tmp_path, command):
     import random

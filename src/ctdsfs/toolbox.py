@@ -176,6 +176,10 @@ def unpack(source, output, *, quiet=False):
 def _unpack_into(container, directory, bar):
     for name in container.names():  # names were validated when the container was read
         path = os.path.join(directory, name)
+        link = container.symlink_target(name)
+        if link is not None:  # a directory source's link stays a link (never followed)
+            os.symlink(link, path)
+            continue
         child = container.nested(name)
         if child is not None:
             os.mkdir(path)
