@@ -335,7 +335,7 @@ def test_corrupted_block_fails_only_that_block(tmp_path, caplog):
         c.read("f1", 8192 + 5, 1)
     with pytest.raises(BlockError):
         c.read("f1", 0, 20000)
-    assert "badblock.mf: f1: block 2" in caplog.text
+    assert "badblock.mf" not in caplog.text  # the reader logs it (a mount: once, with its path)
     assert read_all(c, "f2") == b"\xab" * 4096
     # With verification off the damaged bytes are returned as they are.
     assert open_container(p, verify_crc=False).read("f1", 8192 + 17, 1) != good[8192 + 17:8192 + 18]

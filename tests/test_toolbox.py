@@ -133,7 +133,7 @@ def test_refusals_leave_nothing_behind(tmp_path):
     again = ctdsfs("pack", tree, tmp_path / "ok.mf", ok=False)
     assert again.returncode == 1 and "exists" in again.stderr
     existing = ctdsfs("unpack", tmp_path / "ok.mf", tree, ok=False)
-    assert existing.returncode == 1 and "already exists" in existing.stderr
+    assert existing.returncode == 1 and "File exists" in existing.stderr
     assert not [p for p in os.listdir(tmp_path) if p.startswith(".ctdsfs-unpack-")]
 
 
@@ -223,6 +223,17 @@ def test_to_multifile_and_back(tmp_path):
     assert not [p for p in os.listdir(tmp_path) if ".ctdsfs-" in p]
 
 
+def test_to_sepfile_keeps_symbolic_links_as_links(tmp_path):
+    table = make_casacore_table(tmp_path / "t.tab", rows=10)
+    os.symlink("/etc/hostname", table / "outside")
+    os.symlink("ANTENNA", table / "ANTENNA_LINK")
+    result = ctdsfs("to-sepfile", table, ok=False)
+    assert (result.returncode, result.stderr) == (0, "")
+    assert os.readlink(table / "outside") == "/etc/hostname"
+    assert os.readlink(table / "ANTENNA_LINK") == "ANTENNA"
+    assert "table.mf" not in os.listdir(table / "ANTENNA")
+
+
 @pytest.mark.parametrize("command", ["to-multifile", "to-sepfile"])
 def test_kill_9_during_storage_change_leaves_a_readable_table(tmp_path, command):
     import random
@@ -245,3 +256,34 @@ def test_kill_9_during_storage_change_leaves_a_readable_table(tmp_path, command)
     ctdsfs(command, table)  # a later run cleans up what the killed ones left
     assert dump_values(table) == values
     assert not [p for p in os.listdir(tmp_path) if ".ctdsfs-" in p]
+
+
+
+def test_every_command_refuses_an_existing_output_in_the_same_words(tmp_path):
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    (tree / "f").write_text("x")
+    mf, mfh5, directory = tmp_path / "out.mf", tmp_path / "out.mfh5", tmp_path / "dir"
+    mf.write_bytes(b"keep")
+    mfh5.write_bytes(b"keep")
+    directory.mkdir()
+    dangling = tmp_path / "dangling.mfh5"
+    os.symlink(tmp_path / "nowhere", dangling)
+    source = DATA / "mf2_basic.mf"
+    cases = [(mf, ["new", mf]), (mfh5, ["new", mfh5]), (dangling, ["new", dangling]),
+             (mf, ["pack", tree, mf]), (mfh5, ["pack", tree, mfh5]),
+             (mfh5, ["convert", source, mfh5, "--format", "hdf5"]),
+             (mf, ["convert", source, mf, "--format", "mf1"]),
+             (directory, ["unpack", source, directory])]
+    for output, args in cases:
+        result = ctdsfs(*args, ok=False)
+        assert (result.returncode, result.stderr) == (1, f"ctdsfs: {output}: File exists\n"), args
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    os.symlink(tmp_path / "nowhere", tmp_path / "dangling.mf")
+    for link in (tmp_path / "dangling.mf", dangling):  # 'create' makes a missing SOURCE
+        result = subprocess.run(["mount.ctdsfs", "-o", "create", link, mnt],
+                                capture_output=True, text=True)
+        assert (result.returncode, result.stderr) == (1, f"mount.ctdsfs: {link}: File exists\n")
+    assert mf.read_bytes() == mfh5.read_bytes() == b"keep"
+    assert os.listdir(directory) == [] and not os.path.exists(dangling)

@@ -7,7 +7,7 @@ import stat
 import pytest
 
 from ctdsfs.container import open_container
-from ctdsfs.vfs import ROOT_INO, ContainerFS, FSError
+from ctdsfs.vfs import ROOT_INO, ContainerFS, FSError, filesystem
 
 from .conftest import DATA, pattern
 
@@ -19,7 +19,9 @@ def nested_fs():
 
 
 def listing(fs, ino):
-    return [(name, attr) for name, attr, _ in fs.readdir(fs.opendir(ino))]
+    """The entries of directory ``ino`` (without ``.`` and ``..``)."""
+    return [(name, attr) for name, attr, _ in fs.readdir(fs.opendir(ino))
+            if name not in (".", "..")]
 
 
 def test_tree_and_attributes(nested_fs):
@@ -51,7 +53,24 @@ def test_inodes_are_stable_and_unique(nested_fs):
 
 def test_readdir_resumes_at_offset(nested_fs):
     entries = list(nested_fs.readdir(ROOT_INO, 0))
-    assert [e[0] for e in nested_fs.readdir(ROOT_INO, entries[0][2])] == [entries[1][0]]
+    assert [e[0] for e in nested_fs.readdir(ROOT_INO, entries[2][2])] == [entries[3][0]]
+
+
+def test_readdir_lists_dot_entries_and_counts_subdirectories(nested_fs, monkeypatch):
+    fs = nested_fs
+    assert fs.getattr(ROOT_INO).nlink == 3  # 2 + SUB, from the first stat on
+    monkeypatch.setattr(filesystem, "CLASSIFY_MAX", 1)
+    fs._subdirs.clear()
+    assert fs.getattr(ROOT_INO).nlink == 1  # too large to classify for a stat: "unknown"
+    entries = {name: attr for name, attr, _ in fs.readdir(ROOT_INO)}
+    assert list(entries)[:2] == [".", ".."]
+    sub = entries["SUB"].ino
+    assert entries["."].ino == entries[".."].ino == ROOT_INO
+    assert entries["."].nlink == fs.getattr(ROOT_INO).nlink == 3  # 2 + SUB
+    assert entries["table.dat"].nlink == 1
+    sub_entries = {name: attr for name, attr, _ in fs.readdir(sub)}
+    assert (sub_entries["."].ino, sub_entries[".."].ino) == (sub, ROOT_INO)
+    assert fs.getattr(sub).nlink == 2  # no subdirectories
 
 
 def test_open_read_release(nested_fs):
@@ -128,12 +147,12 @@ def test_reload_when_another_process_commits(tmp_path):
     writer.nested("SUB").create("y")
     writer.commit()
 
-    assert [n for n, _, _ in fs.readdir(ROOT_INO)] == ["keep", "SUB"]
+    assert [n for n, _ in listing(fs, ROOT_INO)] == ["keep", "SUB"]
     assert fs.lookup(ROOT_INO, "keep").ino == keep  # same inode after the reload
     fh = fs.open(keep, os.O_RDONLY)
     assert fs.may_keep_cache(fh) is False  # the kernel must drop pages of before
     assert fs.read(fh, 0, 10) == b"v2"
-    assert sorted(n for n, _, _ in fs.readdir(sub)) == ["x", "y"]
+    assert sorted(n for n, _ in listing(fs, sub)) == ["x", "y"]
     with pytest.raises(FSError):
         fs.lookup(ROOT_INO, "gone")
     fs.release(fh)

@@ -28,11 +28,18 @@ Mount SOURCE on MOUNTPOINT. SOURCE may be:
                               stored in separate files, which casacore
                               versions without MultiFile v2 (3.5) read and
                               write; their writes go back into table.mf and
-                              table.dat keeps its storage option
+                              table.dat keeps its storage option;
+                              symbolic links in it show as links and are
+                              never followed by ctdsfs (the kernel resolves
+                              them for the caller)
+
+MOUNTPOINT must be an existing, empty directory (-o nonempty mounts over one
+that holds files).
 
 Read-only unless -o rw; read-write mounts translate every write, truncate,
 unlink, rename and mkdir into the container's own blocks, CRCs and header,
-and commit crash-safely.
+and commit crash-safely. Creating symbolic links, hard links, FIFOs, sockets
+and device nodes is not supported (ENOSYS).
 
 The command returns once the mount is live (exit status 0) or with a one-line
 error (exit status 1). The daemon unmounts and exits on SIGTERM or SIGINT, or
@@ -55,14 +62,27 @@ mount options (-o, comma separated):
                        then goes unnoticed)
   norecurse            directory sources: show container files as files
   allow_other          let other users access the mount (root, or
-                       user_allow_other in /etc/fuse.conf)
+                       user_allow_other in /etc/fuse.conf); implies
+                       default_permissions, so the kernel checks every
+                       access against the modes and owner shown (SOURCE's)
+  no_default_permissions
+                       with allow_other: do not add default_permissions
+                       (then every user may read, and on a rw mount write,
+                       whatever the mount shows)
   default_permissions  let the kernel check permissions against the modes
+  nonempty             mount over a MOUNTPOINT that holds files (refused
+                       otherwise)
   nosuid,nodev,noexec,noatime,...
                        passed to the kernel mount as usual
   logfile=PATH         log to PATH (the daemon logs to syslog otherwise)
   debug                log every problem in detail
   noauto,user,nofail,_netdev,x-*,defaults
                        used by mount(8)/fstab, ignored here
+
+contradictory options (ro with rw, create or commit=, nosuid with suid, ...)
+and options that mean nothing without another (blocksize= and crc without
+create, no_default_permissions without allow_other) are refused with one
+line.
 
 a block whose CRC does not match fails that read with EIO and logs one line
 naming the container, the virtual file and the block; no unchecked byte is
@@ -124,7 +144,8 @@ calls it for 'mount -t fuse.ctdsfs'."""
 def _add_mount_arguments(parser):
     parser.add_argument("source", metavar="SOURCE",
                         help="a container file (.mf, .pycauset) or a directory tree")
-    parser.add_argument("mountpoint", metavar="MOUNTPOINT", help="an existing, empty directory")
+    parser.add_argument("mountpoint", metavar="MOUNTPOINT",
+                        help="an existing, empty directory (see -o nonempty)")
     parser.add_argument("-o", dest="options", action="append", default=[], metavar="OPTS",
                         help="comma-separated mount options (below)")
     parser.add_argument("-f", "--foreground", action="store_true",
@@ -513,12 +534,38 @@ def _mount_from_args(args):
     return mount(args.source, args.mountpoint, opts, foreground=args.foreground)
 
 
+COMMANDS = ("mount", "info", "map", "ls", "new", "tableinfo", "check", "pack", "unpack",
+            "convert", "to-multifile", "to-sepfile")
+MOUNT_VALUE_FLAGS = ("-o", "-t", "-N")  # mount options that take the next argument
+
+
+def _positionals(argv):
+    """The arguments that are neither options nor an option's value."""
+    return [arg for i, arg in enumerate(argv) if not arg.startswith("-")
+            and (i == 0 or argv[i - 1] not in MOUNT_VALUE_FLAGS)]
+
+
+def _unknown_command(word):
+    """One line for a first argument that is no command (and no 'SOURCE MOUNTPOINT' pair)."""
+    import difflib
+
+    close = difflib.get_close_matches(word, COMMANDS, n=1)
+    if close:
+        hint = f"did you mean '{close[0]}'?"
+    elif os.path.lexists(word) or "." in word or os.sep in word:  # a file name, surely
+        hint = f"to mount it: ctdsfs mount {word} MOUNTPOINT; to describe it: ctdsfs info {word}"
+    else:
+        hint = "see 'ctdsfs --help'"
+    return f"ctdsfs: unknown command '{word}' ({hint})"
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     parser = _main_parser()
-    commands = {"mount", "info", "map", "ls", "new", "tableinfo", "check", "pack", "unpack",
-                "convert", "to-multifile", "to-sepfile"}
-    if argv and not argv[0].startswith("-") and argv[0] not in commands:
+    if argv and not argv[0].startswith("-") and argv[0] not in COMMANDS:
+        if len(_positionals(argv)) < 2:
+            print(_unknown_command(argv[0]), file=sys.stderr)
+            return 2
         argv = ["mount"] + argv  # 'ctdsfs SOURCE MOUNTPOINT -o ...' as mount.fuse3 runs it
     args = parser.parse_args(argv)
     _setup_cli_logging()

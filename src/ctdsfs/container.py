@@ -6,6 +6,7 @@ which is how hierarchy arises (casacore nests a subtable's MultiFile inside its
 parent's). The VFS only ever talks to this interface.
 """
 
+import errno
 import os
 from abc import ABC, abstractmethod
 from typing import NamedTuple
@@ -90,6 +91,10 @@ class Container(ABC):
 
     def _open_nested(self, name):
         """Open the container stored in ``name``; None for a plain file."""
+        return None
+
+    def symlink_target(self, name):
+        """The text of ``name`` if it is a symbolic link (directory sources only), else None."""
         return None
 
     @abstractmethod
@@ -253,12 +258,19 @@ FORMATS = ("mf2", "mf1", "hdf5")  # what ctdsfs writes: MultiFile v2, v1, MultiH
 HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
 
 
+def refuse_existing(path):
+    """Nothing is ever overwritten: every command says the same when its output exists."""
+    if os.path.lexists(path):
+        raise CtdsfsError(f"{os.fspath(path)}: {os.strerror(errno.EEXIST)}")
+
+
 def create_container(path, *, format="mf2", block_size=65536, use_crc=False):
     """Write a new, empty container at ``path`` (which must not exist) and open it writable."""
     from .formats.multifile import MultiFile
     from .formats.store import FileStore
 
     path = os.fspath(path)
+    refuse_existing(path)
     if format not in FORMATS:
         raise CtdsfsError(f"unknown container format {format!r} (one of {', '.join(FORMATS)})")
     if format == "hdf5":

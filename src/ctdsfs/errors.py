@@ -42,9 +42,14 @@ class TooLarge(CtdsfsError):
 class BlockError(CtdsfsError):
     """One block of a virtual file cannot be read correctly (bad CRC, past end of file).
 
-    The VFS turns this into EIO for that read only; the rest of the container stays usable.
+    The VFS turns this into EIO for that read only; the rest of the container stays usable,
+    and logs ``detail`` (what is wrong, without the container's name) once, with the
+    file's path inside the mount.
     """
 
+    def __init__(self, message, detail=None):
+        super().__init__(message)
+        self.detail = detail or message
 
 def printable(text):
     """``text`` (names and messages from containers are untrusted) made safe for one terminal

@@ -86,6 +86,10 @@ class FuseOperations(pyfuse3.Operations):
         return _entry(self.fs.getattr(inode))
 
     @_fuse_errors
+    async def readlink(self, inode, ctx):
+        return os.fsencode(self.fs.readlink(inode))
+
+    @_fuse_errors
     async def setattr(self, inode, attr, fields, fh, ctx):
         return _entry(self.fs.setattr(inode, attr.st_size if fields.update_size else None))
 

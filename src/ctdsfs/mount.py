@@ -31,6 +31,15 @@ IGNORED_OPTIONS = {"defaults", "auto", "noauto", "user", "users", "nouser", "own
 DEFAULT_BLOCK_SIZE = 4 << 20  # casacore's default for tables (StorageOption)
 DEFAULT_COMMIT_SECONDS = 5.0
 IGNORED_PREFIXES = ("x-", "comment=")
+# Options that cannot be given together (each pair says opposite things).
+CONTRADICTIONS = [("ro", "rw"), ("ro", "create"), ("ro", "commit"),
+                  ("default_permissions", "no_default_permissions"),
+                  ("suid", "nosuid"), ("dev", "nodev"), ("exec", "noexec"), ("sync", "async"),
+                  ("atime", "noatime"), ("noatime", "relatime"), ("noatime", "strictatime"),
+                  ("relatime", "norelatime"), ("relatime", "strictatime"),
+                  ("diratime", "nodiratime")]
+# Options that mean nothing without another one.
+REQUIRES = {"blocksize": "create", "crc": "create", "no_default_permissions": "allow_other"}
 
 
 class UsageError(CtdsfsError):
@@ -49,6 +58,7 @@ class MountOptions:
     recurse: bool = True  # directory sources: container files shown as directories
     logfile: str = None
     debug: bool = False
+    nonempty: bool = False  # mount over a mount point that holds files
 
 
 def _number(item, kind):
@@ -62,10 +72,27 @@ def _number(item, kind):
     return number
 
 
+def _check_consistent(given):
+    """Refuse options that contradict each other, or that would be silently ignored."""
+    for first, second in CONTRADICTIONS:
+        if first in given and second in given:
+            raise UsageError(f"mount options {first!r} and {second!r} contradict each other")
+    for name, needed in REQUIRES.items():
+        if name in given and needed not in given:
+            raise UsageError(f"mount option {name!r} means nothing without {needed!r}")
+
+
 def parse_options(text):
-    """Parse a comma-separated ``-o`` string (may be given several times, joined by commas)."""
+    """Parse a comma-separated ``-o`` string (may be given several times, joined by commas).
+
+    ``allow_other`` implies ``default_permissions`` (the kernel checks the modes and
+    owners shown, those of SOURCE) unless ``no_default_permissions`` is given:
+    without it every local user could write to a read-write mount.
+    """
     opts = MountOptions()
-    for item in filter(None, (text or "").split(",")):
+    items = list(filter(None, (text or "").split(",")))
+    _check_consistent({item.split("=", 1)[0] for item in items})
+    for item in items:
         if item in KERNEL_OPTIONS:
             opts.kernel.add(item)
         elif item in IGNORED_OPTIONS or item.startswith(IGNORED_PREFIXES):
@@ -73,7 +100,7 @@ def parse_options(text):
         elif item in ("ro", "rw"):
             opts.writable = item == "rw"
         elif item == "create":
-            opts.create = True
+            opts.create = opts.writable = True
         elif item.startswith("blocksize="):
             opts.block_size = _number(item, int)
         elif item == "crc":
@@ -86,10 +113,16 @@ def parse_options(text):
             opts.recurse = False
         elif item == "debug":
             opts.debug = True
+        elif item == "nonempty":
+            opts.nonempty = True
+        elif item == "no_default_permissions":
+            continue  # only keeps allow_other from adding default_permissions
         elif item.startswith("logfile="):
             opts.logfile = item.split("=", 1)[1]
         else:
             raise UsageError(f"unknown mount option {item!r} (see mount.ctdsfs --help)")
+    if "allow_other" in opts.kernel and "no_default_permissions" not in items:
+        opts.kernel.add("default_permissions")
     return opts
 
 
@@ -101,7 +134,7 @@ def _mounted_paths():
         return set()
 
 
-def check_mountpoint(path):
+def check_mountpoint(path, nonempty=False):
     if not os.path.exists(path):
         raise UsageError(f"{path}: mount point does not exist")
     if not os.path.isdir(path):
@@ -109,6 +142,12 @@ def check_mountpoint(path):
     real = os.path.realpath(path)
     if real in _mounted_paths() and real != "/":
         raise UsageError(f"{path}: mount point is already in use (something is mounted there)")
+    try:
+        entries = os.listdir(path)
+    except OSError as exc:
+        raise UsageError(f"{path}: {exc.strerror}") from None
+    if entries and not nonempty:
+        raise UsageError(f"{path}: mount point is not empty (-o nonempty mounts over its files)")
 
 
 def _setup_logging(opts, foreground):
@@ -135,12 +174,11 @@ def mount(source, mountpoint, opts, foreground=False):
     from .vfs import ContainerFS
 
     source = os.path.abspath(source)
-    check_mountpoint(mountpoint)
+    check_mountpoint(mountpoint, nonempty=opts.nonempty)
     _setup_logging(opts, foreground=True)  # problems found while opening reach the terminal
     if opts.create and not os.path.exists(source):
         container = create_container(source, block_size=opts.block_size, use_crc=opts.new_crc,
                                      format="hdf5" if source.endswith(".mfh5") else "mf2")
-        opts.writable = True
     elif os.path.isdir(source):
         from .vfs.directory import directory_or_table
 

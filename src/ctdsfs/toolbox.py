@@ -18,7 +18,7 @@ import threading
 
 from tqdm import tqdm
 
-from .container import create_container, open_container
+from .container import create_container, open_container, refuse_existing
 from .errors import CtdsfsError
 
 CHUNK = 4 << 20
@@ -158,8 +158,7 @@ def _container_size(container):
 
 def unpack(source, output, *, quiet=False):
     """The tree a container holds, written to ``output`` (which must not exist)."""
-    if os.path.lexists(output):
-        raise CtdsfsError(f"{output}: already exists")
+    refuse_existing(output)
     container = open_container(source)
     parent = os.path.dirname(os.path.abspath(output))
     staging = tempfile.mkdtemp(prefix=".ctdsfs-unpack-", dir=parent)
@@ -177,6 +176,10 @@ def unpack(source, output, *, quiet=False):
 def _unpack_into(container, directory, bar):
     for name in container.names():  # names were validated when the container was read
         path = os.path.join(directory, name)
+        link = container.symlink_target(name)
+        if link is not None:  # a directory source's link stays a link (never followed)
+            os.symlink(link, path)
+            continue
         child = container.nested(name)
         if child is not None:
             os.mkdir(path)

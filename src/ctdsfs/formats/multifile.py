@@ -307,9 +307,9 @@ class MultiFile(Container):
         return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
     def _block_error(self, name, index, why):
-        msg = f"{self.label}: {name}: block {index} {why}"
-        log.error("%s", msg)
-        return BlockError(msg)
+        """The error for one unreadable block; the reader logs it (a mount once per block)."""
+        detail = f"block {index} {why}"
+        return BlockError(f"{self.label}: {name}: {detail}", detail)
 
     def _read_verified(self, name, first, blocks):
         """Whole blocks, each checked against its stored CRC before any byte is returned.

@@ -262,9 +262,8 @@ class MultiHDF5(Container):
             try:
                 rows = self._data(f)[first:last + 1]
             except HDF5_ERRORS as exc:
-                msg = f"{self.label}: {f.link}: blocks {first}..{last} cannot be read ({exc})"
-                log.error("%s", msg)
-                raise BlockError(msg) from None
+                detail = f"blocks {first}..{last} cannot be read ({exc})"
+                raise BlockError(f"{self.label}: {f.link}: {detail}", detail) from None
         return rows.reshape(-1)[offset - first * bs:end - first * bs].tobytes()
 
     def _open_nested(self, name):

@@ -13,10 +13,16 @@ writes go to the real files). Inside it two translations apply:
   casacore does) is stored with the table's original storage option again;
 * any other container file (``.mf``, ``.mfh5``, ``.pycauset``) shows as a
   directory of the same name, unless recursion is off.
+
+Symbolic links are never followed: entries are examined with ``lstat`` and
+opened with ``O_NOFOLLOW``, a link shows as a link (``symlink_target``), and a
+link to a directory or a container file is neither. A link inside the tree
+could otherwise hand out any file the daemon can read (``/etc/shadow``).
 """
 
 import logging
 import os
+import stat
 import threading
 from collections import OrderedDict
 
@@ -67,7 +73,7 @@ class DirectorySource(Container):
             if fd is not None:
                 self._fds.move_to_end(name)
                 return fd
-            flags = (os.O_RDWR if self.writable else os.O_RDONLY) | os.O_CLOEXEC
+            flags = (os.O_RDWR if self.writable else os.O_RDONLY) | os.O_CLOEXEC | os.O_NOFOLLOW
             fd = os.open(self._real(name), flags)
             self._fds[name] = fd
             while len(self._fds) > OPEN_FILES:
@@ -99,7 +105,7 @@ class DirectorySource(Container):
         if isinstance(key, _Unlinked):
             return os.fstat(key.fd)
         try:
-            return os.stat(self._real(key))
+            return os.lstat(self._real(key))
         except FileNotFoundError:
             raise FileNotFoundError(key) from None
 
@@ -117,12 +123,19 @@ class DirectorySource(Container):
         fd = key.fd if isinstance(key, _Unlinked) else self._fd(key)
         return os.pread(fd, size, offset)
 
+    def symlink_target(self, name):
+        try:
+            return os.readlink(self._real(name))
+        except OSError:  # not a link (EINVAL), or gone
+            return None
+
     def _open_nested(self, name):
         real = self._real(name)
-        if os.path.isdir(real):
+        if _is_kind(real, stat.S_ISDIR):
             return directory_or_table(real, writable=self.writable, recurse=self.recurse,
                                       verify_crc=self.verify_crc, hide=self.hide)
-        if not (self.recurse and name.endswith(CONTAINER_SUFFIXES) and os.path.isfile(real)):
+        if not (self.recurse and name.endswith(CONTAINER_SUFFIXES)
+                and _is_kind(real, stat.S_ISREG)):
             return None
         try:
             return open_container(real, verify_crc=self.verify_crc, writable=self.writable)
@@ -170,7 +183,7 @@ class DirectorySource(Container):
         def run():
             real = self._real(name)
             child = self._nested.pop(name, None)
-            if os.path.isdir(real) and not os.path.islink(real):
+            if _is_kind(real, stat.S_ISDIR):
                 os.rmdir(real)
                 return None
             keep = _Unlinked(os.dup(self._fd(name))) if keep_open else None
@@ -221,9 +234,17 @@ class DirectorySource(Container):
             self._fds.clear()
 
 
+def _is_kind(path, test):
+    """Whether ``path`` itself (a link is not followed) passes ``test`` (stat.S_ISDIR, ...)."""
+    try:
+        return test(os.lstat(path).st_mode)
+    except OSError:
+        return False
+
+
 def is_table_directory(path):
-    return os.path.isfile(os.path.join(path, "table.dat")) and any(
-        os.path.isfile(os.path.join(path, name)) for name in TABLE_CONTAINERS)
+    return _is_kind(os.path.join(path, "table.dat"), stat.S_ISREG) and any(
+        _is_kind(os.path.join(path, name), stat.S_ISREG) for name in TABLE_CONTAINERS)
 
 
 def directory_or_table(path, **options):
@@ -243,7 +264,7 @@ class TableView(DirectorySource):
 
     def __init__(self, path, **options):
         super().__init__(path, **options)
-        name = next(n for n in TABLE_CONTAINERS if os.path.isfile(self._real(n)))
+        name = next(n for n in TABLE_CONTAINERS if _is_kind(self._real(n), stat.S_ISREG))
         self.container_name = name
         self.container = open_container(self._real(name), verify_crc=self.verify_crc,
                                         writable=self.writable)
@@ -320,6 +341,11 @@ class TableView(DirectorySource):
         if self.container.contains(name):
             return None
         return super().nested(name)
+
+    def symlink_target(self, name):
+        if name == "table.dat" or self._in_container(name):
+            return None
+        return super().symlink_target(name)
 
     # -- writing
 

@@ -5,6 +5,19 @@ virtual file of a container. Inode numbers are handed out on first sight and
 kept for the life of the mount. Ownership, permissions and times come from
 the container file itself: MultiFile stores none of them, so chmod, chown and
 utimens succeed without changing anything (``cp -a``/``rsync -a`` work).
+A directory's link count is 2 plus its subdirectories. Telling a nested
+container from a file reads the entry's first block, so a directory is
+classified once (then kept until it changes), on its first stat if it has at
+most CLASSIFY_MAX entries, else by its first full listing, which classifies
+every entry anyway: until then it shows 1, the "count unknown" value find and
+fts accept, so a stat never reads a block of every file of a huge directory.
+A directory source's real directory changed behind the mount is counted anew
+at its next listing. A file unlinked while open has link count 0.
+
+Directory sources may hold symbolic links: they show as links (readlink gives
+their text as stored) and are never followed here; the kernel resolves them
+for the caller, with the caller's permissions. Creating symlinks, hard links,
+FIFOs and device nodes is not supported (ENOSYS).
 
 Write semantics: a file unlinked while open stays readable and writable
 through its handles until the last one closes; rename replaces its target
@@ -25,6 +38,7 @@ import logging
 import os
 import stat
 import threading
+import weakref
 from dataclasses import dataclass
 
 from ..errors import BlockError, ContainerFull, CtdsfsError, NotPermitted, ReadOnlyError, TooLarge
@@ -34,6 +48,9 @@ log = logging.getLogger(__name__)
 ROOT_INO = 1
 NAME_MAX = 255
 COPY_CHUNK = 4 << 20
+LOGGED_MAX = 4096  # bad-block lines remembered per mount (so each is logged once)
+CLASSIFY_MAX = 256  # entries a stat may classify to count a directory's subdirectories
+UNKNOWN = -1  # subdirectory count of a large directory not listed yet
 
 
 class FSError(Exception):
@@ -100,6 +117,9 @@ class ContainerFS:
         self._handles = {}
         self._next_fh = 1
         self.generation = 0  # bumped whenever the tree is reloaded
+        self._subdirs = weakref.WeakKeyDictionary()  # directory container -> subdirectories
+        self._logged = set()  # bad-block lines already logged (the kernel retries reads)
+        self._log_lock = threading.Lock()  # reads run in worker threads
 
     # ------------------------------------------------------------ helpers
 
@@ -151,9 +171,13 @@ class ContainerFS:
         st = st or os.stat(self.source_path)
         perms = st.st_mode & (0o666 if self.writable else 0o444)
         if node.directory is not None:
-            mode, nlink = stat.S_IFDIR | perms | ((perms & 0o444) >> 2), 2  # r -> r-x
+            subdirs = self._subdirectories(node.directory)
+            nlink = 1 if subdirs == UNKNOWN else 2 + subdirs
+            mode = stat.S_IFDIR | perms | ((perms & 0o444) >> 2)  # r -> r-x
+        elif self._link_text(node) is not None:
+            mode, nlink = stat.S_IFLNK | 0o777, 1
         else:
-            mode, nlink = stat.S_IFREG | perms, 1
+            mode, nlink = stat.S_IFREG | perms, 1 if isinstance(node.key, str) else 0
         if node.owner is None:  # the root: the mounted container itself
             size = nblocks = 0
             blksize = node.directory.usage().block_size
@@ -165,6 +189,41 @@ class ContainerFS:
                     blocks=nblocks * blksize // 512, blksize=blksize,
                     uid=st.st_uid, gid=st.st_gid, atime_ns=st.st_atime_ns,
                     mtime_ns=st.st_mtime_ns, ctime_ns=st.st_ctime_ns)
+
+    def _subdirectories(self, directory):
+        """How many of ``directory``'s entries are directories (UNKNOWN if too many to
+        classify for a stat)."""
+        count = self._subdirs.get(directory)
+        if count is None:
+            names = directory.names()
+            count = UNKNOWN if len(names) > CLASSIFY_MAX else sum(
+                directory.nested(name) is not None for name in names)
+            self._subdirs[directory] = count
+        return count
+
+    def _link_text(self, node):
+        """The text of ``node`` if it is a symbolic link, else None."""
+        if node.owner is None or node.directory is not None or not isinstance(node.key, str):
+            return None
+        return node.owner.symlink_target(node.key)
+
+    def _path(self, node):
+        """``node``'s path inside the mount, for messages."""
+        parts = []
+        while node.ino != ROOT_INO and len(parts) < 64:
+            parts.append(node.key if isinstance(node.key, str) else "(unlinked)")
+            node = self._nodes.get(node.parent, self._nodes[ROOT_INO])
+        return "/".join(reversed(parts))
+
+    def _log_once(self, line):
+        """Log ``line`` unless this mount logged it already (bounded memory)."""
+        with self._log_lock:
+            if line in self._logged:
+                return
+            if len(self._logged) >= LOGGED_MAX:
+                self._logged.clear()
+            self._logged.add(line)
+        log.error("%s", line)
 
     def _check_name(self, name):
         if len(name.encode("utf-8", "surrogateescape")) > NAME_MAX:
@@ -189,6 +248,7 @@ class ContainerFS:
             return
         self.generation += 1
         self._inos.clear()
+        self._subdirs.clear()
         rebound = {ROOT_INO: self._nodes[ROOT_INO]}
         for node in sorted(self._nodes.values(), key=self._depth):
             parent = rebound.get(node.parent)
@@ -241,15 +301,28 @@ class ContainerFS:
             return ino
 
     def readdir(self, ino, start=0):
-        """``[(name, attr, next_offset)]`` for entries from offset ``start`` on."""
+        """``[(name, attr, next_offset)]`` for entries from offset ``start`` on, ``.`` and
+        ``..`` first. A whole listing also counts the subdirectories (for ``st_nlink``)."""
         with self._lock:
             if start == 0:
                 self._refresh()
             parent = self._directory(ino)
-            names = parent.directory.names()
+            entries = [(".", parent), ("..", self._node(parent.parent))]
+            entries += [(name, self._child(parent, name)) for name in parent.directory.names()]
+            if start == 0:
+                self._subdirs[parent.directory] = sum(
+                    node.directory is not None for _, node in entries[2:])
             st = os.stat(self.source_path)  # once for the whole listing
-            return [(names[i], self._attr(self._child(parent, names[i]), st), i + 1)
-                    for i in range(start, len(names))]
+            return [(name, self._attr(node, st), i + 1)
+                    for i, (name, node) in enumerate(entries) if i >= start]
+
+    def readlink(self, ino):
+        """A symbolic link's text, as stored (never resolved here)."""
+        with self._lock:
+            target = self._link_text(self._node(ino))
+            if target is None:
+                raise FSError(errno.EINVAL)
+            return target
 
     def open(self, ino, flags):
         with self._lock:
@@ -257,6 +330,8 @@ class ContainerFS:
             node = self._node(ino)
             if node.directory is not None:
                 raise FSError(errno.EISDIR)
+            if self._link_text(node) is not None:
+                raise FSError(errno.ELOOP)
             writable = flags & os.O_ACCMODE != os.O_RDONLY
             if writable or flags & os.O_TRUNC:
                 self._check_writable()
@@ -280,7 +355,15 @@ class ContainerFS:
 
     def read(self, fh, offset, size):
         node = self._handle(fh).node
-        return self._call(node.owner.read, node.key, offset, size)
+        return self._call(self._read_logged, node, offset, size)
+
+    def _read_logged(self, node, offset, size):
+        """Read; a bad block is logged once per mount, with the file's path in the mount."""
+        try:
+            return node.owner.read(node.key, offset, size)
+        except BlockError as exc:
+            self._log_once(f"{self.source_path}: {self._path(node)}: {exc.detail}")
+            raise
 
     def statfs(self):
         """Space in the root container's blocks. Counts come from an untrusted header: the
@@ -354,6 +437,7 @@ class ContainerFS:
             if parent.directory.contains(name):
                 raise FSError(errno.EEXIST)
             self._call(parent.directory.make_nested, name)
+            self._subdirs.pop(parent.directory, None)
             return self._attr(self._child(parent, name))
 
     def unlink(self, parent_ino, name):
@@ -385,6 +469,7 @@ class ContainerFS:
             if node.directory.names():
                 raise FSError(errno.ENOTEMPTY)
             self._drop(parent, node)
+            self._subdirs.pop(parent.directory, None)
 
     def rename(self, old_parent_ino, old_name, new_parent_ino, new_name, noreplace=False):
         with self._lock:
@@ -396,6 +481,8 @@ class ContainerFS:
             src, dst = src_parent.directory, dst_parent.directory
             if src is dst and old_name == new_name:
                 return
+            self._subdirs.pop(src, None)
+            self._subdirs.pop(dst, None)
             if dst.contains(new_name):
                 if noreplace:
                     raise FSError(errno.EEXIST)
