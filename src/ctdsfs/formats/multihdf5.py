@@ -92,8 +92,8 @@ def _link_problem(group, link):
     kind = _link_type(group, link)
     if kind in (None, h5py.h5l.TYPE_HARD):
         return None
-    names = {h5py.h5l.TYPE_SOFT: "soft", h5py.h5l.TYPE_EXTERNAL: "external"}
-    return f"{_text(link)} is a {names.get(kind, 'user-defined')} link, which may point " \
+    names = {h5py.h5l.TYPE_SOFT: "a soft", h5py.h5l.TYPE_EXTERNAL: "an external"}
+    return f"{_text(link)} is {names.get(kind, 'a user-defined')} link, which may point " \
         "outside the container"
 
 
