@@ -152,14 +152,12 @@ def _multihdf5_map(c):
             files.append((prefix + name, container.entry_size(name),
                           container.entry_blocks(name)))
             try:
-                ds = container._data(container._entry(name))
-                chunks = [ds.id.get_chunk_info(i) for i in range(ds.id.get_num_chunks())]
+                spans = container.stored_spans(name)
             except HDF5_ERRORS:
                 continue  # a damaged chunk index: nothing to place (check reports it)
-            for info in chunks:
-                first = info.byte_offset // bs
-                last = (info.byte_offset + max(info.size, 1) - 1) // bs
-                roles[first:last + 1] = index
+            for _, _, offset, stored in spans:
+                if offset is not None:  # (a compact dataset lives in its object header)
+                    roles[offset // bs:(offset + max(stored, 1) - 1) // bs + 1] = index
     walk(c, "")
     description = f"MultiHDF5, {size} bytes shown in cells of {bs} bytes (the block size)"
     return BlockMap(c.label, description, roles.tolist(), files, bs)

@@ -11,6 +11,16 @@ casacore extends it to one row more than it needs, so sizes come from
 ``sizes``, never from the dataset shape. A nested MultiHDF5 is a file group
 that also holds a header group of its own.
 
+Trust: the file is untrusted. Only bytes stored inside it are served: a
+FileData kept in external files, a virtual dataset, a filter pipeline
+(casacore writes none; a filter could be a decompression bomb) and any link
+that is not a hard link (a soft or external link may lead out of the file)
+hide the entry, with the reason in ``problems``. Every HDF5 object may appear
+once in the tree (hard links can make cycles and aliases), and one opened file
+shows at most MAX_TREE_ENTRIES entries. The HDF5 C library itself can crash or
+spin on damaged bytes, so ``open`` first has a child process read everything
+ctdsfs will touch (``hdf5_probe``).
+
 Crash safety: HDF5 updates its metadata in place and has no atomic commit of
 its own, so a writable file is opened through a :class:`JournaledFile`
 (h5py's ``fileobj`` driver): nothing the committed state uses is overwritten
@@ -27,6 +37,8 @@ import weakref
 
 import h5py
 import numpy as np
+
+from . import hdf5_probe
 
 from ..container import Container, Usage, name_problem
 from ..errors import BlockError, ContainerFull, CtdsfsError, FormatError, ReadOnlyError
@@ -48,6 +60,8 @@ CHUNK_CACHE_BYTES = 64 << 20
 # Changed pages of the committed state wait in memory for the commit; past this
 # the pending changes are committed early (an earlier commit is always allowed).
 PENDING_LIMIT = 64 << 20
+MAX_TREE_ENTRIES = 1_000_000  # entries one opened file may show, nested ones included
+IN_FILE_LAYOUTS = (h5py.h5d.COMPACT, h5py.h5d.CONTIGUOUS, h5py.h5d.CHUNKED)
 # What h5py raises for HDF5 structures it cannot follow (a damaged or hostile file).
 HDF5_ERRORS = (OSError, RuntimeError, KeyError, ValueError, TypeError)
 
@@ -62,11 +76,65 @@ def _text(value):
 
 def _vector(attrs, key):
     """An attribute as a list; casacore's empty-array marker gives []."""
+    count = int(np.prod(attrs.get_id(key).shape or ()))
+    if count > MAX_SLOTS:  # read nothing whose size the file sets without bound
+        raise ValueError(f"{key} holds {count} values, more than casacore's {MAX_SLOTS}")
     value = attrs[key]
     names = getattr(value, "dtype", np.dtype(object)).names
     if names and "emptyarray" in names:
         return []
     return list(np.atleast_1d(value))
+
+
+def _link_type(group, link):
+    """The HDF5 link type (h5py.h5l.TYPE_*) of ``link`` in ``group``, or None if there is
+    none; found without following the link (an external one would open another file)."""
+    links = group.id.links
+    return links.get_info(link).type if links.exists(link) else None
+
+
+def _link_problem(group, link):
+    """Why the link may lead outside the container (anything but a hard link), or None."""
+    kind = _link_type(group, link)
+    if kind in (None, h5py.h5l.TYPE_HARD):
+        return None
+    names = {h5py.h5l.TYPE_SOFT: "a soft", h5py.h5l.TYPE_EXTERNAL: "an external"}
+    return f"{_text(link)} is {names.get(kind, 'a user-defined')} link, which may point " \
+        "outside the container"
+
+
+def _storage_problem(data):
+    """Why FileData's bytes may not be plainly stored inside this file, or None."""
+    plist = data.id.get_create_plist()
+    if plist.get_layout() not in IN_FILE_LAYOUTS:
+        return "FileData is a virtual dataset (its bytes come from other datasets or files)"
+    if plist.get_external_count():
+        return "FileData keeps its bytes in external files"
+    if plist.get_nfilters():
+        names = [_text(plist.get_filter(i)[3]) or "unnamed" for i in range(plist.get_nfilters())]
+        return f"FileData has filters ({', '.join(names)}); casacore writes none"
+    return None
+
+
+class _Tree:
+    """What the walk of one opened file has met: each HDF5 object once, a bounded entry count."""
+
+    def __init__(self):
+        self.addresses = set()
+        self.entries = 0
+
+    def first_visit(self, obj):
+        """False if ``obj`` (a group or dataset) was met before: a hard-link cycle or alias."""
+        address = h5py.h5o.get_info(obj.id).addr
+        if address in self.addresses:
+            return False
+        self.addresses.add(address)
+        return True
+
+    def spend(self):
+        """Count one entry; False once the tree holds MAX_TREE_ENTRIES."""
+        self.entries += 1
+        return self.entries <= MAX_TREE_ENTRIES
 
 
 class _File:
@@ -88,7 +156,7 @@ class MultiHDF5(Container):
     file = journal = None  # the top-level container's h5py file and JournaledFile
 
     def __init__(self, group, label, *, writable=False, depth=0, lock=None, new_block_size=None,
-                 root=None):
+                 root=None, tree=None):
         self.group = group
         # The top-level container, which owns the file (None: this one); weak, so that
         # dropping a tree closes its file at once instead of at the next GC cycle.
@@ -101,6 +169,7 @@ class MultiHDF5(Container):
         self._lock = lock or threading.RLock()
         self._nested = {}
         self._orphan_ids = itertools.count()
+        self._tree = tree or _Tree()
         if new_block_size is not None:
             self.block_size, self.counter = new_block_size, 0
             self._slots, self._entries = [], {}
@@ -109,7 +178,12 @@ class MultiHDF5(Container):
             self._load()
 
     def _load(self):
+        if not self.depth:
+            self._tree.first_visit(self.group)
         try:
+            escape = _link_problem(self.group, HEADER.encode())
+            if escape:
+                raise FormatError(f"{self.label}: MultiHDF5 header refused: {escape}")
             header = self.group[HEADER].attrs
             self.block_size = int(header["blockSize"])
             self.counter = int(header["hdrCounter"])
@@ -121,8 +195,13 @@ class MultiHDF5(Container):
             raise FormatError(f"{self.label}: MultiHDF5 header is inconsistent")
         self._slots = []  # header order; None for a deleted slot
         self._entries = {}
+        over_budget = 0
         for name, size in zip(names, sizes):
             if name == "":
+                self._slots.append(None)
+                continue
+            if not self._tree.spend():
+                over_budget += 1
                 self._slots.append(None)
                 continue
             why = self._entry_problem(name, size)
@@ -134,6 +213,9 @@ class MultiHDF5(Container):
             f = _File(name, size, clean=False)
             self._slots.append(f)
             self._entries[name] = f
+        if over_budget:
+            self.problems.append(f"{over_budget} entries hidden: the file shows at most "
+                                 f"{MAX_TREE_ENTRIES} entries in all")
         if self.writable and self.problems:
             raise FormatError(f"{self.label}: damaged entries ({self.problems[0]}); "
                               "mount it read-only")
@@ -161,22 +243,46 @@ class MultiHDF5(Container):
             return f"its HDF5 objects cannot be read ({exc})"
 
     def _group_problem(self, name, size):
-        item = self.group.get(_link(name))
+        link = _link(name)
+        escape = _link_problem(self.group, link)
+        if escape:
+            return escape
+        item = self.group.get(link)
         if not isinstance(item, h5py.Group):
             return "no group for it"
+        if not self._tree.first_visit(item):
+            return "its group appears twice in the file's tree (an HDF5 hard link)"
+        nested = _link_type(item, HEADER.encode()) is not None  # its own _load checks it
+        escape = _link_problem(item, b"FileData")
+        if escape:
+            return escape
         data = item.get("FileData")
-        if HEADER in item:
+        if nested and data is None:
             return None
         if not isinstance(data, h5py.Dataset) or data.ndim != 2 or data.dtype != np.uint8 \
                 or data.shape[1] != self.block_size:
             return "no FileData dataset of the container's block size"
+        why = _storage_problem(data)
+        if why:
+            return why
+        if not self._tree.first_visit(data):
+            return "its FileData appears twice in the file's tree (an HDF5 hard link)"
+        if nested:
+            return None
         if data.shape[0] * self.block_size < size:
             return f"size {size} larger than its {data.shape[0]} rows of data"
         return None
 
     @classmethod
     def open(cls, path, *, writable=False):
-        """Open the file; a writer takes an exclusive flock (a second writer is refused)."""
+        """Open the file once a child process has read it all without crashing or hanging;
+        a writer takes an exclusive flock (a second writer is refused)."""
+        hdf5_probe.probe(path)
+        return cls.open_unprobed(path, writable=writable)
+
+    @classmethod
+    def open_unprobed(cls, path, *, writable=False):
+        """Open the file trusting the HDF5 library with it (in ``hdf5_probe``'s child)."""
         handle, journal = _open_file(path, writable)
         try:
             container = cls(handle, str(path), writable=writable)
@@ -204,8 +310,6 @@ class MultiHDF5(Container):
         if not 1 <= block_size <= 1 << 30:
             raise CtdsfsError(f"block size {block_size} is out of range (1 .. 1 GiB)")
         path = os.fspath(path)
-        if os.path.lexists(path):
-            raise CtdsfsError(f"{path}: File exists")
         staging = f"{path}.ctdsfs-new"
         try:
             with _h5file(staging, "w") as handle:
@@ -220,7 +324,7 @@ class MultiHDF5(Container):
             if os.path.lexists(staging):
                 os.unlink(staging)
         _fsync_path(os.path.dirname(os.path.abspath(path)))
-        return cls.open(path, writable=True)
+        return cls.open_unprobed(path, writable=True)  # written here, not untrusted
 
     def _drop_orphans(self):
         """Groups of files unlinked while open when a previous writer died."""
@@ -270,7 +374,7 @@ class MultiHDF5(Container):
         f = self._entry(name)
         try:
             group = self.group[_link(f.link)]
-            if HEADER not in group:
+            if _link_type(group, HEADER.encode()) is None:
                 return None
         except HDF5_ERRORS as exc:
             self.problems.append(f"{name!r} shown as a file: {exc}")
@@ -280,11 +384,34 @@ class MultiHDF5(Container):
             return None
         try:
             return MultiHDF5(group, f"{self.label}/{name}", writable=self.writable,
-                             depth=self.depth + 1, lock=self._lock, root=self.root)
+                             depth=self.depth + 1, lock=self._lock, root=self.root,
+                             tree=self._tree)
         except FormatError as exc:
             self.problems.append(f"{name!r} shown as a file: {exc}")
             log.warning("%s: %r shown as a file: %s", self.label, name, exc)
             return None
+
+    def stored_spans(self, key):
+        """(first row, rows, offset in the HDF5 file or None, bytes) of each stored piece of
+        the rows a file's size needs: one per chunk, or one for a contiguous or compact
+        dataset. Other rows were never written and read as zeros; the list is as long as
+        the file's chunk index, so walking it costs what the file holds, not what it claims.
+        """
+        with self._lock:
+            f = self._entry(key)
+            rows = -(-f.size // self.block_size)
+            ds = self._data(f)
+            if ds.chunks is None:
+                stored = ds.id.get_storage_size()
+                return [(0, rows, ds.id.get_offset(), stored)] if stored and rows else []
+            per_chunk = ds.chunks[0]
+            spans = []
+
+            def visit(info):
+                if info.chunk_offset[0] < rows:
+                    spans.append((info.chunk_offset[0], per_chunk, info.byte_offset, info.size))
+            ds.id.chunk_iter(visit)
+            return spans
 
     def describe(self):
         return {"container": self.label, "format": "MultiHDF5", "block_size": self.block_size,
@@ -298,7 +425,8 @@ class MultiHDF5(Container):
         """Rows of the file's dataset (a nested container may have none); None if unreadable."""
         try:
             group = self.group[_link(f.link)]
-            return int(group["FileData"].shape[0]) if "FileData" in group else 0
+            return int(group["FileData"].shape[0]) \
+                if _link_type(group, b"FileData") == h5py.h5l.TYPE_HARD else 0
         except HDF5_ERRORS:
             return None
 
@@ -323,7 +451,9 @@ class MultiHDF5(Container):
             _close(self.file, self.journal)
             self.file = self.journal = None
             self._nested, self._slots, self._entries = {}, [], {}
+            self._tree = _Tree()
             try:
+                hdf5_probe.probe(path)
                 self.file, self.journal = _open_file(path, False)
                 self.group = self.file
                 self.problems = []
@@ -474,7 +604,8 @@ class MultiHDF5(Container):
             f = self._create(name)
             child = MultiHDF5(self.group[_link(f.link)], f"{self.label}/{name}", writable=True,
                               depth=self.depth + 1, lock=self._lock,
-                              new_block_size=self.block_size, root=self.root)
+                              new_block_size=self.block_size, root=self.root,
+                              tree=self._tree)
             self._nested[name] = child
             return child
         return self._guarded(run)

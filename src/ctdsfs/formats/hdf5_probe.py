@@ -1,0 +1,104 @@
+"""Read an untrusted HDF5 file in a child process before the main process opens it.
+
+The HDF5 C library can crash (a segmentation fault) or spin forever on
+damaged bytes; in the daemon or a command that would end everything without a
+message. So ``probe(path)`` runs ``python3 -m ctdsfs.formats.hdf5_probe PATH``
+(a fresh process: forking the threaded daemon is unsafe), which opens the
+file the way ctdsfs does and touches everything ctdsfs will: the header
+attributes, every listed group, each FileData's shape, type, layout and chunk
+index, nested containers in turn, within the same bounds. A child killed by a
+signal, or not done within PROBE_SECONDS (environment variable
+CTDSFS_HDF5_PROBE_SECONDS), refuses the file in one line. The child reports
+its own verdict as one JSON line: a refusal is passed on as it is.
+"""
+
+import json
+import os
+import resource
+import signal
+import subprocess
+import sys
+
+from ..errors import FormatError
+
+TIME_LIMIT_ENV = "CTDSFS_HDF5_PROBE_SECONDS"
+DEFAULT_SECONDS = 20.0
+MEMORY_LIMIT = 4 << 30  # the child's address space: an allocation bomb fails there
+
+
+def time_limit():
+    try:
+        return max(0.1, float(os.environ.get(TIME_LIMIT_ENV, DEFAULT_SECONDS)))
+    except ValueError:
+        return DEFAULT_SECONDS
+
+
+def probe(path):
+    """Refuse ``path`` (FormatError) if reading it crashes or hangs HDF5; else its problems."""
+    path = os.fspath(path)
+    seconds = time_limit()
+    package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [package_root] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
+    try:
+        child = subprocess.run([sys.executable, "-m", __name__, path], env=env,
+                               capture_output=True, timeout=seconds, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:  # (subprocess.run has killed the child)
+        raise FormatError(f"{path}: HDF5 did not finish reading it within {seconds:g} s: "
+                          "damaged file") from None
+    if child.returncode < 0:
+        number = -child.returncode
+        raise FormatError(f"{path}: HDF5 crashed (signal {number}, "
+                          f"{signal.Signals(number).name}) while reading it: damaged file")
+    lines = child.stdout.decode("utf-8", "replace").splitlines()
+    try:
+        verdict = json.loads(lines[-1])
+    except (IndexError, ValueError):
+        last = (child.stderr.decode("utf-8", "replace").strip().splitlines() or ["no output"])[-1]
+        raise FormatError(f"{path}: the HDF5 check process failed ({last[:200]}): "
+                          "damaged file") from None
+    if "refused" in verdict:
+        raise FormatError(verdict["refused"])
+    return verdict["problems"]
+
+
+def _touch(container, problems):
+    """Everything the main process touches later, nested containers included; the
+    containers' problems are gathered into ``problems``."""
+    from .multihdf5 import HDF5_ERRORS
+
+    for name in container.names():
+        child = container.nested(name)
+        if child is not None:
+            _touch(child, problems)
+            continue
+        try:
+            container.stored_spans(name)
+        except HDF5_ERRORS as exc:  # an error, not a crash: EIO for that file later
+            problems.append(f"{container.label}/{name}: its chunk index cannot be read ({exc})")
+    container.describe()
+    problems.extend(container.problems)
+    return problems
+
+
+def main(path):
+    from ..errors import CtdsfsError
+    from .multihdf5 import HDF5_ERRORS, MultiHDF5
+
+    resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT, MEMORY_LIMIT))
+    try:
+        container = MultiHDF5.open_unprobed(path)
+        try:
+            verdict = {"problems": _touch(container, [])}
+        finally:
+            container.abandon()
+    except CtdsfsError as exc:
+        verdict = {"refused": str(exc)}
+    except HDF5_ERRORS + (MemoryError,) as exc:
+        verdict = {"refused": f"{path}: damaged MultiHDF5 structure ({exc})"}
+    print(json.dumps(verdict))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))
