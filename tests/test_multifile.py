@@ -250,6 +250,15 @@ def test_statfs_of_absurd_header_counts(tmp_path, mount):
     assert os.listdir(m.mountpoint) == ["a"]
 
 
+def test_header_and_block_size_claims_size_no_read(tmp_path, bounded_memory):
+    data = bytearray((DATA / "mf2_basic.mf").read_bytes())
+    data[32:48] = struct.pack(">qq", 2 ** 31 - 64, 2 ** 31)  # header size, block size
+    p = tmp_path / "big.mf"
+    p.write_bytes(data * 8)  # bigger than one block of 4096, far below 2 GiB
+    with pytest.raises(FormatError, match=rf"^{p}: file ends inside the header"):
+        open_container(p)
+
+
 @pytest.mark.parametrize("nblocks", [0, -1, -(2 ** 63)])
 def test_non_positive_block_count_is_refused_naming_the_file(tmp_path, nblocks):
     p = build_v2(tmp_path / "x.mf", [("a", b"x" * 600)],
