@@ -259,6 +259,17 @@ def test_header_and_block_size_claims_size_no_read(tmp_path, bounded_memory):
         open_container(p)
 
 
+def test_nested_header_fault_names_the_virtual_file(tmp_path):
+    data = bytearray((DATA / "mf2_nested.mf").read_bytes())
+    data[2 * 4096 + 32:2 * 4096 + 40] = struct.pack(">q", 2 ** 62)  # SUB's header size
+    p = tmp_path / "outer.mf"
+    p.write_bytes(data)
+    c = open_container(p)
+    assert c.nested("SUB") is None  # shown as a plain file
+    assert c.problems == [f"'SUB' shown as a file: looks nested but {p}/SUB: header size "
+                          f"{2 ** 62} is invalid"]
+
+
 @pytest.mark.parametrize("nblocks", [0, -1, -(2 ** 63)])
 def test_non_positive_block_count_is_refused_naming_the_file(tmp_path, nblocks):
     p = build_v2(tmp_path / "x.mf", [("a", b"x" * 600)],
