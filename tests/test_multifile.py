@@ -270,6 +270,26 @@ def test_nested_header_fault_names_the_virtual_file(tmp_path):
                           f"{2 ** 62} is invalid"]
 
 
+@pytest.mark.parametrize("what,patch", [
+    ("free list names block 0, outside the container",
+     lambda h: setattr(h, "free_blocks", np.array([0]))),
+    ("free list names a block twice or one that a file uses",
+     lambda h: setattr(h, "free_blocks", np.array([2]))),
+    ("continuation sets names a block twice or one that a file uses",
+     lambda h: setattr(h, "cont_sets", (np.array([1]), np.zeros(0, np.int64)))),
+])
+def test_reusable_block_lists_are_checked_before_any_write(tmp_path, what, patch):
+    """A free list or continuation set that names the header or a file's block would have
+    a write overwrite it: such a container is served read-only, never written."""
+    p = build_v2(tmp_path / "x.mf", [("a", b"a" * 600)], patch=patch)
+    before = p.read_bytes()
+    c = open_container(p)
+    assert c.names() == ["a"] and c.problems == [what]
+    with pytest.raises(FormatError, match="mount it read-only"):
+        open_container(p, writable=True)
+    assert p.read_bytes() == before
+
+
 @pytest.mark.parametrize("nblocks", [0, -1, -(2 ** 63)])
 def test_non_positive_block_count_is_refused_naming_the_file(tmp_path, nblocks):
     p = build_v2(tmp_path / "x.mf", [("a", b"x" * 600)],
