@@ -4,7 +4,7 @@ Seeds are files the real writers made: casacore's MultiFile v1 (with
 ``_hdrext``) and v2 fixtures (plain, CRC, nested, multi-block header, free
 list), a ``.pycauset`` file pycauset itself wrote, and casacore table.dat files.
 Each case mutates one seed (random byte flips, a truncation, or a targeted
-header field set to 0, -1, 2**31, 2**62 or 2**63-1; checksums are then
+header field (or two) set to 0, -1, 2**31, 2**62 or 2**63-1; checksums are then
 recomputed for half the cases, so the mutation reaches past them) and runs
 every library operation on it in a child process with an address-space limit
 and a time limit per case: open, list, read every file, walk nested
@@ -141,10 +141,13 @@ def mutate(kind, path, raw, rng):
             fields = _pycauset_fields(raw)
         else:
             fields = [(rng.randrange(len(raw) - 8), rng.choice((4, 8)))]
-        offset, width = rng.choice(fields)
-        value = rng.choice(SPECIALS)
-        _put(data, offset, width, value, order)
-        what = f"{width}-byte field at {offset} set to {value}"
+        changes = []
+        for _ in range(rng.choice((1, 1, 2))):  # sometimes two fields that must agree
+            offset, width = rng.choice(fields)
+            value = rng.choice(SPECIALS)
+            _put(data, offset, width, value, order)
+            changes.append(f"{width}-byte field at {offset} set to {value}")
+        what = " and ".join(changes)
     if rng.random() < 0.5:
         if kind == "multifile":
             _refresh_multifile_crc(data)

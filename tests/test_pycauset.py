@@ -151,7 +151,8 @@ def test_invalid_metadata_changes_nothing(workdir, mount):
     path = save(pycauset.matrix(MATRICES["int32"]), workdir / "i.pycauset")
     before = open(path, "rb").read()
     m = mount(path, options=["rw"])
-    for bad in ("{not json", "[1, 2]", '{"x": null}', '{"x": 18446744073709551616}', ""):
+    for bad in ("{not json", "[1, 2]", '{"x": null}', '{"x": 18446744073709551616}', "",
+                '{"x": ' + "[" * 100000 + "]" * 100000 + "}"):
         with pytest.raises(OSError) as exc:
             with open(m.mountpoint / "metadata.json", "w") as f:
                 f.write(bad)

@@ -206,3 +206,27 @@ def test_damaged_table_dat_in_a_mounted_directory(tmp_path, mount):
     log = m.log_text()
     assert "internal error" not in log and "Traceback" not in log
     assert log.count("table.dat shown as it is") == 1
+
+
+def test_tableinfo_escapes_keyword_names(tmp_path):
+    from ctdsfs.formats.aipsio import AipsWriter
+
+    w = AipsWriter()
+    w.start("TableRecord", 1)
+    w.start("RecordDesc", 2)
+    w.i32(1)
+    w.string(b"evil\x1b]0;owned\x07\xff")  # a terminal title escape and a byte that is not UTF-8
+    w.i32(5)  # Int
+    w.string("")
+    w.end()
+    w.i32(0)
+    w.i32(42)
+    w.end()
+    table = tmp_path / "t.tab"
+    table.mkdir()
+    (table / "table.dat").write_bytes(with_table_keywords(
+        (DATA / "t_mf.tab" / "table.dat").read_bytes(), w.getvalue()))
+    result = subprocess.run(["ctdsfs", "tableinfo", str(table)], capture_output=True,
+                            env=dict(os.environ, LC_ALL="C.UTF-8"))
+    assert result.returncode == 0 and result.stderr == b""
+    assert b"    evil\\x1b]0;owned\\x07\\xff = 42\n" in result.stdout

@@ -452,7 +452,8 @@ def _tableinfo(args, out):
         out.write("\n")
         return 0
     block = f", block size {info['block_size']}" if info["block_size"] else ""
-    lines = [f"{printable(directory)}: {info['rows']} rows, storage {info['storage_option']}{block} "
+    lines = [f"{printable(directory)}: {info['rows']} rows, "
+             f"storage {info['storage_option']}{block} "
              f"(Table v{info['table_version']}, ColumnSet v{info['column_set_version']}, "
              f"{info['endian']} endian)", "  columns"]
     for c in info["columns"]:

@@ -285,9 +285,14 @@ def _read_header_v1(store, physical, header_size, block_size, counter, hdrext_pa
 
 
 def _assemble_v2(store, physical, block_size, header_size, cont_first):
-    """Block 0's part of the header plus the pieces of the continuation chain."""
-    data = bytearray(store.pread(0, min(header_size, block_size)))
-    if len(data) < min(header_size, block_size):
+    """Block 0's part of the header plus the pieces of the continuation chain.
+
+    Nothing is read that the file does not hold: a hostile header or block
+    size never becomes the size of a read buffer.
+    """
+    in_block0 = min(header_size, block_size)
+    data = bytearray(store.pread(0, in_block0) if in_block0 <= physical else b"")
+    if len(data) < in_block0:
         raise FormatError("file ends inside the header")
     physical_blocks = physical // block_size
     piece = block_size - 8

@@ -592,7 +592,7 @@ class Pycauset(Container):
             refused = f"{self.label}/metadata.json not stored"
             try:
                 value = from_json(json.loads(staged.decode("utf-8")))
-            except (ValueError, UnicodeDecodeError) as exc:
+            except (ValueError, UnicodeDecodeError, RecursionError) as exc:  # JSON nested deep
                 raise CtdsfsError(f"{refused}: {exc}") from None
             if value[0] != "map":
                 raise CtdsfsError(f"{refused}: the document must be an object")
