@@ -104,22 +104,22 @@ def virtual_dataset(group, name, directory):
 
 
 def soft_link(group, name, directory):
-    other = _other(group, name)
+    target = _other(group, name) or group  # (the container itself when it holds one file)
     del group[name]
-    group[name] = h5py.SoftLink(group[other].name)
+    group[name] = h5py.SoftLink(target.name)
 
 
 def hard_alias(group, name, directory):
-    other = _other(group, name)
+    target = _other(group, name) or group
     del group[name]
-    group[name] = group[other]
+    group[name] = target
 
 
 def shared_data(group, name, directory):
     other = _other(group, name)
-    if "FileData" in group[other]:
+    if other is not None and "FileData" in other:
         del group[name]["FileData"]
-        group[name]["FileData"] = group[other]["FileData"]
+        group[name]["FileData"] = other["FileData"]
 
 
 def loop_to_root(group, name, directory):
@@ -155,8 +155,9 @@ def too_many_names(group, name, directory):
 
 
 def _other(group, name):
-    others = [n for n in _names(group) if n and n != name]
-    return others[0] if others else name
+    """Another entry's group in the same container, or None."""
+    others = [n for n in _names(group) if n and n != name and n in group]
+    return group[others[0]] if others else None
 
 
 def _names(group):

@@ -77,6 +77,7 @@ def _touch(container, problems):
         except HDF5_ERRORS as exc:  # an error, not a crash: EIO for that file later
             problems.append(f"{container.label}/{name}: its chunk index cannot be read ({exc})")
     container.describe()
+    list(container.group)  # check and a writer's sweep of leftovers list every link
     problems.extend(container.problems)
     return problems
 
