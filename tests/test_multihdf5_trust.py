@@ -240,3 +240,18 @@ def test_mounted_escapes_serve_nothing_from_outside(mount, tmp_path):
     assert (m.mountpoint / "plain").read_bytes() == b"inside " * 100
     for name in names:
         assert not os.path.exists(m.mountpoint / name)
+
+
+def test_a_huge_claimed_size_costs_what_the_file_holds(hostile):
+    """A FileData of 2**40 rows, never written, and a size to match: check reads the stored
+    rows only (none) instead of 2**52 bytes of zeros; the map walks the chunk index."""
+    path = hostile(mutations.huge_dims)
+    result = subprocess.run(["ctdsfs", "check", str(path)], capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0, result
+    c = open_container(path)
+    assert c.entry_size("hello.txt") == (1 << 40) * 4096 - 1
+    assert c.read("hello.txt", 1 << 50, 10) == bytes(10)
+    result = subprocess.run(["ctdsfs", "map", str(path)], capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0 and "hello.txt" in result.stdout
