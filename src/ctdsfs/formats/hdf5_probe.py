@@ -15,7 +15,6 @@ its own verdict as one JSON line: a refusal is passed on as it is.
 import json
 import os
 import resource
-import signal
 import subprocess
 import sys
 
@@ -38,8 +37,9 @@ def probe(path):
     path = os.fspath(path)
     seconds = time_limit()
     package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [package_root] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
+    inherited = os.environ.get("PYTHONPATH")
+    env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1",  # a lighter start
+               PYTHONPATH=os.pathsep.join(filter(None, [package_root, inherited])))
     try:
         child = subprocess.run([sys.executable, "-m", __name__, path], env=env,
                                capture_output=True, timeout=seconds, stdin=subprocess.DEVNULL)
@@ -47,9 +47,8 @@ def probe(path):
         raise FormatError(f"{path}: HDF5 did not finish reading it within {seconds:g} s: "
                           "damaged file") from None
     if child.returncode < 0:
-        number = -child.returncode
-        raise FormatError(f"{path}: HDF5 crashed (signal {number}, "
-                          f"{signal.Signals(number).name}) while reading it: damaged file")
+        raise FormatError(f"{path}: HDF5 crashed (signal {-child.returncode}) while reading "
+                          "it: damaged file")
     lines = child.stdout.decode("utf-8", "replace").splitlines()
     try:
         verdict = json.loads(lines[-1])
@@ -86,6 +85,7 @@ def main(path):
     from ..errors import CtdsfsError
     from .multihdf5 import HDF5_ERRORS, MultiHDF5
 
+    # (set once the trusted imports are done: the bound is for what the file makes HDF5 do)
     resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT, MEMORY_LIMIT))
     try:
         container = MultiHDF5.open_unprobed(path)

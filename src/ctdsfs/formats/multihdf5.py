@@ -36,15 +36,15 @@ import threading
 import h5py
 import numpy as np
 
-from . import hdf5_probe
-
 from ..container import Container, Usage, name_problem
 from ..errors import BlockError, ContainerFull, CtdsfsError, FormatError, ReadOnlyError
+from . import hdf5_probe
 from .multifile import MAX_NESTING
 
 log = logging.getLogger(__name__)
 
 HEADER = "__MultiHDF5_Header__"
+HEADER_LINK, DATA_LINK = HEADER.encode(), b"FileData"
 ORPHAN_PREFIX = "__ctdsfs_unlinked_"  # a file unlinked while open; never listed in a header
 # casacore's HDF5Record cuts a string attribute to 4000 values (the old-format
 # 64 KiB attribute limit), which would lose names: ctdsfs stops at that count.
@@ -171,7 +171,7 @@ class MultiHDF5(Container):
         if not self.depth:
             self._tree.first_visit(self.group)
         try:
-            escape = _link_problem(self.group, HEADER.encode())
+            escape = _link_problem(self.group, HEADER_LINK)
             if escape:
                 raise FormatError(f"{self.label}: MultiHDF5 header refused: {escape}")
             header = self.group[HEADER].attrs
@@ -237,8 +237,8 @@ class MultiHDF5(Container):
             return "no group for it"
         if not self._tree.first_visit(item):
             return "its group appears twice in the file's tree (an HDF5 hard link)"
-        nested = _link_type(item, HEADER.encode()) is not None  # its own _load checks it
-        escape = _link_problem(item, b"FileData")
+        nested = _link_type(item, HEADER_LINK) is not None  # (its own _load checks the header)
+        escape = _link_problem(item, DATA_LINK)
         if escape:
             return escape
         data = item.get("FileData")
@@ -351,7 +351,7 @@ class MultiHDF5(Container):
         f = self._entry(name)
         try:
             group = self.group[_link(f.link)]
-            if _link_type(group, HEADER.encode()) is None:
+            if _link_type(group, HEADER_LINK) is None:
                 return None
         except HDF5_ERRORS as exc:
             self.problems.append(f"{name!r} shown as a file: {exc}")
@@ -402,7 +402,7 @@ class MultiHDF5(Container):
         try:
             group = self.group[_link(f.link)]
             return int(group["FileData"].shape[0]) \
-                if _link_type(group, b"FileData") == h5py.h5l.TYPE_HARD else 0
+                if _link_type(group, DATA_LINK) == h5py.h5l.TYPE_HARD else 0
         except HDF5_ERRORS:
             return None
 
