@@ -68,12 +68,18 @@ def _text(value):
     return value.decode("utf-8", "surrogateescape") if isinstance(value, bytes) else str(value)
 
 
+def _attribute(attrs, key, most=1):
+    """An attribute's value; one holding more than ``most`` values is refused unread (the
+    file sets its size, so reading it first could cost any memory)."""
+    count = int(np.prod(attrs.get_id(key).shape or ()))
+    if count > most:
+        raise ValueError(f"{key} holds {count} values, more than the {most} casacore writes")
+    return attrs[key]
+
+
 def _vector(attrs, key):
     """An attribute as a list; casacore's empty-array marker gives []."""
-    count = int(np.prod(attrs.get_id(key).shape or ()))
-    if count > MAX_SLOTS:  # read nothing whose size the file sets without bound
-        raise ValueError(f"{key} holds {count} values, more than casacore's {MAX_SLOTS}")
-    value = attrs[key]
+    value = _attribute(attrs, key, MAX_SLOTS)
     names = getattr(value, "dtype", np.dtype(object)).names
     if names and "emptyarray" in names:
         return []
@@ -175,8 +181,8 @@ class MultiHDF5(Container):
             if escape:
                 raise FormatError(f"{self.label}: MultiHDF5 header refused: {escape}")
             header = self.group[HEADER].attrs
-            self.block_size = int(header["blockSize"])
-            self.counter = int(header["hdrCounter"])
+            self.block_size = int(_attribute(header, "blockSize"))
+            self.counter = int(_attribute(header, "hdrCounter"))
             names = [_text(n) for n in _vector(header, "names")]
             sizes = [int(s) for s in _vector(header, "sizes")]
         except HDF5_ERRORS as exc:
