@@ -185,3 +185,18 @@ def mutate(path, mutation, rng, directory):
             choices += [(group, n) for n in plain]
         group, name = rng.choice(choices)
         mutation(group, name, directory)
+
+
+def metadata_offsets(path):
+    """Offsets of the bytes of ``path`` that are not dataset contents: HDF5's own structures,
+    where a flipped byte tests the library rather than the data."""
+    size = os.path.getsize(path)
+    metadata = np.ones(size, bool)
+    with h5py.File(path, "r") as f:
+        def visit(_, item):
+            if isinstance(item, h5py.Dataset) and item.chunks is not None:
+                def clear(info):
+                    metadata[info.byte_offset:info.byte_offset + info.size] = False
+                item.id.chunk_iter(clear)
+        f.visititems(visit)
+    return np.flatnonzero(metadata)

@@ -272,8 +272,10 @@ for case in range(cases):
         mutations.mutate(path, mutation, rng, work)
     flips = 0 if mutation and rng.random() < 0.5 else rng.randrange(1, 9)
     data = bytearray(open(path, "rb").read())
-    for _ in range(flips):
-        data[rng.randrange(len(data))] ^= rng.randrange(1, 256)
+    metadata = mutations.metadata_offsets(path) if flips else []
+    for _ in range(flips):  # mostly in HDF5's structures, where the library is tested
+        where = rng.choice(metadata) if rng.random() < 0.8 else rng.randrange(len(data))
+        data[where] ^= rng.randrange(1, 256)
     open(path, "wb").write(data)
     what = f"case {case}: {mutation.__name__ if mutation else ''} {flips} flips"
     print(what, file=sys.stderr, flush=True)  # the last line names a case that killed us
