@@ -18,6 +18,8 @@ from ctdsfs.vfs.directory import directory_or_table
 from . import hdf5_mutations as mutations
 from .conftest import DATA
 
+HEADER = multihdf5.HEADER
+
 # Single bytes of casacore's own t_mh5.tab/table.mfh5 that HDF5 2.0 cannot survive (found by
 # flipping every byte of the header object and its global heap in a child with a time limit).
 CRASH_FLIP = (9849, 0xFF)  # in the header attributes' object header: a segmentation fault
@@ -115,26 +117,31 @@ def test_cycles_and_aliases_show_each_hdf5_object_once(tmp_path):
         c.create(name)
         c.write(name, 0, name.encode() * 300)
     c.make_nested("SUB").create("x")
+    c.make_nested("SUB2")
     c.close()
     with h5py.File(path, "r+") as f:
         mutations.loop_to_root(f["SUB"], None, None)
+        del f["SUB2"][HEADER]
+        f["SUB2"][HEADER] = f[HEADER]
         f["alias"] = f["a"]
         mutations.add_entry(f, "alias", 300)
         del f["b/FileData"]
         f["b/FileData"] = f["a/FileData"]
     c = open_container(path)
-    assert walk_count(c, limit=1000) == 3  # a, SUB, SUB/x
-    assert c.names() == ["a", "SUB"] and c.nested("SUB").names() == ["x"]
-    assert c.problems == ["entry 'b' hidden: its FileData appears twice in the file's tree "
+    assert walk_count(c, limit=1000) == 4  # a, SUB, SUB/x, SUB2 (as a file)
+    assert c.names() == ["a", "SUB", "SUB2"] and c.nested("SUB").names() == ["x"]
+    assert c.nested("SUB2") is None and c.problems[-1].endswith(
+        "SUB2: its header group appears twice in the file's tree (an HDF5 hard link)")
+    assert c.problems[:2] == ["entry 'b' hidden: its FileData appears twice in the file's tree "
                           "(an HDF5 hard link)",
                           "entry 'alias' hidden: its group appears twice in the file's tree "
                           "(an HDF5 hard link)"]
     assert len(c.nested("SUB").problems) == 2
-    assert len(check_path(path)[0]) == 4
+    assert len(check_path(path)[0]) == 5
     c.close()
     subprocess.run(["ctdsfs", "unpack", str(path), str(tmp_path / "out")], check=True,
                    timeout=60)
-    assert sorted(p.name for p in (tmp_path / "out").rglob("*")) == ["SUB", "a", "x"]
+    assert sorted(p.name for p in (tmp_path / "out").rglob("*")) == ["SUB", "SUB2", "a", "x"]
     with pytest.raises(CtdsfsError, match="damaged entries"):  # never two writable views
         open_container(path, writable=True)
 

@@ -180,7 +180,11 @@ class MultiHDF5(Container):
             escape = _link_problem(self.group, HEADER_LINK)
             if escape:
                 raise FormatError(f"{self.label}: MultiHDF5 header refused: {escape}")
-            header = self.group[HEADER].attrs
+            header_group = self.group[HEADER]
+            if not self._tree.first_visit(header_group):
+                raise FormatError(f"{self.label}: its header group appears twice in the "
+                                  "file's tree (an HDF5 hard link)")
+            header = header_group.attrs
             self.block_size = int(_attribute(header, "blockSize"))
             self.counter = int(_attribute(header, "hdrCounter"))
             names = [_text(n) for n in _vector(header, "names")]
