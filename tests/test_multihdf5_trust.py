@@ -254,7 +254,8 @@ def test_mounted_escapes_serve_nothing_from_outside(mount, tmp_path):
 
 def test_a_huge_claimed_size_costs_what_the_file_holds(hostile):
     """A FileData of 2**40 rows, never written, and a size to match: check reads the stored
-    rows only (none) instead of 2**52 bytes of zeros; the map walks the chunk index."""
+    rows only (none) instead of 2**52 bytes of zeros; the map walks the chunk index; unpack
+    and convert refuse up front what the target's file system cannot hold."""
     path = hostile(mutations.huge_dims)
     result = subprocess.run(["ctdsfs", "check", str(path)], capture_output=True, text=True,
                             timeout=120)
@@ -265,3 +266,9 @@ def test_a_huge_claimed_size_costs_what_the_file_holds(hostile):
     result = subprocess.run(["ctdsfs", "map", str(path)], capture_output=True, text=True,
                             timeout=120)
     assert result.returncode == 0 and "hello.txt" in result.stdout
+    for command in (["unpack", str(path), str(path.parent / "out")],
+                    ["convert", "--format", "mf2", str(path), str(path.parent / "out.mf")]):
+        result = one_line_failure(["ctdsfs", *command])  # not 4 PiB of zeros written
+        assert f"hostile.mfh5: its files hold {(1 << 40) * 4096 + 9999} bytes, more than the" \
+            in result.stderr and len(result.stderr.splitlines()) == 1
+    assert sorted(os.listdir(path.parent)) == ["hostile.mfh5", "secret.bin", "secret.h5"]
