@@ -104,22 +104,22 @@ def virtual_dataset(group, name, directory):
 
 
 def soft_link(group, name, directory):
-    other = _other(group, name)
+    target = _other(group, name) or group  # (the container itself when it holds one file)
     del group[name]
-    group[name] = h5py.SoftLink(group[other].name)
+    group[name] = h5py.SoftLink(target.name)
 
 
 def hard_alias(group, name, directory):
-    other = _other(group, name)
+    target = _other(group, name) or group
     del group[name]
-    group[name] = group[other]
+    group[name] = target
 
 
 def shared_data(group, name, directory):
     other = _other(group, name)
-    if "FileData" in group[other]:
+    if other is not None and "FileData" in other:
         del group[name]["FileData"]
-        group[name]["FileData"] = group[other]["FileData"]
+        group[name]["FileData"] = other["FileData"]
 
 
 def loop_to_root(group, name, directory):
@@ -155,8 +155,9 @@ def too_many_names(group, name, directory):
 
 
 def _other(group, name):
-    others = [n for n in _names(group) if n and n != name]
-    return others[0] if others else name
+    """Another entry's group in the same container, or None."""
+    others = [n for n in _names(group) if n and n != name and n in group]
+    return group[others[0]] if others else None
 
 
 def _names(group):
@@ -184,3 +185,18 @@ def mutate(path, mutation, rng, directory):
             choices += [(group, n) for n in plain]
         group, name = rng.choice(choices)
         mutation(group, name, directory)
+
+
+def metadata_offsets(path):
+    """Offsets of the bytes of ``path`` that are not dataset contents: HDF5's own structures,
+    where a flipped byte tests the library rather than the data."""
+    size = os.path.getsize(path)
+    metadata = np.ones(size, bool)
+    with h5py.File(path, "r") as f:
+        def visit(_, item):
+            if isinstance(item, h5py.Dataset) and item.chunks is not None:
+                def clear(info):
+                    metadata[info.byte_offset:info.byte_offset + info.size] = False
+                item.id.chunk_iter(clear)
+        f.visititems(visit)
+    return np.flatnonzero(metadata)

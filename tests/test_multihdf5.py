@@ -6,6 +6,7 @@ import os
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import h5py
 import numpy as np
@@ -13,7 +14,7 @@ import pytest
 
 from ctdsfs.container import create_container, open_container
 from ctdsfs.errors import ContainerFull, CtdsfsError
-from ctdsfs.formats import multihdf5
+from ctdsfs.formats import hdf5_probe, multihdf5
 from ctdsfs.formats.tabledat import decode as decode_table_dat
 
 from .conftest import DATA, pattern
@@ -236,16 +237,20 @@ def test_casacore_3_5_writes_a_multihdf5_table_through_the_view(mount, tmp_path)
 
 
 FUZZ = """
-import json, random, sys
+import json, os, random, shutil, sys
+import h5py
 from ctdsfs.blockmap import block_map
 from ctdsfs.container import open_container
 from ctdsfs.errors import CtdsfsError
-from ctdsfs.formats.check import check_path
+from ctdsfs.formats.check import check_multihdf5
+from tests import hdf5_mutations as mutations
 
 source, work, seed, cases = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 original = open(source, "rb").read()
+with h5py.File(source, "r") as f:
+    mutations.plant_secrets(work, int(f[mutations.HEADER].attrs["blockSize"]))
 rng = random.Random(seed)
-outcomes = {"served": 0, "refused": 0, "escaped": []}
+out = {"served": 0, "refused": 0, "escaped": [], "leaked": [], "called_clean": []}
 
 def walk(c):
     for name in c.names():
@@ -254,40 +259,72 @@ def walk(c):
             walk(child)
             continue
         try:
-            c.read(name, 0, 1 << 20)
+            if mutations.MARKER in c.read(name, 0, 1 << 20):
+                out["leaked"].append(f"case {case}: {c.label}/{name}")
         except CtdsfsError:
             pass  # one unreadable file: EIO for it, the rest still served
 
 for case in range(cases):
-    data = bytearray(original)
-    for _ in range(rng.randrange(1, 9)):
-        data[rng.randrange(len(data))] = rng.randrange(256)
-    with open(work, "wb") as f:
-        f.write(data)
+    path = os.path.join(work, f"case{case}.mfh5")
+    shutil.copy(source, path)
+    mutation = rng.choice(mutations.STRUCTURAL) if rng.random() < 0.5 else None
+    if mutation:
+        mutations.mutate(path, mutation, rng, work)
+    flips = 0 if mutation and rng.random() < 0.5 else rng.randrange(1, 9)
+    data = bytearray(open(path, "rb").read())
+    metadata = mutations.metadata_offsets(path) if flips else []
+    for _ in range(flips):  # mostly in HDF5's structures, where the library is tested
+        where = rng.choice(metadata) if rng.random() < 0.8 else rng.randrange(len(data))
+        data[where] ^= rng.randrange(1, 256)
+    open(path, "wb").write(data)
+    what = f"case {case}: {mutation.__name__ if mutation else ''} {flips} flips"
+    print(what, file=sys.stderr, flush=True)  # the last line names a case that killed us
     try:
-        c = open_container(work)
+        c = open_container(path)
         walk(c)
         c.describe()
         block_map(c)
+        problems = check_multihdf5(c)[0]
         c.close()
-        check_path(work)
-        outcomes["served"] += 1
+        if mutation in mutations.ESCAPES and not flips and not problems:
+            out["called_clean"].append(what)
+        out["served"] += 1
     except CtdsfsError as exc:
         assert "\\n" not in str(exc)
-        outcomes["refused"] += 1
+        out["refused"] += 1
     except Exception as exc:
-        outcomes["escaped"].append(f"case {case}: {type(exc).__name__}: {exc}")
-print(json.dumps(outcomes))
+        out["escaped"].append(f"{what}: {type(exc).__name__}: {exc}")
+print(json.dumps(out))
 """
 
 
-def test_random_corruptions_are_refused_or_served_never_escape(tmp_path):
-    """Bytes flipped anywhere in casacore's file: every failure is a one-line CtdsfsError
-    (run in a child process, so even a crash inside HDF5 would be caught and reported)."""
-    result = subprocess.run([sys.executable, "-c", FUZZ, str(DATA / "mh5_basic.mfh5"),
-                             str(tmp_path / "fuzz.mfh5"), "11", "120"],
-                            capture_output=True, text=True, timeout=600)
+@pytest.mark.parametrize("source", ["mh5_basic", "t_mh5", "nested"])
+def test_random_corruptions_are_refused_or_served_never_escape(tmp_path, source):
+    """Bytes flipped and hostile HDF5 structures (external storage and links, virtual
+    datasets, soft links, cycles, aliases, filters, huge dimensions) in casacore's files and
+    a nested one: every failure is a one-line CtdsfsError or a hidden entry, no byte of the
+    marker files planted beside it is ever served, and the reading process (a child, with a
+    time limit) never dies by a signal or hangs: HDF5's crashes stay in ctdsfs's probe."""
+    path = {"mh5_basic": DATA / "mh5_basic.mfh5", "t_mh5": DATA / "t_mh5.tab" / "table.mfh5",
+            "nested": tmp_path / "nested.mfh5"}[source]
+    if source == "nested":
+        c = create_container(path, format="hdf5", block_size=512)
+        sub = c.make_nested("SUB")
+        deep = sub.make_nested("DEEP")
+        for container, name in ((c, "a"), (c, "b"), (sub, "x"), (deep, "z")):
+            container.create(name)
+            container.write(name, 0, name.encode() * 700)
+        c.close()
+    env = dict(os.environ, **{hdf5_probe.TIME_LIMIT_ENV: "3"})
+    try:
+        result = subprocess.run([sys.executable, "-c", FUZZ, str(path), str(tmp_path), "11",
+                                 "32"], capture_output=True, text=True, timeout=150, env=env,
+                                cwd=Path(__file__).parent.parent)
+    except subprocess.TimeoutExpired as exc:
+        stderr = exc.stderr.decode() if isinstance(exc.stderr, bytes) else exc.stderr or ""
+        pytest.fail(f"hung; the last case begun: {stderr.strip().splitlines()[-1:]}")
     assert result.returncode == 0, result.stderr[-2000:]
     outcomes = json.loads(result.stdout)
-    assert outcomes["escaped"] == []
+    assert outcomes["escaped"] == [] and outcomes["leaked"] == []
+    assert outcomes["called_clean"] == []
     assert outcomes["served"] > 0 and outcomes["refused"] > 0, outcomes

@@ -18,6 +18,8 @@ from ctdsfs.vfs.directory import directory_or_table
 from . import hdf5_mutations as mutations
 from .conftest import DATA
 
+HEADER = multihdf5.HEADER
+
 # Single bytes of casacore's own t_mh5.tab/table.mfh5 that HDF5 2.0 cannot survive (found by
 # flipping every byte of the header object and its global heap in a child with a time limit).
 CRASH_FLIP = (9849, 0xFF)  # in the header attributes' object header: a segmentation fault
@@ -115,23 +117,31 @@ def test_cycles_and_aliases_show_each_hdf5_object_once(tmp_path):
         c.create(name)
         c.write(name, 0, name.encode() * 300)
     c.make_nested("SUB").create("x")
+    c.make_nested("SUB2")
     c.close()
     with h5py.File(path, "r+") as f:
         mutations.loop_to_root(f["SUB"], None, None)
+        del f["SUB2"][HEADER]
+        f["SUB2"][HEADER] = f[HEADER]
         f["alias"] = f["a"]
         mutations.add_entry(f, "alias", 300)
         del f["b/FileData"]
         f["b/FileData"] = f["a/FileData"]
     c = open_container(path)
-    assert walk_count(c, limit=1000) == 3  # a, SUB, SUB/x
-    assert c.names() == ["a", "SUB"] and c.nested("SUB").names() == ["x"]
-    assert c.problems == ["entry 'b' hidden: its FileData appears twice in the file's tree "
+    assert walk_count(c, limit=1000) == 4  # a, SUB, SUB/x, SUB2 (as a file)
+    assert c.names() == ["a", "SUB", "SUB2"] and c.nested("SUB").names() == ["x"]
+    assert c.nested("SUB2") is None and c.problems[-1].endswith(
+        "SUB2: its header group appears twice in the file's tree (an HDF5 hard link)")
+    assert c.problems[:2] == ["entry 'b' hidden: its FileData appears twice in the file's tree "
                           "(an HDF5 hard link)",
                           "entry 'alias' hidden: its group appears twice in the file's tree "
                           "(an HDF5 hard link)"]
     assert len(c.nested("SUB").problems) == 2
-    assert len(check_path(path)[0]) == 4
+    assert len(check_path(path)[0]) == 5
     c.close()
+    subprocess.run(["ctdsfs", "unpack", str(path), str(tmp_path / "out")], check=True,
+                   timeout=60)
+    assert sorted(p.name for p in (tmp_path / "out").rglob("*")) == ["SUB", "SUB2", "a", "x"]
     with pytest.raises(CtdsfsError, match="damaged entries"):  # never two writable views
         open_container(path, writable=True)
 
@@ -169,14 +179,14 @@ def test_one_opened_file_shows_a_bounded_number_of_entries(tmp_path, monkeypatch
 
 def test_more_names_than_casacore_writes_are_refused_before_reading_them(hostile):
     path = hostile(mutations.too_many_names)
-    with pytest.raises(CtdsfsError, match="names holds 5000 values, more than casacore's 4000"):
+    with pytest.raises(CtdsfsError, match="names holds 5000 values, more than the 4000 casacore"):
         open_container(path)
 
 
 def test_a_file_that_crashes_hdf5_is_refused_in_one_line(tmp_path):
     path = flipped(tmp_path, CRASH_FLIP)
     assert raw_read(path, timeout=60) < 0  # still a file that crashes the library
-    message = f"{path}: HDF5 crashed (signal 11, SIGSEGV) while reading it: damaged file"
+    message = f"{path}: HDF5 crashed (signal 11) while reading it: damaged file"
     with pytest.raises(CtdsfsError) as exc:
         open_container(path)
     assert str(exc.value) == message
@@ -240,3 +250,25 @@ def test_mounted_escapes_serve_nothing_from_outside(mount, tmp_path):
     assert (m.mountpoint / "plain").read_bytes() == b"inside " * 100
     for name in names:
         assert not os.path.exists(m.mountpoint / name)
+
+
+def test_a_huge_claimed_size_costs_what_the_file_holds(hostile):
+    """A FileData of 2**40 rows, never written, and a size to match: check reads the stored
+    rows only (none) instead of 2**52 bytes of zeros; the map walks the chunk index; unpack
+    and convert refuse up front what the target's file system cannot hold."""
+    path = hostile(mutations.huge_dims)
+    result = subprocess.run(["ctdsfs", "check", str(path)], capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0, result
+    c = open_container(path)
+    assert c.entry_size("hello.txt") == (1 << 40) * 4096 - 1
+    assert c.read("hello.txt", 1 << 50, 10) == bytes(10)
+    result = subprocess.run(["ctdsfs", "map", str(path)], capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0 and "hello.txt" in result.stdout
+    for command in (["unpack", str(path), str(path.parent / "out")],
+                    ["convert", "--format", "mf2", str(path), str(path.parent / "out.mf")]):
+        result = one_line_failure(["ctdsfs", *command])  # not 4 PiB of zeros written
+        assert f"hostile.mfh5: its files hold {(1 << 40) * 4096 + 9999} bytes, more than the" \
+            in result.stderr and len(result.stderr.splitlines()) == 1
+    assert sorted(os.listdir(path.parent)) == ["hostile.mfh5", "secret.bin", "secret.h5"]

@@ -131,7 +131,7 @@ def convert(source, output, *, format="mf2", block_size=None, use_crc=False, qui
     """``source`` copied into the new container ``output`` of ``format`` (mf2, mf1, hdf5)."""
     src = open_container(source)
     try:
-        _build(output, _container_size(src), "convert",
+        _build(output, _size_that_fits(src, output), "convert",
                lambda dst, bar: _copy_tree(src, dst, bar), quiet,
                format=format, block_size=block_size or src.usage().block_size,
                use_crc=use_crc)
@@ -156,6 +156,21 @@ def _container_size(container):
     return total
 
 
+def _size_that_fits(container, target):
+    """The bytes ``container`` holds, refused up front if more than ``target``'s file system
+    has free: sizes come from the container (a hostile one may claim petabytes)."""
+    total = _container_size(container)
+    directory = os.path.dirname(os.path.abspath(target))
+    try:
+        st = os.statvfs(directory)
+    except OSError:
+        return total  # (the write that follows names the missing directory)
+    if total > st.f_bavail * st.f_frsize:
+        raise CtdsfsError(f"{container.label}: its files hold {total} bytes, more than the "
+                          f"{st.f_bavail * st.f_frsize} free in {directory}")
+    return total
+
+
 def unpack(source, output, *, quiet=False):
     """The tree a container holds, written to ``output`` (which must not exist)."""
     refuse_existing(output)
@@ -163,7 +178,7 @@ def unpack(source, output, *, quiet=False):
     parent = os.path.dirname(os.path.abspath(output))
     staging = tempfile.mkdtemp(prefix=".ctdsfs-unpack-", dir=parent)
     try:
-        with progress_bar(_container_size(container), quiet, "unpack") as bar:
+        with progress_bar(_size_that_fits(container, output), quiet, "unpack") as bar:
             _unpack_into(container, staging, bar)
         os.rename(staging, output)  # the tree appears whole or not at all
     except BaseException:
@@ -239,7 +254,7 @@ def to_sepfile(table, *, quiet=False):
     _require_table(table)
     view = directory_or_table(os.path.abspath(table))
     try:
-        total = _container_size(view)
+        total = _size_that_fits(view, table)
 
         def build(staging):
             os.mkdir(staging)

@@ -38,16 +38,16 @@ import weakref
 import h5py
 import numpy as np
 
-from . import hdf5_probe
-
 from ..container import Container, Usage, name_problem
 from ..errors import BlockError, ContainerFull, CtdsfsError, FormatError, ReadOnlyError
+from . import hdf5_probe
 from .journal import JournaledFile, journal_path
 from .multifile import MAX_NESTING
 
 log = logging.getLogger(__name__)
 
 HEADER = "__MultiHDF5_Header__"
+HEADER_LINK, DATA_LINK = HEADER.encode(), b"FileData"
 ORPHAN_PREFIX = "__ctdsfs_unlinked_"  # a file unlinked while open; never listed in a header
 # casacore's HDF5Record cuts a string attribute to 4000 values (the old-format
 # 64 KiB attribute limit), which would lose names: ctdsfs stops at that count.
@@ -74,12 +74,18 @@ def _text(value):
     return value.decode("utf-8", "surrogateescape") if isinstance(value, bytes) else str(value)
 
 
+def _attribute(attrs, key, most=1):
+    """An attribute's value; one holding more than ``most`` values is refused unread (the
+    file sets its size, so reading it first could cost any memory)."""
+    count = int(np.prod(attrs.get_id(key).shape or ()))
+    if count > most:
+        raise ValueError(f"{key} holds {count} values, more than the {most} casacore writes")
+    return attrs[key]
+
+
 def _vector(attrs, key):
     """An attribute as a list; casacore's empty-array marker gives []."""
-    count = int(np.prod(attrs.get_id(key).shape or ()))
-    if count > MAX_SLOTS:  # read nothing whose size the file sets without bound
-        raise ValueError(f"{key} holds {count} values, more than casacore's {MAX_SLOTS}")
-    value = attrs[key]
+    value = _attribute(attrs, key, MAX_SLOTS)
     names = getattr(value, "dtype", np.dtype(object)).names
     if names and "emptyarray" in names:
         return []
@@ -181,12 +187,16 @@ class MultiHDF5(Container):
         if not self.depth:
             self._tree.first_visit(self.group)
         try:
-            escape = _link_problem(self.group, HEADER.encode())
+            escape = _link_problem(self.group, HEADER_LINK)
             if escape:
                 raise FormatError(f"{self.label}: MultiHDF5 header refused: {escape}")
-            header = self.group[HEADER].attrs
-            self.block_size = int(header["blockSize"])
-            self.counter = int(header["hdrCounter"])
+            header_group = self.group[HEADER]
+            if not self._tree.first_visit(header_group):
+                raise FormatError(f"{self.label}: its header group appears twice in the "
+                                  "file's tree (an HDF5 hard link)")
+            header = header_group.attrs
+            self.block_size = int(_attribute(header, "blockSize"))
+            self.counter = int(_attribute(header, "hdrCounter"))
             names = [_text(n) for n in _vector(header, "names")]
             sizes = [int(s) for s in _vector(header, "sizes")]
         except HDF5_ERRORS as exc:
@@ -252,8 +262,8 @@ class MultiHDF5(Container):
             return "no group for it"
         if not self._tree.first_visit(item):
             return "its group appears twice in the file's tree (an HDF5 hard link)"
-        nested = _link_type(item, HEADER.encode()) is not None  # its own _load checks it
-        escape = _link_problem(item, b"FileData")
+        nested = _link_type(item, HEADER_LINK) is not None  # (its own _load checks the header)
+        escape = _link_problem(item, DATA_LINK)
         if escape:
             return escape
         data = item.get("FileData")
@@ -374,7 +384,7 @@ class MultiHDF5(Container):
         f = self._entry(name)
         try:
             group = self.group[_link(f.link)]
-            if _link_type(group, HEADER.encode()) is None:
+            if _link_type(group, HEADER_LINK) is None:
                 return None
         except HDF5_ERRORS as exc:
             self.problems.append(f"{name!r} shown as a file: {exc}")
@@ -426,7 +436,7 @@ class MultiHDF5(Container):
         try:
             group = self.group[_link(f.link)]
             return int(group["FileData"].shape[0]) \
-                if _link_type(group, b"FileData") == h5py.h5l.TYPE_HARD else 0
+                if _link_type(group, DATA_LINK) == h5py.h5l.TYPE_HARD else 0
         except HDF5_ERRORS:
             return None
 
