@@ -11,7 +11,7 @@ import h5py
 import numpy as np
 import pytest
 
-from ctdsfs.container import create_container, open_container
+from ctdsfs.formats import create_container, open_container
 from ctdsfs.errors import ContainerFull, CtdsfsError
 from ctdsfs.formats import multihdf5
 from ctdsfs.formats.tabledat import decode as decode_table_dat
@@ -238,7 +238,7 @@ def test_casacore_3_5_writes_a_multihdf5_table_through_the_view(mount, tmp_path)
 FUZZ = """
 import json, random, sys
 from ctdsfs.blockmap import block_map
-from ctdsfs.container import open_container
+from ctdsfs.formats import open_container
 from ctdsfs.errors import CtdsfsError
 from ctdsfs.formats.check import check_path
 
