@@ -499,7 +499,7 @@ def many_files_figures(tmp):
         listed = len(os.listdir(tmp / "m3"))
         rss = m.peak_rss_mb()
 
-    from ctdsfs.container import open_container
+    from ctdsfs.formats import open_container
     big = open_container(many, writable=True)
     big.write("table.f0", 100, b"changed")
     start = time.perf_counter()

@@ -10,7 +10,7 @@ import numpy as np
 
 from ctdsfs.blockmap import (BAD_CRC, CONFLICT, CONTINUATION, FREE, HEADER, METADATA, ROLES,
                              SPARE, block_map, render_png, render_svg, render_text)
-from ctdsfs.container import open_container
+from ctdsfs.formats import open_container
 
 from .conftest import DATA
 from .test_multifile import build_v2

@@ -57,7 +57,7 @@ def _multifile_fields(path, raw):
     """(offset, width) of the header fields of a MultiFile and of the containers nested in
     it, found by reading the pristine file: fixed fields, name lengths, continuation
     pointers. The Int64 words between them (counts, indexes, lengths) are picked at random."""
-    from ctdsfs.container import open_container
+    from ctdsfs.formats import open_container
 
     fields, regions = [], []
     c = open_container(path, verify_crc=False)
@@ -162,7 +162,7 @@ def mutate(kind, path, raw, rng):
 def exercise_container(path):
     """Everything a user can ask of a container file, read-only."""
     from ctdsfs.blockmap import block_map, render_text
-    from ctdsfs.container import open_container
+    from ctdsfs.formats import open_container
     from ctdsfs.formats.check import check_path
     from ctdsfs.formats.multifile import MultiFile
 

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from ctdsfs.container import create_container, open_container
+from ctdsfs.formats import create_container, open_container
 from ctdsfs.formats import tabledat
 
 from .conftest import DATA, SCRIPTS, make_casacore_table

@@ -126,7 +126,7 @@ def test_corrupted_block_gives_eio_and_one_log_line(mount, tmp_path):
 
 
 def test_bad_block_in_a_nested_container_is_logged_with_its_path(mount, tmp_path):
-    from ctdsfs.container import create_container
+    from ctdsfs.formats import create_container
 
     content = random.Random(7).randbytes(4 * 512)
     bad = tmp_path / "data.mf"
@@ -163,7 +163,7 @@ def test_mount_errors_are_one_line(tmp_path):
     mnt.mkdir()
     junk = tmp_path / "junk.mf"
     junk.write_text("not a container\n")
-    assert_one_line_error(run_cli("mount.ctdsfs", str(junk), str(mnt)), "not a casacore MultiFile")
+    assert_one_line_error(run_cli("mount.ctdsfs", str(junk), str(mnt)), "not a container ctdsfs knows")
     assert_one_line_error(run_cli("mount.ctdsfs", str(tmp_path / "nope.mf"), str(mnt)),
                           "No such file")
     assert_one_line_error(run_cli("mount.ctdsfs", str(DATA / "mf2_basic.mf"),

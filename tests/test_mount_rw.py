@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from ctdsfs.container import open_container
+from ctdsfs.formats import open_container
 
 from .conftest import SCRIPTS, Mount, make_casacore_table, unmount
 from .test_write import check_crcs, snapshot
@@ -430,7 +430,7 @@ def test_kill_9_never_loses_a_commit(tmp_path, name, points, block_size):
 
 @pytest.mark.parametrize("fmt", ["mf2", "hdf5"])
 def test_read_only_mount_follows_another_writer(mount, tmp_path, fmt):
-    from ctdsfs.container import create_container
+    from ctdsfs.formats import create_container
     container = tmp_path / "live.container"
     writer = create_container(container, format=fmt, block_size=1024)
     writer.create("data")

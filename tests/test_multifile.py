@@ -9,7 +9,7 @@ import struct
 import numpy as np
 import pytest
 
-from ctdsfs.container import open_container
+from ctdsfs.formats import open_container
 from ctdsfs.errors import BlockError, FormatError, NotAContainer
 from ctdsfs.formats.crc import crc32_bzip2
 from ctdsfs.formats.multifile import MAX_NESTING
@@ -156,7 +156,7 @@ def test_not_a_container(tmp_path):
     for content in (b"", b"short", b"hello world\n" * 100, bytes(4096)):
         p = tmp_path / "f.mf"
         p.write_bytes(content)
-        with pytest.raises(NotAContainer, match="not a casacore MultiFile"):
+        with pytest.raises(NotAContainer, match="not a container ctdsfs knows"):
             open_container(p)
 
 

@@ -12,7 +12,7 @@ import h5py
 import numpy as np
 import pytest
 
-from ctdsfs.container import create_container, open_container
+from ctdsfs.formats import create_container, open_container
 from ctdsfs.errors import ContainerFull, CtdsfsError
 from ctdsfs.formats import hdf5_probe, multihdf5
 from ctdsfs.formats.tabledat import decode as decode_table_dat
@@ -240,7 +240,7 @@ FUZZ = """
 import json, os, random, shutil, sys
 import h5py
 from ctdsfs.blockmap import block_map
-from ctdsfs.container import open_container
+from ctdsfs.formats import open_container
 from ctdsfs.errors import CtdsfsError
 from ctdsfs.formats.check import check_multihdf5
 from tests import hdf5_mutations as mutations

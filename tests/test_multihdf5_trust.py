@@ -9,7 +9,7 @@ import sys
 import h5py
 import pytest
 
-from ctdsfs.container import create_container, open_container
+from ctdsfs.formats import create_container, open_container
 from ctdsfs.errors import CtdsfsError
 from ctdsfs.formats import hdf5_probe, multihdf5
 from ctdsfs.formats.check import check_path

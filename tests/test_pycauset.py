@@ -13,7 +13,7 @@ import zlib
 import numpy as np
 import pytest
 
-from ctdsfs.container import open_container
+from ctdsfs.formats import open_container
 from ctdsfs.errors import FormatError
 from ctdsfs.formats.pycauset import (Pycauset, decode_typed, encode_typed, from_json,
                                      metadata_block, to_json)
@@ -207,7 +207,7 @@ def reslot(path, name, **changes):
 
 
 @pytest.mark.parametrize("damage,message", [
-    (lambda p: corrupt(p, 0, b"NOTCAUSE"), "not a casacore MultiFile, MultiHDF5 or .pycauset"),
+    (lambda p: corrupt(p, 0, b"NOTCAUSE"), "not a container ctdsfs knows"),
     (lambda p: corrupt(p, 8, struct.pack("<I", 2)), "format version 2"),
     (lambda p: corrupt(p, 12, b"\x02"), "endian"),
     (lambda p: corrupt(p, 13, struct.pack("<H", 8192)), "header size"),

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from ctdsfs.container import open_container
+from ctdsfs.formats import open_container
 from ctdsfs.formats.check import check_path
 
 from .conftest import DATA, SCRIPTS, make_casacore_table, run_on_terminal

@@ -6,7 +6,7 @@ import stat
 
 import pytest
 
-from ctdsfs.container import open_container
+from ctdsfs.formats import open_container
 from ctdsfs.vfs import ROOT_INO, ContainerFS, FSError, filesystem
 
 from .conftest import DATA, pattern
@@ -126,7 +126,7 @@ def test_statfs_in_container_blocks():
 
 
 def test_reload_when_another_process_commits(tmp_path):
-    from ctdsfs.container import create_container
+    from ctdsfs.formats import create_container
     path = tmp_path / "shared.mf"
     writer = create_container(path, block_size=256)
     writer.create("keep")

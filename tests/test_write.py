@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from ctdsfs.container import create_container, open_container
+from ctdsfs.formats import create_container, open_container
 from ctdsfs.errors import CtdsfsError, ReadOnlyError
 from ctdsfs.formats.crc import crc32_bzip2
 from ctdsfs.formats.multifile import MultiFile

@@ -11,7 +11,7 @@ import sys
 import numpy as np
 import pytest
 
-from ctdsfs.container import create_container, open_container
+from ctdsfs.formats import create_container, open_container
 from ctdsfs.errors import ContainerFull, TooLarge
 
 from .conftest import SCRIPTS, is_mounted
@@ -57,7 +57,7 @@ def test_holes_cost_no_memory_and_read_as_zeros(tmp_path):
     code = f"""
 import resource, sys
 sys.path[:0] = {sys.path!r}
-from ctdsfs.container import create_container
+from ctdsfs.formats import create_container
 c = create_container({str(path)!r}, block_size=65536, use_crc=True)
 resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))  # less than the hole
 c.create("f")

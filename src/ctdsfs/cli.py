@@ -7,7 +7,7 @@ import os
 import sys
 
 from . import __version__
-from .container import FORMATS, create_container, open_container
+from .formats import WRITTEN_FORMATS, create_container, open_container
 from .errors import CtdsfsError, PrintableFormatter, printable
 
 MOUNT_DESCRIPTION = """\
@@ -167,7 +167,7 @@ def _standard(parser, *names, block_size=4 << 20, format_required=False):
             parser.add_argument("--crc", action="store_true",
                                 help="keep a CRC-32/BZIP2 per block (MultiFile v2 only)")
         elif name == "format":
-            parser.add_argument("--format", choices=FORMATS, required=format_required,
+            parser.add_argument("--format", choices=WRITTEN_FORMATS, required=format_required,
                                 help="mf2: MultiFile version 2, what casacore >= 3.6 writes "
                                      "(nesting, optional CRCs); mf1: version 1, what casacore "
                                      "3.5 reads (no nesting); hdf5: MultiHDF5"

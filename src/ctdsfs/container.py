@@ -6,12 +6,10 @@ which is how hierarchy arises (casacore nests a subtable's MultiFile inside its
 parent's). The VFS only ever talks to this interface.
 """
 
-import errno
-import os
 from abc import ABC, abstractmethod
 from typing import NamedTuple
 
-from .errors import CtdsfsError, NotAContainer
+from .errors import CtdsfsError
 
 MAX_NAME_BYTES = 255
 
@@ -213,81 +211,3 @@ class Container(ABC):
 
     def abandon(self):
         """Release the underlying file without committing (its creator deletes it)."""
-
-
-def open_container(path, *, verify_crc=True, writable=False):
-    """Open the container file at ``path`` with the format its content declares.
-
-    A writable container takes an advisory lock on the file, so a second
-    writer gets a clear error instead of corrupting it.
-    """
-    from .formats.multifile import MultiFile
-    from .formats.multifile_header import looks_like_multifile
-    from .formats.pycauset import Pycauset, looks_like_pycauset
-    from .formats.store import FileStore
-
-    path = os.fspath(path)
-    try:
-        store = FileStore(path, writable=writable)
-    except OSError as exc:
-        raise CtdsfsError(f"{path}: {exc.strerror}") from None
-    try:
-        if not os.path.isfile(path):
-            raise NotAContainer(f"{path}: not a regular file")
-        first = store.pread(0, 68)
-        if first[:8] == HDF5_SIGNATURE:
-            from .formats.multihdf5 import open_multihdf5  # h5py only when needed
-
-            store.close()
-            return open_multihdf5(path, writable)
-        if writable:
-            store.lock()
-        if looks_like_pycauset(first):
-            return Pycauset(store)
-        if not looks_like_multifile(first):
-            raise NotAContainer(f"{path}: not a casacore MultiFile, MultiHDF5 or .pycauset "
-                                "file (unknown header)")
-        return MultiFile(store, hdrext_path=path + "_hdrext", verify_crc=verify_crc,
-                         writable=writable)
-    except BaseException:
-        store.close()
-        raise
-
-
-FORMATS = ("mf2", "mf1", "hdf5")  # what ctdsfs writes: MultiFile v2, v1, MultiHDF5
-HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
-
-
-def refuse_existing(path):
-    """Nothing is ever overwritten: every command says the same when its output exists."""
-    if os.path.lexists(path):
-        raise CtdsfsError(f"{os.fspath(path)}: {os.strerror(errno.EEXIST)}")
-
-
-def create_container(path, *, format="mf2", block_size=65536, use_crc=False):
-    """Write a new, empty container at ``path`` (which must not exist) and open it writable."""
-    from .formats.multifile import MultiFile
-    from .formats.store import FileStore
-
-    path = os.fspath(path)
-    refuse_existing(path)
-    if format not in FORMATS:
-        raise CtdsfsError(f"unknown container format {format!r} (one of {', '.join(FORMATS)})")
-    if format == "hdf5":
-        from .formats.multihdf5 import MultiHDF5
-
-        if use_crc:
-            raise CtdsfsError("MultiHDF5 has no CRCs")
-        return MultiHDF5.new(path, block_size=block_size)
-    try:
-        store = FileStore(path, writable=True, create=True)
-    except OSError as exc:
-        raise CtdsfsError(f"{path}: {exc.strerror}") from None
-    try:
-        store.lock()
-        return MultiFile.new(store, block_size=block_size, use_crc=use_crc,
-                             version=1 if format == "mf1" else 2, hdrext_path=path + "_hdrext")
-    except BaseException:
-        store.close()
-        os.unlink(path)
-        raise

@@ -14,7 +14,7 @@ import os
 import sys
 from dataclasses import dataclass, field
 
-from .container import create_container, open_container
+from .formats import create_container, open_container
 from .errors import CtdsfsError, PrintableFormatter, printable
 
 log = logging.getLogger("ctdsfs")

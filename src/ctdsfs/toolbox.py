@@ -18,7 +18,7 @@ import threading
 
 from tqdm import tqdm
 
-from .container import create_container, open_container, refuse_existing
+from .formats import create_container, open_container, refuse_existing
 from .errors import CtdsfsError
 
 CHUNK = 4 << 20

@@ -1,1 +1,86 @@
-"""Pure, synchronous codecs and container classes. No FUSE, no trio: usable as a library."""
+"""Pure, synchronous codecs and container classes (no FUSE, no trio: usable as a library),
+and the one registry of container formats.
+
+A format is a module in this package that provides ``open_file(path, *,
+verify_crc, writable)``, and ``create_file(path, *, variant, block_size,
+use_crc)`` if ctdsfs writes it; it joins by one line in ``FORMATS``. Files are
+recognised by content, never by name, and cheaply: a format's module (h5py
+for MultiHDF5) is imported only once a file turns out to be of that format.
+Nothing outside this registry imports a format to open or create a file, so
+the container interface (``ctdsfs.container``) knows no format.
+"""
+
+import errno
+import importlib
+import os
+from dataclasses import dataclass
+
+from ..errors import CtdsfsError, NotAContainer
+
+SNIFF_BYTES = 68  # what recognition reads of a file's start
+
+
+@dataclass(frozen=True)
+class Format:
+    name: str  # as messages say it
+    module: str  # the module of this package that implements it
+    magic: bytes = None  # what a file of it starts with; None: the module's looks_like()
+    writes: tuple = ()  # the variants ``create_container(format=...)`` makes of it
+
+    def implementation(self):
+        return importlib.import_module(f"{__name__}.{self.module}")
+
+    def recognises(self, first):
+        if self.magic is not None:
+            return first.startswith(self.magic)
+        return self.implementation().looks_like(first)
+
+
+FORMATS = (  # in the order files are tried
+    Format("MultiHDF5", "multihdf5", magic=b"\x89HDF\r\n\x1a\n", writes=("hdf5",)),
+    Format(".pycauset", "pycauset", magic=b"PYCAUSET"),
+    Format("casacore MultiFile", "multifile", writes=("mf2", "mf1")),
+)
+WRITTEN_FORMATS = tuple(v for f in FORMATS for v in f.writes)
+
+
+def open_container(path, *, verify_crc=True, writable=False):
+    """Open the container file at ``path`` with the format its content declares.
+
+    A writable container takes an advisory lock on the file, so a second
+    writer gets a clear error instead of corrupting it.
+    """
+    path = os.fspath(path)
+    if os.path.exists(path) and not os.path.isfile(path):  # (opening a FIFO would block)
+        raise NotAContainer(f"{path}: not a regular file")
+    try:
+        with open(path, "rb") as f:
+            first = f.read(SNIFF_BYTES)
+    except OSError as exc:
+        raise CtdsfsError(f"{path}: {exc.strerror}") from None
+    for fmt in FORMATS:
+        if fmt.recognises(first):
+            return fmt.implementation().open_file(path, verify_crc=verify_crc, writable=writable)
+    names = ", ".join(f.name for f in FORMATS)
+    raise NotAContainer(f"{path}: not a container ctdsfs knows ({names}): unknown header")
+
+
+def refuse_existing(path):
+    """Nothing is ever overwritten: every command says the same when its output exists."""
+    if os.path.lexists(path):
+        raise CtdsfsError(f"{os.fspath(path)}: {os.strerror(errno.EEXIST)}")
+
+
+def create_container(path, *, format="mf2", block_size=65536, use_crc=False):
+    """Write a new, empty container at ``path`` (which must not exist) and open it writable.
+
+    ``format`` is one of WRITTEN_FORMATS: MultiFile version 2 (mf2) or 1 (mf1), MultiHDF5.
+    """
+    path = os.fspath(path)
+    refuse_existing(path)
+    for fmt in FORMATS:
+        if format in fmt.writes:
+            return fmt.implementation().create_file(path, variant=format, block_size=block_size,
+                                                    use_crc=use_crc)
+    raise CtdsfsError(f"unknown container format {format!r} "
+                      f"(one of {', '.join(WRITTEN_FORMATS)})")

@@ -215,7 +215,7 @@ def check_path(path, progress=None):
     ``progress(total_bytes)``, if given, makes a tqdm-like context manager
     whose ``update(bytes)`` follows the reading (not called when nothing is read).
     """
-    from ..container import open_container
+    from . import open_container
 
     try:
         container = open_container(path, verify_crc=False)

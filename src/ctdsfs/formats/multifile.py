@@ -31,8 +31,9 @@ from ..container import Container, Usage, name_problem
 from ..errors import BlockError, ContainerFull, CtdsfsError, FormatError, ReadOnlyError, TooLarge
 from .crc import crc32_bzip2
 from .multifile_header import (FIXED_V2, Entry, Header, encode_body_v2, encode_header_v1,
-                               encode_header_v2, looks_like_v2, read_header)
-from .store import VirtualFileStore
+                               encode_header_v2, looks_like_multifile, looks_like_v2,
+                               read_header)
+from .store import VirtualFileStore, open_store
 
 log = logging.getLogger(__name__)
 
@@ -947,3 +948,31 @@ class MultiFile(Container):
         """Release the file of a top-level container (a nested one has none of its own)."""
         if self.depth == 0:
             self.store.close()
+
+
+# ---------------------------------------------------------------- the registry's entry points
+
+looks_like = looks_like_multifile
+
+
+def open_file(path, *, verify_crc=True, writable=False):
+    """The MultiFile at ``path`` (a version 1 header continues in ``PATH_hdrext``)."""
+    store = open_store(path, writable=writable, lock=writable)
+    try:
+        return MultiFile(store, hdrext_path=path + "_hdrext", verify_crc=verify_crc,
+                         writable=writable)
+    except BaseException:
+        store.close()
+        raise
+
+
+def create_file(path, *, variant, block_size, use_crc):
+    """A new, empty MultiFile of version 2 (``variant`` mf2) or 1 (mf1) at ``path``."""
+    store = open_store(path, writable=True, create=True, lock=True)
+    try:
+        return MultiFile.new(store, block_size=block_size, use_crc=use_crc,
+                             version=1 if variant == "mf1" else 2, hdrext_path=path + "_hdrext")
+    except BaseException:
+        store.close()
+        os.unlink(path)
+        raise

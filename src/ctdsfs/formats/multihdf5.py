@@ -729,5 +729,13 @@ def _stat_key(path):
     return st.st_mtime_ns, st.st_size, st.st_ino
 
 
-def open_multihdf5(path, writable):
+def open_file(path, *, verify_crc=True, writable=False):
+    """The MultiHDF5 at ``path`` (it has no CRCs to verify)."""
     return MultiHDF5.open(path, writable=writable)
+
+
+def create_file(path, *, variant, block_size, use_crc):
+    """A new, empty MultiHDF5 at ``path``."""
+    if use_crc:
+        raise CtdsfsError("MultiHDF5 has no CRCs")
+    return MultiHDF5.new(path, block_size=block_size)

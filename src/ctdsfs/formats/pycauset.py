@@ -39,6 +39,7 @@ from dataclasses import dataclass
 
 from ..container import Container, Usage
 from ..errors import CtdsfsError, FormatError, NotPermitted, ReadOnlyError
+from .store import open_store
 
 log = logging.getLogger(__name__)
 
@@ -390,10 +391,6 @@ def metadata_block(payload):
     return BLOCK_HEAD.pack(BLOCK_MAGIC, 1, 1, 0, len(payload), zlib.crc32(payload), 0) + payload
 
 
-def looks_like_pycauset(first_bytes):
-    return first_bytes[:8] == MAGIC
-
-
 # ---------------------------------------------------------------- the container
 
 def npy_header(descr, shape, fortran_order):
@@ -655,3 +652,13 @@ class Pycauset(Container):
                 log.error("%s", exc)
             finally:
                 self.store.close()
+
+
+def open_file(path, *, verify_crc=True, writable=False):
+    """The .pycauset file at ``path`` (its CRCs are always checked: they guard the header)."""
+    store = open_store(path, writable=writable, lock=writable)
+    try:
+        return Pycauset(store)
+    except BaseException:
+        store.close()
+        raise

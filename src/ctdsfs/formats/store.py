@@ -114,6 +114,22 @@ class DirectWriter:
             os.close(self.fd)
 
 
+def open_store(path, *, writable=False, create=False, lock=False):
+    """A :class:`FileStore`, a failure to open said in one line naming the file; with
+    ``lock`` the writer's advisory lock is taken too."""
+    try:
+        store = FileStore(path, writable=writable, create=create)
+    except OSError as exc:
+        raise CtdsfsError(f"{os.fspath(path)}: {exc.strerror}") from None
+    if lock:
+        try:
+            store.lock()
+        except BaseException:
+            store.close()
+            raise
+    return store
+
+
 class FileStore:
     """A real file, read and written with ``pread``/``pwrite`` (no shared file position)."""
 

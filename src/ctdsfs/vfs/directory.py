@@ -26,7 +26,8 @@ import stat
 import threading
 from collections import OrderedDict
 
-from ..container import Container, Usage, open_container
+from ..container import Container, Usage
+from ..formats import open_container
 from ..errors import CtdsfsError, FormatError, NotPermitted, ReadOnlyError
 from ..formats import tabledat
 from .filesystem import FSError
