@@ -153,7 +153,7 @@ def run_cli(*args, timeout=60):
 
 def assert_one_line_error(result, text):
     assert result.returncode != 0
-    assert "Traceback" not in result.stderr
+    assert "Traceback" not in result.stderr and "internal error" not in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
     assert text in result.stderr
 

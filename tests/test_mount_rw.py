@@ -233,7 +233,7 @@ def test_second_read_write_mount_is_refused(mount, tmp_path, name):
     result = subprocess.run(["mount.ctdsfs", "-o", "rw", str(container), str(other)],
                             capture_output=True, text=True)
     assert result.returncode == 1 and "another writer" in result.stderr
-    assert "Traceback" not in result.stderr
+    assert "Traceback" not in result.stderr and "internal error" not in result.stderr
 
 
 def test_create_option_and_daemon_commit_on_unmount(tmp_path):
@@ -354,12 +354,14 @@ def test_random_operations_match_a_shadow_directory(mount, tmp_path, name, crc):
 
 
 CRASH_POINTS = int(os.environ.get("CTDSFS_CRASH_POINTS", "100"))
+# Each MultiHDF5 point also pays for the HDF5 probe of every open; 400 points were run by hand.
+HDF5_CRASH_POINTS = int(os.environ.get("CTDSFS_HDF5_CRASH_POINTS", "50"))
 
 
 @pytest.mark.parametrize("name,points,block_size", [
     ("crash.mf", CRASH_POINTS, 512),
     ("bulk.mf", 20, 65536),  # writes of whole-block runs: the O_DIRECT path
-    ("crash.mfh5", CRASH_POINTS, 512)])  # HDF5 through the journal
+    ("crash.mfh5", HDF5_CRASH_POINTS, 512)])  # HDF5 through the journal
 def test_kill_9_never_loses_a_commit(tmp_path, name, points, block_size):
     """kill -9 the daemon at random moments; the container is always the last or next commit."""
     if not os.path.exists("/dev/fuse"):

@@ -522,6 +522,16 @@ def _run(func, prog):
         return 130
     except BrokenPipeError:
         return 0
+    except OSError as exc:  # the system's answer (a full disk, a missing file): one line
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(printable(f"{prog}: {where}{exc.strerror or exc}"), file=sys.stderr)
+        return 1
+    except Exception as exc:  # a bug: still one line; CTDSFS_DEBUG=1 shows the traceback
+        if os.environ.get("CTDSFS_DEBUG"):
+            raise
+        print(printable(f"{prog}: internal error ({type(exc).__name__}: {exc}); please "
+                        "report it (CTDSFS_DEBUG=1 shows the traceback)"), file=sys.stderr)
+        return 1
     finally:
         for handler in logging.getLogger().handlers:
             if isinstance(handler, _HeldWarnings):
