@@ -14,7 +14,7 @@ import pytest
 from ctdsfs.container import create_container, open_container
 from ctdsfs.errors import ContainerFull, TooLarge
 
-from .conftest import SCRIPTS, is_mounted
+from .conftest import is_mounted
 from .test_write import check_crcs, snapshot
 
 

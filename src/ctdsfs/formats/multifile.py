@@ -14,6 +14,16 @@ commit writes data, then the inactive continuation set, then block 0, with
 fsync between, so a crash at any moment leaves the last committed state (or
 the new one) complete and readable — casacore's in-place updates can only
 promise a readable header.
+
+Two more differences keep the file no larger than its content and a full disk
+harmless: the header's continuation blocks go to the lowest blocks free in
+both states (casacore appends them at the end, where they stop the file from
+ever shrinking), so every block the new state does not use is cut off the end
+once block 0 is durable; and the room a change needs is checked and reserved
+(the file grown with allocated zeros) before anything changes, so a full disk
+or an impossible size refuses the whole change (ENOSPC, EFBIG) and leaves the
+container writable. Blocks appended for a hole are never written: they read as
+zeros already.
 """
 
 import bisect
@@ -629,11 +639,11 @@ class MultiFile(Container):
     def _release(self, blocks):
         for b in blocks:
             if self._is_committed(b):
-                self._pending_free.append(b)
+                self._retire(b)
             else:
                 bisect.insort(self._free, b, key=lambda x: -x)
-            self._crcs_set(b, 0)
-            self._verified.pop(b, None)
+                self._crcs_set(b, 0)
+                self._verified.pop(b, None)
 
     def truncate(self, key, size):
         return self._guarded(self._truncate, key, size)
@@ -641,7 +651,8 @@ class MultiFile(Container):
     def _truncate(self, key, size):
         e = self._entry(key)
         if size < 0:
-            raise CtdsfsError(f"{self.label}: {e.name or '(unlinked file)'}: negative size {size}")
+            raise CtdsfsError(f"{self.label}: {e.name or '(unlinked file)'}: "
+                              f"negative size {size}")
         if size > e.size:
             self._make_room(e, e.size, size)
             self._write_range(e, e.size, None, size - e.size)
