@@ -53,6 +53,7 @@ CONTAINER_FILE_SUFFIXES = (".mf", ".mfh5")
 VERIFIED_CACHE_BYTES = 32 << 20
 INT64_MAX = (1 << 63) - 1  # casacore keeps sizes and offsets in Int64
 ZERO_CHUNK = 8 << 20  # zeros that must really be written go out in pieces this large
+HOLE_PIECE_BLOCKS = 1 << 16  # a hole is filled this many blocks at a time
 GROW_AHEAD = 64 << 20  # how far past the last block a growing container file is allocated
 
 
@@ -505,6 +506,8 @@ class MultiFile(Container):
         while pos < end:
             index, start = divmod(pos, bs)
             whole = (end - pos) // bs if start == 0 else 0  # full blocks from here on
+            if data is None:
+                whole = min(whole, HOLE_PIECE_BLOCKS)  # bounded bookkeeping per piece
             n = whole * bs if whole else min(bs - start, end - pos)
             if whole:
                 buffered = self._buffers.get(id(e))
