@@ -753,7 +753,9 @@ class MultiFile(Container):
         so the file is cut after the last one the new state uses; the new header
         is laid out within that (``_layout_header_v2``). Its room is reserved
         before anything is written: a full disk fails the commit with
-        ContainerFull, the committed state and the writability intact.
+        ContainerFull, the committed state and the writability intact. A header
+        that found no low blocks free in both states stays dirty: the next commit
+        lays it out in the blocks this one frees.
         """
         self._flush_buffers()  # buffered blocks are fresh already: no room needed
         self.store.fsync()
@@ -784,6 +786,10 @@ class MultiFile(Container):
             spare = sorted(free_now.union(*old_sets) - held)
             raw, chain = self._layout_header_v2(new, unused_now, spare, held)
         new.header_size = len(raw)
+        # Appended past blocks that the old state held and this commit frees: the next
+        # commit can lay the header out low and cut the file, so one is left to do.
+        relayout = bool(self._pending_free) and nblocks < self._nblocks \
+            and any(b >= self._nblocks for b in chain)
         self._reserve_blocks(new.nblocks, 1 + len(chain), "(header)")
         if h.version == 1:
             self._write_header_v1(raw)
@@ -799,7 +805,7 @@ class MultiFile(Container):
         self._committed = used
         self._store_bytes = None
         self._store_end()  # cuts the blocks the new state does not use off the end
-        self._dirty = False
+        self._dirty = relayout
 
     def _layout_header_v2(self, new, unused, spare, held):
         """Fill in ``new``'s block count, free list, CRCs and continuation sets; returns the
