@@ -14,6 +14,16 @@ commit writes data, then the inactive continuation set, then block 0, with
 fsync between, so a crash at any moment leaves the last committed state (or
 the new one) complete and readable — casacore's in-place updates can only
 promise a readable header.
+
+Two more differences keep the file no larger than its content and a full disk
+harmless: the header's continuation blocks go to the lowest blocks free in
+both states (casacore appends them at the end, where they stop the file from
+ever shrinking), so every block the new state does not use is cut off the end
+once block 0 is durable; and the room a change needs is checked and reserved
+(the file grown with allocated zeros) before anything changes, so a full disk
+or an impossible size refuses the whole change (ENOSPC, EFBIG) and leaves the
+container writable. Blocks appended for a hole are never written: they read as
+zeros already.
 """
 
 import bisect
@@ -44,6 +54,7 @@ CONTAINER_FILE_SUFFIXES = (".mf", ".mfh5")
 VERIFIED_CACHE_BYTES = 32 << 20
 INT64_MAX = (1 << 63) - 1  # casacore keeps sizes and offsets in Int64
 ZERO_CHUNK = 8 << 20  # zeros that must really be written go out in pieces this large
+HOLE_PIECE_BLOCKS = 1 << 16  # a hole is filled this many blocks at a time
 GROW_AHEAD = 64 << 20  # how far past the last block a growing container file is allocated
 
 
@@ -534,6 +545,8 @@ class MultiFile(Container):
         while pos < end:
             index, start = divmod(pos, bs)
             whole = (end - pos) // bs if start == 0 else 0  # full blocks from here on
+            if data is None:
+                whole = min(whole, HOLE_PIECE_BLOCKS)  # bounded bookkeeping per piece
             n = whole * bs if whole else min(bs - start, end - pos)
             if whole:
                 buffered = self._buffers.get(id(e))
@@ -668,11 +681,11 @@ class MultiFile(Container):
     def _release(self, blocks):
         for b in blocks:
             if self._is_committed(b):
-                self._pending_free.append(b)
+                self._retire(b)
             else:
                 bisect.insort(self._free, b, key=lambda x: -x)
-            self._crcs_set(b, 0)
-            self._verified.pop(b, None)
+                self._crcs_set(b, 0)
+                self._verified.pop(b, None)
 
     def truncate(self, key, size):
         return self._guarded(self._truncate, key, size)
@@ -680,7 +693,8 @@ class MultiFile(Container):
     def _truncate(self, key, size):
         e = self._entry(key)
         if size < 0:
-            raise CtdsfsError(f"{self.label}: {e.name or '(unlinked file)'}: negative size {size}")
+            raise CtdsfsError(f"{self.label}: {e.name or '(unlinked file)'}: "
+                              f"negative size {size}")
         if size > e.size:
             self._make_room(e, e.size, size)
             self._write_range(e, e.size, None, size - e.size)
@@ -778,7 +792,9 @@ class MultiFile(Container):
         so the file is cut after the last one the new state uses; the new header
         is laid out within that (``_layout_header_v2``). Its room is reserved
         before anything is written: a full disk fails the commit with
-        ContainerFull, the committed state and the writability intact.
+        ContainerFull, the committed state and the writability intact. A header
+        that found no low blocks free in both states stays dirty: the next commit
+        lays it out in the blocks this one frees.
         """
         self._flush_buffers()  # buffered blocks are fresh already: no room needed
         self.store.fsync()
@@ -809,6 +825,10 @@ class MultiFile(Container):
             spare = sorted(free_now.union(*old_sets) - held)
             raw, chain = self._layout_header_v2(new, unused_now, spare, held)
         new.header_size = len(raw)
+        # Appended past blocks that the old state held and this commit frees: the next
+        # commit can lay the header out low and cut the file, so one is left to do.
+        relayout = bool(self._pending_free) and nblocks < self._nblocks \
+            and any(b >= self._nblocks for b in chain)
         self._reserve_blocks(new.nblocks, 1 + len(chain), "(header)")
         if h.version == 1:
             self._write_header_v1(raw)
@@ -824,7 +844,7 @@ class MultiFile(Container):
         self._committed = used
         self._store_bytes = None
         self._store_end()  # cuts the blocks the new state does not use off the end
-        self._dirty = False
+        self._dirty = relayout
 
     def _layout_header_v2(self, new, unused, spare, held):
         """Fill in ``new``'s block count, free list, CRCs and continuation sets; returns the
