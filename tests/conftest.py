@@ -119,6 +119,19 @@ def mount(tmp_path):
         m.close()
 
 
+@pytest.fixture
+def small_disk(tmp_path):
+    """A tmpfs of 8 MiB of its own, for full-disk tests (unmounted in the finalizer)."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(disk)], check=True)
+    yield disk
+    for args in (["umount"], ["umount", "-l"]):
+        if not is_mounted(disk):
+            break
+        subprocess.run(args + [str(disk)], stderr=subprocess.DEVNULL)
+
+
 def run_on_terminal(cmd, columns=100):
     """Run ``cmd`` with a pseudo-terminal (of ``columns``) as its stdin, stdout and stderr;
     returns (exit status, everything it printed)."""

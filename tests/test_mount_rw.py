@@ -17,7 +17,6 @@ from ctdsfs.formats import open_container
 
 from .conftest import SCRIPTS, Mount, make_casacore_table, unmount
 from .test_write import check_crcs, snapshot
-from .test_write_limits import small_disk  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.fuse
 
@@ -354,8 +353,7 @@ def test_random_operations_match_a_shadow_directory(mount, tmp_path, name, crc):
 
 
 CRASH_POINTS = int(os.environ.get("CTDSFS_CRASH_POINTS", "100"))
-# Each MultiHDF5 point also pays for the HDF5 probe of every open; 400 points were run by hand.
-HDF5_CRASH_POINTS = int(os.environ.get("CTDSFS_HDF5_CRASH_POINTS", "50"))
+HDF5_CRASH_POINTS = int(os.environ.get("CTDSFS_HDF5_CRASH_POINTS", "100"))
 
 
 @pytest.mark.parametrize("name,points,block_size", [

@@ -14,7 +14,6 @@ import pytest
 from ctdsfs.formats import create_container, open_container
 from ctdsfs.errors import ContainerFull, TooLarge
 
-from .conftest import is_mounted
 from .test_write import check_crcs, snapshot
 
 
@@ -172,21 +171,6 @@ def test_casacore_reads_a_table_container_after_shrinking(tmp_path):
 
 
 # ---------------------------------------------------------------- a full disk
-
-@pytest.fixture
-def small_disk(tmp_path):
-    """A tmpfs of 8 MiB of its own (unmounted in the finalizer)."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(disk)], check=True)
-    yield disk
-    for args in (["umount"], ["umount", "-l"]):
-        if not is_mounted(disk):
-            break
-        subprocess.run(args + [str(disk)], stderr=subprocess.DEVNULL)
-
 
 def fill(path):
     """Fill the disk holding ``path`` with a file of zeros."""

@@ -23,12 +23,12 @@ replayed only when its CRC holds and every page lies inside the file.
 """
 
 import errno
-import fcntl
 import os
 import struct
 import zlib
 
 from ..errors import CtdsfsError, FormatError
+from .store import lock_for_writing
 
 PAGE = 4096
 JOURNAL_SUFFIX = ".ctdsfs-journal"
@@ -128,7 +128,7 @@ class JournaledFile:
         self.fd = os.open(self.path, (os.O_RDWR if writable else os.O_RDONLY) | os.O_CLOEXEC)
         try:
             if writable:
-                self._lock()
+                lock_for_writing(self.fd, self.path)
                 recover(self.path, self.fd)
                 replayed = None
             else:
@@ -144,15 +144,6 @@ class JournaledFile:
             self.pages = {p: bytearray(d) for p, d in pages.items()}
         self.size = self.committed_size
         self.pos = 0
-
-    def _lock(self):
-        try:
-            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:
-            if exc.errno in (errno.EACCES, errno.EAGAIN, errno.EWOULDBLOCK):
-                raise CtdsfsError(f"{self.path}: another writer holds the container's lock "
-                                  "(is it mounted read-write elsewhere?)") from None
-            raise
 
     @property
     def pending_bytes(self):

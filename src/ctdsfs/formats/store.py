@@ -114,6 +114,19 @@ class DirectWriter:
             os.close(self.fd)
 
 
+def lock_for_writing(fd, label):
+    """Take the writer's advisory lock on ``fd``, or fail with a clear message if another
+    writer has it."""
+    # flock, not lockf: the lock must survive the fork of a daemonizing mount.
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        if exc.errno in (errno.EACCES, errno.EAGAIN, errno.EWOULDBLOCK):
+            raise CtdsfsError(f"{label}: another writer holds the container's lock "
+                              "(is it mounted read-write elsewhere?)") from None
+        raise
+
+
 def open_store(path, *, writable=False, create=False, lock=False):
     """A :class:`FileStore`, a failure to open said in one line naming the file; with
     ``lock`` the writer's advisory lock is taken too."""
@@ -226,15 +239,7 @@ class FileStore:
         return os.fstat(self.fd).st_size
 
     def lock(self):
-        """Take the advisory write lock, or fail with a clear message if another writer has it."""
-        # flock, not lockf: the lock must survive the fork of a daemonizing mount.
-        try:
-            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:
-            if exc.errno in (errno.EACCES, errno.EAGAIN, errno.EWOULDBLOCK):
-                raise CtdsfsError(f"{self.label}: another writer holds the container's lock "
-                                  "(is it mounted read-write elsewhere?)") from None
-            raise
+        lock_for_writing(self.fd, self.label)
 
     def close(self):
         if self._direct:
