@@ -27,7 +27,7 @@ import os
 import struct
 import zlib
 
-from ..errors import CtdsfsError, FormatError
+from ..errors import ContainerFull, CtdsfsError, FormatError
 from .store import lock_for_writing
 
 PAGE = 4096
@@ -267,7 +267,15 @@ class JournaledFile:
         zeroed = (min(self.cut[0], self.size), min(self.cut[1], self.size))
         pages = {p: d for p, d in self.pages.items() if p * PAGE < self.size}
         if pages or zeroed[0] < zeroed[1] or self.size < self.committed_size:
-            self._write_journal(zeroed, pages)
+            try:
+                self._write_journal(zeroed, pages)
+            except OSError as exc:  # before the commit point: the file is as it was
+                if os.path.lexists(journal_path(self.path)):
+                    os.unlink(journal_path(self.path))
+                if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                    raise ContainerFull(f"{self.path}: no space left on the disk for the "
+                                        f"commit's journal ({len(pages) * PAGE} bytes)") from None
+                raise
             _apply(self.fd, self.size, zeroed, pages)
             os.unlink(journal_path(self.path))
             _fsync_directory(self.path)

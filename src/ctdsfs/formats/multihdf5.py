@@ -60,6 +60,8 @@ CHUNK_CACHE_BYTES = 64 << 20
 # Changed pages of the committed state wait in memory for the commit; past this
 # the pending changes are committed early (an earlier commit is always allowed).
 PENDING_LIMIT = 64 << 20
+# Room a change must leave on the disk for HDF5's own metadata and the journal's framing.
+DISK_MARGIN = 1 << 20
 MAX_TREE_ENTRIES = 1_000_000  # entries one opened file may show, nested ones included
 IN_FILE_LAYOUTS = (h5py.h5d.COMPACT, h5py.h5d.CONTIGUOUS, h5py.h5d.CHUNKED)
 # What h5py raises for HDF5 structures it cannot follow (a damaged or hostile file).
@@ -496,6 +498,19 @@ class MultiHDF5(Container):
                 self.root.commit()
             return result
 
+    def _check_room(self, nbytes):
+        """Refuse (ContainerFull, nothing changed) a change of ``nbytes`` that the disk has no
+        room for, with the journal the next commit writes: HDF5 cannot take back a change
+        that failed half-way, so the room is checked before HDF5 sees it."""
+        root = self.root
+        if root.journal is None:
+            return
+        disk = os.fstatvfs(root.journal.fd)
+        needed = nbytes + root.journal.pending_bytes + DISK_MARGIN
+        if disk.f_bavail * disk.f_frsize < needed:
+            raise ContainerFull(f"{root.path}: no space left on the disk for {nbytes} more "
+                                "bytes and the commit's journal")
+
     def create(self, name):
         return self._guarded(self._create, name)
 
@@ -503,6 +518,7 @@ class MultiHDF5(Container):
         self._check_new_name(name)
         if name in self._entries:
             raise FileExistsError(name)
+        self._check_room(0)
         free = [i for i, s in enumerate(self._slots) if s is None]
         if not free and len(self._slots) >= MAX_SLOTS:
             raise ContainerFull(f"{self.label}: a MultiHDF5 container holds at most "
@@ -529,6 +545,7 @@ class MultiHDF5(Container):
         f = self._entry(key)
         if not data:
             return 0
+        self._check_room(len(data))
         end = offset + len(data)
         if end > f.size:
             self._resize(f, end)
@@ -571,7 +588,12 @@ class MultiHDF5(Container):
         f.size = size
 
     def truncate(self, key, size):
-        return self._guarded(lambda: self._resize(self._entry(key), size))
+        def run():
+            f = self._entry(key)
+            if size > f.size:
+                self._check_room(0)
+            self._resize(f, size)
+        return self._guarded(run)
 
     def remove(self, name, keep_open=False):
         return self._guarded(self._remove, name, keep_open)
@@ -636,6 +658,9 @@ class MultiHDF5(Container):
                 if self.depth == 0:
                     self.file.flush()
                     self.journal.commit()
+            except ContainerFull:  # nothing committed, nothing lost: the next commit tries again
+                self._dirty = True
+                raise
             except HDF5_ERRORS as exc:
                 reason = f"{self.label}: commit failed ({exc}); container switched to read-only"
                 log.error("%s", reason)
