@@ -234,6 +234,26 @@ def test_to_sepfile_keeps_symbolic_links_as_links(tmp_path):
     assert "table.mf" not in os.listdir(table / "ANTENNA")
 
 
+def test_to_multifile_never_follows_symbolic_links(tmp_path):
+    table = make_casacore_table(tmp_path / "t.tab", rows=10, multifile=False)
+    os.symlink("/etc/hostname", table / "outside")
+    os.symlink("ANTENNA", table / "ANTENNA_LINK")
+    ctdsfs("to-multifile", "--block-size", 4096, table)
+    assert os.readlink(table / "outside") == "/etc/hostname"
+    assert os.readlink(table / "ANTENNA_LINK") == "ANTENNA"
+    assert "table.mf" in os.listdir(table / "ANTENNA")
+    other = make_casacore_table(tmp_path / "o.tab", rows=10, multifile=False)
+    before = tree_bytes(other)
+    (other / "table.f0").rename(tmp_path / "real.f0")
+    os.symlink(tmp_path / "real.f0", other / "table.f0")  # its bytes would come from outside
+    result = ctdsfs("to-multifile", other, ok=False)
+    assert result.returncode == 1 and "a symbolic link cannot be stored" in result.stderr
+    assert result.stderr.count("\n") == 1
+    assert os.readlink(other / "table.f0") == str(tmp_path / "real.f0")
+    assert "table.mf" not in os.listdir(other)
+    assert before.keys() == tree_bytes(other).keys()
+
+
 @pytest.mark.parametrize("command", ["to-multifile", "to-sepfile"])
 def test_kill_9_during_storage_change_leaves_a_readable_table(tmp_path, command):
     import random

@@ -276,6 +276,11 @@ def to_multifile(table, *, block_size=4 << 20, use_crc=False, quiet=False):
         names = sorted(os.listdir(src))
         is_table = "table.dat" in names
         if is_table and "table.mf" not in names:
+            for name in names:
+                if name.startswith("table.f") and os.path.islink(os.path.join(src, name)):
+                    raise CtdsfsError(f"{os.path.join(src, name)}: a symbolic link cannot be "
+                                      "stored in a MultiFile")
+
             def fill(container, bar):
                 for name in names:
                     if name.startswith("table.f") and os.path.isfile(os.path.join(src, name)):
@@ -284,7 +289,9 @@ def to_multifile(table, *, block_size=4 << 20, use_crc=False, quiet=False):
                    block_size=block_size, use_crc=use_crc)
         for name in names:
             path = os.path.join(src, name)
-            if os.path.isdir(path):
+            if os.path.islink(path):  # a link stays a link, never followed
+                os.symlink(os.readlink(path), os.path.join(dst, name))
+            elif os.path.isdir(path):
                 convert_dir(path, os.path.join(dst, name), bar)
             elif is_table and name == "table.dat" and "table.mf" not in names:
                 with open(path, "rb") as f:
@@ -293,7 +300,7 @@ def to_multifile(table, *, block_size=4 << 20, use_crc=False, quiet=False):
                     f.write(stored.with_storage("MultiFile", block_size).encode())
             elif not (is_table and "table.mf" not in names and name.startswith("table.f")):
                 shutil.copy2(path, os.path.join(dst, name))
-            bar.update(os.path.getsize(path) if os.path.isfile(path) else 0)
+            bar.update(os.lstat(path).st_size)
 
     with progress_bar(_tree_size(table), quiet, "to-multifile") as bar:
         _replace_tree(table, lambda staging: convert_dir(os.path.abspath(table), staging, bar))
