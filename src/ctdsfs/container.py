@@ -175,6 +175,12 @@ class Container(ABC):
         if why:
             raise CtdsfsError(f"{name!r}: {why}")
 
+    def _check_new_entry(self, name):
+        """``name`` may be given to a new entry: a valid name, not in use."""
+        self._check_new_name(name)
+        if name in self._entries:
+            raise FileExistsError(name)
+
     def _rename_entry(self, old, new, relink):
         """rename(2) within the container: an existing ``new`` is replaced, and a nested
         container keeps its object under the new name. ``relink(entry, new)`` does the

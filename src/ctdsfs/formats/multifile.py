@@ -426,9 +426,7 @@ class MultiFile(Container):
         return self._guarded(self._create, name)
 
     def _create(self, name):
-        self._check_new_name(name)
-        if name in self._entries:
-            raise FileExistsError(name)
+        self._check_new_entry(name)
         entry = Entry(name, 0, array("q"))
         slots = self.header.entries
         free_slots = [i for i, e in enumerate(slots) if e.name == "" and e.problem is None]

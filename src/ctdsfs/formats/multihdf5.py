@@ -515,9 +515,7 @@ class MultiHDF5(Container):
         return self._guarded(self._create, name)
 
     def _create(self, name):
-        self._check_new_name(name)
-        if name in self._entries:
-            raise FileExistsError(name)
+        self._check_new_entry(name)
         self._check_room(0)
         free = [i for i, s in enumerate(self._slots) if s is None]
         if not free and len(self._slots) >= MAX_SLOTS:
