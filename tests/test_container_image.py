@@ -92,16 +92,19 @@ def debian_rootfs_tarball():
     for old in cache.glob("debian-bookworm-minbase-*.tar"):
         old.unlink()
     rootfs = Path(tempfile.mkdtemp(dir=cache, prefix=f"{tarball.stem}-"))
-    run(["debootstrap", "--variant=minbase", "bookworm", rootfs, apt_debian_mirror()])
-    for junk in ("var/cache/apt", "var/lib/apt/lists", "usr/share/man", "usr/share/locale",
-                 "usr/share/info"):
-        shutil.rmtree(rootfs / junk)
-        (rootfs / junk).mkdir()
-    (rootfs / "etc/dpkg/dpkg.cfg.d/slim").write_text(SLIM_DPKG_EXCLUDES)
     partial = rootfs.with_suffix(".partial")
-    run(["tar", "-C", rootfs, "-cf", partial, "."])
-    shutil.rmtree(rootfs)
-    partial.rename(tarball)
+    try:
+        run(["debootstrap", "--variant=minbase", "bookworm", rootfs, apt_debian_mirror()])
+        for junk in ("var/cache/apt", "var/lib/apt/lists", "usr/share/man", "usr/share/locale",
+                     "usr/share/info"):
+            shutil.rmtree(rootfs / junk)
+            (rootfs / junk).mkdir()
+        (rootfs / "etc/dpkg/dpkg.cfg.d/slim").write_text(SLIM_DPKG_EXCLUDES)
+        run(["tar", "-C", rootfs, "-cf", partial, "."])
+        partial.rename(tarball)
+    finally:
+        shutil.rmtree(rootfs, ignore_errors=True)
+        partial.unlink(missing_ok=True)
     return tarball
 
 
@@ -162,9 +165,9 @@ class Podman:
                            capture_output=True)
         subprocess.run([*self.base, "system", "reset", "-f"], env=self.env,
                        capture_output=True)
-        store = str(self.root.resolve())
         with open("/proc/self/mounts") as f:
-            leftovers = [line.split()[1] for line in f if line.split()[1].startswith(store)]
+            leftovers = [line.split()[1] for line in f
+                         if line.split()[1].startswith(f"{self.root.resolve()}/")]
         for path in sorted(leftovers, reverse=True):
             subprocess.run(["umount", "-l", path], capture_output=True)
         shutil.rmtree(self.root, ignore_errors=True)
