@@ -180,6 +180,20 @@ def test_mount_errors_are_one_line(tmp_path):
     assert not is_mounted(mnt)
 
 
+@pytest.mark.parametrize("foreground", [True, False])
+def test_a_mount_the_kernel_refuses_is_one_line(tmp_path, foreground):
+    """No usable /dev/fuse (as in a container without the device): pyfuse3 says only
+    "fuse_session_mount failed" and libfuse prints its reason on stderr; both make one line."""
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    cmd = (f"mount --bind /dev/null /dev/fuse && exec mount.ctdsfs {'-f' if foreground else ''} "
+           f"{DATA / 'mf2_basic.mf'} {mnt}")
+    result = run_cli("unshare", "-m", "sh", "-c", cmd)  # /dev/fuse hidden in a namespace only
+    assert_one_line_error(result, "the kernel refused the mount (fuse: mount failed: Invalid "
+                                  "argument)")
+    assert not is_mounted(mnt)
+
+
 def test_mount_point_in_use(mount, tmp_path):
     m = mount(DATA / "mf2_basic.mf")
     result = run_cli("mount.ctdsfs", str(DATA / "mf2_crc.mf"), str(m.mountpoint))

@@ -6,14 +6,17 @@ the loop keeps answering other requests; plain reads are a single ``pread``
 and stay on the loop, where a thread hop would cost more than it saves.
 """
 
+import contextlib
 import errno
 import functools
 import logging
 import os
+import tempfile
 
 import pyfuse3
 import trio
 
+from .errors import CtdsfsError
 from .vfs import FSError
 
 log = logging.getLogger(__name__)
@@ -230,11 +233,40 @@ def _raise_readahead(target):
         log.debug("readahead left as is: %s", exc)
 
 
+@contextlib.contextmanager
+def _stderr_captured():
+    """What libfuse writes to file descriptor 2 meanwhile, as a function giving its lines:
+    its reasons then reach the user inside one error line (or the log), not beside it."""
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as capture:
+        os.dup2(capture.fileno(), 2)
+
+        def lines():
+            capture.seek(0)
+            text = capture.read().decode("utf-8", "replace")
+            return [line.strip() for line in text.splitlines() if line.strip()]
+        try:
+            yield lines
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+
+
 def serve(operations, mountpoint, fuse_options, on_mounted=None):
     """Mount, call ``on_mounted()`` once the mount answers requests, serve until unmount,
     commit."""
     target = os.path.realpath(mountpoint)  # resolved before it becomes our own mount
-    pyfuse3.init(operations, mountpoint, fuse_options)
+    with _stderr_captured() as libfuse_said:
+        try:
+            pyfuse3.init(operations, mountpoint, fuse_options)
+        except RuntimeError as exc:  # pyfuse3 says only "fuse_session_mount failed"
+            why = "; ".join(libfuse_said()) or str(exc)
+            operations.fs.close()
+            raise CtdsfsError(f"{mountpoint}: the kernel refused the mount ({why}): is /dev/fuse "
+                              "there and usable, and may this user mount here?") from None
+        warnings = libfuse_said()
+    for line in warnings:
+        log.warning("%s", line)
     unmount = True
     try:
         unmount = trio.run(_serve, operations, target, on_mounted)

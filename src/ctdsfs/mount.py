@@ -233,7 +233,8 @@ def mount(source, mountpoint, opts, foreground=False):
         serve(operations, mountpoint, fuse_options, on_mounted=mounted)
     except BaseException as exc:  # report to the waiting parent, then exit
         try:
-            os.write(write_end, printable(f"{mountpoint}: {exc}").encode() + b"\n")
+            text = str(exc) if isinstance(exc, CtdsfsError) else f"{mountpoint}: {exc}"
+            os.write(write_end, printable(text).encode() + b"\n")
         except OSError:
             log.exception("mount daemon failed")
         status = 1
