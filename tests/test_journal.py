@@ -36,14 +36,19 @@ def random_session(j, model, rng, steps):
             assert bytes(buf) == bytes(model[offset:offset + n]).ljust(n, b"\0")
 
 
+def journaled_random_file(path, rng, min_size=0):
+    """``path`` filled with random bytes and opened for writing: (the bytes, the file)."""
+    start = rng.randbytes(rng.randrange(min_size, 30000))
+    path.write_bytes(start)
+    return start, JournaledFile(path, True)
+
+
 def test_operations_match_a_plain_file_and_commits_land(tmp_path):
     rng = random.Random(1)
     path = tmp_path / "f"
     for _ in range(60):
-        start = rng.randbytes(rng.randrange(0, 30000))
-        path.write_bytes(start)
+        start, j = journaled_random_file(path, rng)
         model = bytearray(start)
-        j = JournaledFile(path, True)
         for _ in range(3):
             random_session(j, model, rng, 10)
             j.commit()
@@ -58,9 +63,7 @@ def test_nothing_committed_is_touched_before_the_commit(tmp_path):
     rng = random.Random(2)
     path = tmp_path / "f"
     for _ in range(40):
-        start = rng.randbytes(rng.randrange(1, 30000))
-        path.write_bytes(start)
-        j = JournaledFile(path, True)
+        start, j = journaled_random_file(path, rng, 1)
         random_session(j, bytearray(start), rng, 20)
         assert path.read_bytes()[:len(start)] == start
         j.close()  # dies without committing
@@ -73,10 +76,8 @@ def test_every_crash_point_of_a_commit_gives_the_old_or_the_new_state(tmp_path, 
     rng = random.Random(3)
     path = tmp_path / "f"
     for _ in range(30):
-        start = rng.randbytes(rng.randrange(1, 30000))
-        path.write_bytes(start)
+        start, j = journaled_random_file(path, rng, 1)
         model = bytearray(start)
-        j = JournaledFile(path, True)
         random_session(j, model, rng, 15)
         # The commit's own steps, stopped where a crash would stop them.
         os.fsync(j.fd)
