@@ -56,6 +56,22 @@ def test_readdir_resumes_at_offset(nested_fs):
     assert [e[0] for e in nested_fs.readdir(ROOT_INO, entries[2][2])] == [entries[3][0]]
 
 
+def test_readdir_builds_only_the_batch_asked_for(nested_fs, monkeypatch):
+    """The kernel reads a listing in small batches: each builds attributes for its own
+    entries only, so a listing costs its length, not its square."""
+    whole = nested_fs.readdir(ROOT_INO)
+    built = []
+    attr = nested_fs._attr
+    monkeypatch.setattr(nested_fs, "_attr", lambda node, st=None: built.append(node) or
+                        attr(node, st))
+    batches, start = [], 0
+    while batch := nested_fs.readdir(ROOT_INO, start, 2):
+        batches.append([name for name, _, _ in batch])
+        start = batch[-1][2]
+    assert sum(batches, []) == [name for name, _, _ in whole]
+    assert all(len(b) <= 2 for b in batches) and len(built) == len(whole)
+
+
 def test_readdir_lists_dot_entries_and_counts_subdirectories(nested_fs, monkeypatch):
     fs = nested_fs
     assert fs.getattr(ROOT_INO).nlink == 3  # 2 + SUB, from the first stat on

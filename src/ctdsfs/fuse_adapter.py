@@ -28,6 +28,8 @@ READAHEAD_KB = 1024
 # Another process (casacore itself) may change the container; the VFS notices
 # on lookup/readdir/open, so the kernel may keep names and attributes briefly.
 CACHE_TIMEOUT = 1.0
+# Directory entries built per step of a readdir reply: about what one kernel buffer takes.
+READDIR_BATCH = 128
 
 
 def _fuse_errors(method):
@@ -102,8 +104,13 @@ class FuseOperations(pyfuse3.Operations):
 
     @_fuse_errors
     async def readdir(self, fh, start_id, token):
-        for name, attr, next_id in self.fs.readdir(fh, start_id):
-            if not pyfuse3.readdir_reply(token, os.fsencode(name), _entry(attr), next_id):
+        while True:
+            batch = self.fs.readdir(fh, start_id, READDIR_BATCH)
+            for name, attr, next_id in batch:
+                if not pyfuse3.readdir_reply(token, os.fsencode(name), _entry(attr), next_id):
+                    return
+                start_id = next_id
+            if len(batch) < READDIR_BATCH:
                 return
 
     async def releasedir(self, fh):

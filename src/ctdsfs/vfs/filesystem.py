@@ -300,21 +300,30 @@ class ContainerFS:
             self._directory(ino)
             return ino
 
-    def readdir(self, ino, start=0):
-        """``[(name, attr, next_offset)]`` for entries from offset ``start`` on, ``.`` and
-        ``..`` first. A whole listing also counts the subdirectories (for ``st_nlink``)."""
+    def readdir(self, ino, start=0, limit=None):
+        """``[(name, attr, next_offset)]`` for at most ``limit`` entries from offset ``start``
+        on, ``.`` and ``..`` first. The kernel reads a listing in small batches, so only the
+        entries asked for get attributes (else a listing costs the square of its length).
+        A whole listing also counts the subdirectories (for ``st_nlink``)."""
         with self._lock:
             if start == 0:
                 self._refresh()
             parent = self._directory(ino)
-            entries = [(".", parent), ("..", self._node(parent.parent))]
-            entries += [(name, self._child(parent, name)) for name in parent.directory.names()]
+            names = parent.directory.names()
             if start == 0:
                 self._subdirs[parent.directory] = sum(
-                    node.directory is not None for _, node in entries[2:])
-            st = os.stat(self.source_path)  # once for the whole listing
-            return [(name, self._attr(node, st), i + 1)
-                    for i, (name, node) in enumerate(entries) if i >= start]
+                    self._child(parent, name).directory is not None for name in names)
+            stop = len(names) + 2 if limit is None else min(len(names) + 2, start + limit)
+            st = os.stat(self.source_path)  # once for the whole batch
+            out = []
+            for i in range(start, stop):
+                if i < 2:
+                    name, node = (".", parent) if i == 0 else ("..", self._node(parent.parent))
+                else:
+                    name = names[i - 2]
+                    node = self._child(parent, name)
+                out.append((name, self._attr(node, st), i + 1))
+            return out
 
     def readlink(self, ino):
         """A symbolic link's text, as stored (never resolved here)."""
