@@ -28,7 +28,7 @@ import struct
 import zlib
 
 from ..errors import ContainerFull, CtdsfsError, FormatError
-from .store import lock_for_writing
+from .store import fsync_path, lock_for_writing
 
 PAGE = 4096
 JOURNAL_SUFFIX = ".ctdsfs-journal"
@@ -44,11 +44,8 @@ def journal_path(path):
 
 
 def _fsync_directory(path):
-    fd = os.open(os.path.dirname(os.path.abspath(path)) or ".", os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    """The directory holding ``path``: so the journal's appearing or going lasts."""
+    fsync_path(os.path.dirname(os.path.abspath(path)))
 
 
 def read_journal(path, file_size):

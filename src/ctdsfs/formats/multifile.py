@@ -127,6 +127,7 @@ class MultiFile(Container):
         self.problems = []
         self._nblocks = self._blocks_present(header) if on_disk else header.nblocks
         self._entries = self._validate()
+        self._committed = self._referenced_blocks()
         self._check_spare_lists()
         self._orphans = 0  # unlinked files still open: their blocks are in no header list
         if self.writable and self.problems:
@@ -137,7 +138,6 @@ class MultiFile(Container):
         self._crcs = np.array(header.crcs, dtype=np.uint32)
         if header.use_crc:
             self._crcs = _grown(self._crcs, self._nblocks)
-        self._committed = self._referenced_blocks()
         self._buffers = {}  # id(entry) -> [block index, bytearray, entry]: a dirty partial block
         self._nested = {}
         self._dirty = False
@@ -209,7 +209,7 @@ class MultiFile(Container):
     def _check_spare_lists(self):
         """The free list and continuation sets name blocks a write may reuse: each must be
         a block of the container that no file uses (else a problem, so never written to)."""
-        used = self._referenced_blocks()
+        used = self._committed
         for what, blocks in (("free list", self.header.free_blocks),
                              ("continuation sets", np.concatenate(self.header.cont_sets))):
             blocks = np.asarray(blocks, np.int64)

@@ -43,6 +43,7 @@ from ..errors import BlockError, ContainerFull, CtdsfsError, FormatError, ReadOn
 from . import hdf5_probe
 from .journal import JournaledFile, journal_path
 from .multifile import MAX_NESTING
+from .store import fsync_path
 
 log = logging.getLogger(__name__)
 
@@ -326,7 +327,7 @@ class MultiHDF5(Container):
         try:
             with _h5file(staging, "w") as handle:
                 cls(handle, path, writable=True, new_block_size=block_size)._write_headers()
-            _fsync_path(staging)
+            fsync_path(staging)
             os.link(staging, path)
         except FileExistsError:
             raise CtdsfsError(f"{path}: File exists") from None
@@ -335,7 +336,7 @@ class MultiHDF5(Container):
         finally:
             if os.path.lexists(staging):
                 os.unlink(staging)
-        _fsync_path(os.path.dirname(os.path.abspath(path)))
+        fsync_path(os.path.dirname(os.path.abspath(path)))
         return cls.open_unprobed(path, writable=True)  # written here, not untrusted
 
     def _drop_orphans(self):
@@ -728,14 +729,6 @@ def _close(handle, journal):
     finally:
         if journal is not None:
             journal.close()
-
-
-def _fsync_path(path):
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _open_failure(exc):

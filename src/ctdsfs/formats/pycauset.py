@@ -194,6 +194,19 @@ def _is_number(value):
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
+def _shape(meta):
+    """``(rows, cols)`` of a :func:`native` dict if both are non-negative integers, else None."""
+    rows, cols = meta.get("rows"), meta.get("cols")
+    if _is_int(rows) and _is_int(cols) and rows >= 0 and cols >= 0:
+        return rows, cols
+    return None
+
+
+def _fills(shape, descr, payload_length):
+    """Whether ``rows * cols`` elements of NumPy type ``descr`` are exactly the payload."""
+    return shape[0] * shape[1] * int(descr[2:]) == payload_length
+
+
 def load_problem(meta, payload_length):
     """Why ``pycauset.load`` would refuse (or misread the payload with) the identity
     keys of ``meta`` (a :func:`native` dict), or None.
@@ -211,9 +224,10 @@ def load_problem(meta, payload_length):
                f"{', '.join(sorted(LOADABLE_MATRIX_TYPES))})"
     if kind in LOADABLE_DATA_TYPES and data_type not in LOADABLE_DATA_TYPES[kind]:
         return f"data_type {data_type!r} is not one pycauset loads for {kind}"
-    rows, cols = meta.get("rows"), meta.get("cols")
-    if not (_is_int(rows) and _is_int(cols) and rows >= 0 and cols >= 0):
+    shape = _shape(meta)
+    if shape is None:
         return "rows and cols must be non-negative integers"
+    rows, cols = shape
     if kind in SQUARE_MATRIX_TYPES and rows != cols:
         return f"{kind} needs rows == cols (got {rows} and {cols})"
     if not _is_int(meta.get("seed", 0)):
@@ -228,7 +242,7 @@ def load_problem(meta, payload_length):
     if not all(map(_is_number, scalar if isinstance(scalar, list) else [scalar])):
         return "view scalar must be a number or {real, imag} numbers"
     descr = NUMPY_TYPES.get(data_type)
-    if kind in LOADABLE_DATA_TYPES and descr and rows * cols * int(descr[2:]) != payload_length:
+    if kind in LOADABLE_DATA_TYPES and descr and not _fills(shape, descr, payload_length):
         return (f"{rows} x {cols} {data_type} elements do not fill the payload of "
                 f"{payload_length} bytes")
     return None
@@ -443,14 +457,13 @@ class Pycauset(Container):
         """
         meta = native(self.metadata)
         layout, view = meta.get("payload_layout"), meta.get("view", {})
-        data_type, rows, cols = meta.get("data_type"), meta.get("rows"), meta.get("cols")
+        data_type, shape = meta.get("data_type"), _shape(meta)
         descr = NUMPY_TYPES.get(data_type) if isinstance(data_type, str) else None
         if not isinstance(layout, dict) or layout.get("kind") != "raw_dense" or descr is None:
             return None
-        if not (_is_int(rows) and _is_int(cols) and rows >= 0 and cols >= 0):
+        if shape is None or not _fills(shape, descr, self.active.payload_length):
             return None
-        if rows * cols * int(descr[2:]) != self.active.payload_length:
-            return None
+        rows, cols = shape
         if meta.get("matrix_type") == "VECTOR":
             return npy_header(descr, (rows,), False)
         if isinstance(view, dict) and view.get("is_transposed"):

@@ -114,6 +114,15 @@ class DirectWriter:
             os.close(self.fd)
 
 
+def fsync_path(path):
+    """fsync a file or directory by its path (a directory: so a new or removed name lasts)."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def lock_for_writing(fd, label):
     """Take the writer's advisory lock on ``fd``, or fail with a clear message if another
     writer has it."""

@@ -196,10 +196,14 @@ class ContainerFS:
         count = self._subdirs.get(directory)
         if count is None:
             names = directory.names()
-            count = UNKNOWN if len(names) > CLASSIFY_MAX else sum(
-                directory.nested(name) is not None for name in names)
+            count = UNKNOWN if len(names) > CLASSIFY_MAX else self._count_subdirectories(
+                directory, names)
             self._subdirs[directory] = count
         return count
+
+    @staticmethod
+    def _count_subdirectories(directory, names):
+        return sum(directory.nested(name) is not None for name in names)
 
     def _link_text(self, node):
         """The text of ``node`` if it is a symbolic link, else None."""
@@ -311,8 +315,8 @@ class ContainerFS:
             parent = self._directory(ino)
             names = parent.directory.names()
             if start == 0:
-                self._subdirs[parent.directory] = sum(
-                    self._child(parent, name).directory is not None for name in names)
+                self._subdirs[parent.directory] = self._count_subdirectories(parent.directory,
+                                                                             names)
             stop = len(names) + 2 if limit is None else min(len(names) + 2, start + limit)
             st = os.stat(self.source_path)  # once for the whole batch
             out = []
