@@ -186,6 +186,19 @@ def fill(path):
         os.close(fd)
 
 
+def write_until_refused(container, name, chunk, tries, match):
+    """Append ``chunk`` to ``name`` until the disk refuses (ContainerFull matching ``match``);
+    the refused write must change nothing. Returns the bytes written."""
+    written = 0
+    with pytest.raises(ContainerFull, match=match):
+        for _ in range(tries):
+            before = state(container, name)
+            container.write(name, written, chunk)
+            written += len(chunk)
+    assert state(container, name) == before  # the refused write changed nothing
+    return written
+
+
 @pytest.mark.parametrize("version", ["mf2", "mf1"])
 def test_full_disk_gives_enospc_and_rm_makes_room(small_disk, version):
     path = small_disk / "full.mf"
@@ -195,13 +208,8 @@ def test_full_disk_gives_enospc_and_rm_makes_room(small_disk, version):
     c.commit()
     c.create("filler")
     chunk = os.urandom(1 << 20)
-    written = 0
-    with pytest.raises(ContainerFull, match=r"full\.mf: filler: no space left"):
-        for _ in range(16):  # 16 MiB cannot fit on 8 MiB
-            before = state(c, "filler")
-            c.write("filler", written, chunk)
-            written += len(chunk)
-    assert state(c, "filler") == before  # the refused write changed nothing
+    # 16 MiB cannot fit on 8 MiB
+    written = write_until_refused(c, "filler", chunk, 16, r"full\.mf: filler: no space left")
     assert c.writable
     assert c.read("filler", 0, written) == chunk * (written >> 20)
     with pytest.raises(ContainerFull):
@@ -252,13 +260,8 @@ def test_full_disk_inside_a_nested_container(small_disk):
     c.commit()
     sub.create("filler")
     chunk = os.urandom(1 << 18)
-    written = 0
-    with pytest.raises(ContainerFull, match=r"nested\.mf: SUB: no space left"):
-        for _ in range(64):
-            before = state(sub, "filler")
-            sub.write("filler", written, chunk)
-            written += len(chunk)
-    assert state(sub, "filler") == before and c.writable and sub.writable
+    write_until_refused(sub, "filler", chunk, 64, r"nested\.mf: SUB: no space left")
+    assert c.writable and sub.writable
     c.commit()
     sub.remove("filler")
     c.commit()
