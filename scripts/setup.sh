@@ -3,14 +3,15 @@
 # FUSE 3 and the legacy casacore 3.5 (tools and Debian's Python client, for
 # /usr/bin/python3) and podman, runc and debootstrap (the container-image test
 # builds docker/Dockerfile on a debootstrapped base) and util-linux (setpriv, unshare:
-# tests act as another user and hide /dev/fuse in a namespace) from apt, the project with
+# tests act as another user and hide /dev/fuse in a namespace), nginx (an HTTP source),
+# squashfuse, squashfs-tools and fio (peers and load for the benchmark) from apt, the project with
 # its test extras from PyPI, and the mount(8) helper link for 'mount -t fuse.ctdsfs'.
 # Safe to run again; skips apt when the packages are already there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 APT_PACKAGES=(fuse3 libfuse3-dev pkg-config casacore-tools python3-casacore
-              podman runc debootstrap util-linux)
+              podman runc debootstrap util-linux nginx squashfuse squashfs-tools fio)
 SUDO=""
 [ "$(id -u)" -eq 0 ] || SUDO="sudo"
 

@@ -6,6 +6,9 @@ verify_crc, writable)``, and ``create_file(path, *, variant, block_size,
 use_crc)`` if ctdsfs writes it; it joins by one line in ``FORMATS``. Files are
 recognised by content, never by name, and cheaply: a format's module (h5py
 for MultiHDF5) is imported only once a file turns out to be of that format.
+A format stored as a directory (TileDB arrays, bcolz rootdirs) names the
+entries every such directory has (``markers``); its module's
+``looks_like_directory(path)`` decides, and ``open_file`` opens the directory.
 Nothing outside this registry imports a format to open or create a file, so
 the container interface (``ctdsfs.container``) knows no format.
 """
@@ -26,14 +29,23 @@ class Format:
     module: str  # the module of this package that implements it
     magic: bytes = None  # what a file of it starts with; None: the module's looks_like()
     writes: tuple = ()  # the variants ``create_container(format=...)`` makes of it
+    markers: tuple = ()  # a directory format: entries that all its directories hold
 
     def implementation(self):
         return importlib.import_module(f"{__name__}.{self.module}")
 
     def recognises(self, first):
+        if self.markers:
+            return False
         if self.magic is not None:
             return first.startswith(self.magic)
         return self.implementation().looks_like(first)
+
+    def recognises_directory(self, path):
+        if not self.markers or not all(os.path.lexists(os.path.join(path, m))
+                                       for m in self.markers):
+            return False
+        return self.implementation().looks_like_directory(path)
 
 
 FORMATS = (  # in the order files are tried
@@ -44,13 +56,23 @@ FORMATS = (  # in the order files are tried
 WRITTEN_FORMATS = tuple(v for f in FORMATS for v in f.writes)
 
 
+def directory_format(path):
+    """The directory format whose layout ``path`` (a real directory, not a link) has, or None."""
+    return next((f for f in FORMATS if f.recognises_directory(path)), None)
+
+
 def open_container(path, *, verify_crc=True, writable=False):
-    """Open the container file at ``path`` with the format its content declares.
+    """Open the container at ``path`` with the format its content declares.
 
     A writable container takes an advisory lock on the file, so a second
     writer gets a clear error instead of corrupting it.
     """
     path = os.fspath(path)
+    if os.path.isdir(path) and not os.path.islink(path):
+        fmt = directory_format(path)
+        if fmt is None:
+            raise NotAContainer(f"{path}: a directory, but not one ctdsfs translates")
+        return fmt.implementation().open_file(path, verify_crc=verify_crc, writable=writable)
     if os.path.exists(path) and not os.path.isfile(path):  # (opening a FIFO would block)
         raise NotAContainer(f"{path}: not a regular file")
     try:

@@ -27,7 +27,7 @@ import threading
 from collections import OrderedDict
 
 from ..container import Container, Usage
-from ..formats import open_container
+from ..formats import directory_format, open_container
 from ..errors import CtdsfsError, FormatError, NotPermitted, ReadOnlyError
 from ..formats import tabledat
 from .filesystem import FSError
@@ -249,7 +249,16 @@ def is_table_directory(path):
 
 
 def directory_or_table(path, **options):
-    """A table directory stored in a container gets the table view; others pass through."""
+    """A directory a format translates (a TileDB array, a bcolz rootdir) opens as that
+    format, a table directory stored in a container gets the table view; others pass through."""
+    fmt = directory_format(path) if options.get("recurse", True) else None
+    if fmt is not None:
+        try:
+            return fmt.implementation().open_file(
+                path, verify_crc=options.get("verify_crc", True),
+                writable=options.get("writable", False))
+        except CtdsfsError as exc:
+            log.warning("%s: shown as it is, not as a %s: %s", path, fmt.name, exc)
     if is_table_directory(path):
         try:
             return TableView(path, **options)
