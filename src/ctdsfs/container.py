@@ -103,6 +103,14 @@ class Container(ABC):
     def describe(self):
         """A JSON-ready dict of the container's internals (``ctdsfs info``)."""
 
+    def check(self, bar=None):
+        """(problems, notes) of ``ctdsfs check``, each a 'location: text' line.
+
+        Formats that can verify more than opening does (checksums, every chunk
+        decoding) override this; ``bar.update(n)`` follows the bytes read.
+        """
+        return [f"{self.label}: {p}" for p in self.problems], []
+
     @abstractmethod
     def reload_if_changed(self):
         """Re-read the header if another process committed since; True if it did."""
