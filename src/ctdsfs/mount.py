@@ -14,7 +14,7 @@ import os
 import sys
 from dataclasses import dataclass, field
 
-from .formats import create_container, open_container
+from .formats import REMOTE_SCHEMES, create_container, open_container, open_from_store
 from .errors import CtdsfsError, PrintableFormatter, printable
 
 log = logging.getLogger("ctdsfs")
@@ -38,6 +38,10 @@ CONTRADICTIONS = [("ro", "rw"), ("ro", "create"), ("ro", "commit"),
                   ("atime", "noatime"), ("noatime", "relatime"), ("noatime", "strictatime"),
                   ("relatime", "norelatime"), ("relatime", "strictatime"),
                   ("diratime", "nodiratime")]
+# Options of a remote (s3://, http(s)://) SOURCE: RemoteOptions fields.
+REMOTE_TEXT_OPTIONS = {"endpoint_url", "region", "profile"}
+CREDENTIAL_OPTIONS = {"key", "secret", "token", "access_key", "secret_key", "aws_access_key_id",
+                      "aws_secret_access_key", "aws_session_token"}
 # Options that mean nothing without another one.
 REQUIRES = {"blocksize": "create", "crc": "create", "no_default_permissions": "allow_other"}
 
@@ -59,6 +63,18 @@ class MountOptions:
     logfile: str = None
     debug: bool = False
     nonempty: bool = False  # mount over a mount point that holds files
+    remote: dict = field(default_factory=dict)  # RemoteOptions fields (s3:// or http(s)://)
+
+
+def _bytes(text):
+    """A byte count, with an optional K, M or G (binary) suffix."""
+    scale = 1 << 10 * ("KMG".index(text[-1].upper()) + 1) if text[-1:].upper() in ("K", "M", "G") \
+        else 1
+    return int(text[:-1] if scale > 1 else text) * scale
+
+
+REMOTE_NUMBER_OPTIONS = {"cache_size": _bytes, "readahead": int, "concurrency": int,
+                         "retries": int, "timeout": float}
 
 
 def _number(item, kind):
@@ -119,6 +135,18 @@ def parse_options(text):
             continue  # only keeps allow_other from adding default_permissions
         elif item.startswith("logfile="):
             opts.logfile = item.split("=", 1)[1]
+        elif item == "anon":
+            opts.remote["anon"] = True
+        elif item.split("=", 1)[0] in REMOTE_TEXT_OPTIONS and "=" in item:
+            key, value = item.split("=", 1)
+            opts.remote[key] = value
+        elif item.split("=", 1)[0] in REMOTE_NUMBER_OPTIONS and "=" in item:
+            key = item.split("=", 1)[0]
+            opts.remote[key] = _number(item, REMOTE_NUMBER_OPTIONS[key])
+        elif item.split("=", 1)[0] in CREDENTIAL_OPTIONS:
+            raise UsageError(f"mount option {item.split('=', 1)[0]!r}: credentials come only from "
+                             "the AWS environment variables and config files, never from the "
+                             "command line")
         else:
             raise UsageError(f"unknown mount option {item!r} (see mount.ctdsfs --help)")
     if "allow_other" in opts.kernel and "no_default_permissions" not in items:
@@ -173,10 +201,23 @@ def mount(source, mountpoint, opts, foreground=False):
     from .fuse_adapter import FuseOperations, serve
     from .vfs import ContainerFS
 
-    source = os.path.abspath(source)
+    remote = source.startswith(REMOTE_SCHEMES)
+    if remote and opts.writable:
+        raise UsageError(f"{source}: a remote source is read-only (-o rw and create are refused)")
+    if opts.remote and not remote:
+        raise UsageError(f"mount options {', '.join(sorted(opts.remote))} are for an s3:// or "
+                         "http(s):// source only")
+    source = source if remote else os.path.abspath(source)
     check_mountpoint(mountpoint, nonempty=opts.nonempty)
     _setup_logging(opts, foreground=True)  # problems found while opening reach the terminal
-    if opts.create and not os.path.exists(source):
+    source_stat = None
+    if remote:
+        from .formats.remote import RemoteOptions, open_remote
+
+        store = open_remote(source, RemoteOptions(**opts.remote))
+        source_stat = store.stat
+        container = open_from_store(store, verify_crc=opts.verify_crc)
+    elif opts.create and not os.path.exists(source):
         container = create_container(source, block_size=opts.block_size, use_crc=opts.new_crc,
                                      format="hdf5" if source.endswith(".mfh5") else "mf2")
     elif os.path.isdir(source):
@@ -192,12 +233,13 @@ def mount(source, mountpoint, opts, foreground=False):
     else:
         container = open_container(source, verify_crc=opts.verify_crc, writable=opts.writable)
     write_cache = opts.writable and container.kernel_write_cache
-    fs = ContainerFS(container, source, writable=opts.writable, kernel_appends=write_cache)
+    fs = ContainerFS(container, source, writable=opts.writable, kernel_appends=write_cache,
+                     source_stat=source_stat)
     fuse_options = {"rw" if opts.writable else "ro", "subtype=ctdsfs",
                     "fsname=" + source.replace(",", "\\,")}
     fuse_options |= opts.kernel
     operations = FuseOperations(
-        fs, threaded_reads=not opts.writable and container.checks_reads,
+        fs, threaded_reads=not opts.writable and (container.checks_reads or remote),
         write_cache=write_cache, commit_interval=opts.commit_seconds if opts.writable else None)
 
     if foreground:

@@ -9,6 +9,9 @@ for MultiHDF5) is imported only once a file turns out to be of that format.
 A format stored as a directory (TileDB arrays, bcolz rootdirs) names the
 entries every such directory has (``markers``); its module's
 ``looks_like_directory(path)`` decides, and ``open_file`` opens the directory.
+A file format that can also be read from a store other than a local file (an
+object on S3 or HTTP, ``remote.py``) gives ``open_from_store(store, *,
+verify_crc)``; ``open_container`` takes ``s3://`` and ``http(s)://`` sources.
 Nothing outside this registry imports a format to open or create a file, so
 the container interface (``ctdsfs.container``) knows no format.
 """
@@ -21,6 +24,7 @@ from dataclasses import dataclass
 from ..errors import CtdsfsError, NotAContainer
 
 SNIFF_BYTES = 68  # what recognition reads of a file's start
+REMOTE_SCHEMES = ("s3://", "http://", "https://")  # (remote.py is imported only for these)
 
 
 @dataclass(frozen=True)
@@ -61,12 +65,18 @@ def directory_format(path):
     return next((f for f in FORMATS if f.recognises_directory(path)), None)
 
 
-def open_container(path, *, verify_crc=True, writable=False):
+def open_container(path, *, verify_crc=True, writable=False, remote=None):
     """Open the container at ``path`` with the format its content declares.
 
     A writable container takes an advisory lock on the file, so a second
-    writer gets a clear error instead of corrupting it.
+    writer gets a clear error instead of corrupting it. ``path`` may be an
+    ``s3://`` or ``http(s)://`` address (read-only; ``remote``: RemoteOptions).
     """
+    if isinstance(path, str) and path.startswith(REMOTE_SCHEMES):
+        if writable:
+            raise CtdsfsError(f"{path}: a remote source is read-only")
+        from .remote import open_remote
+        return open_from_store(open_remote(path, remote), verify_crc=verify_crc)
     path = os.fspath(path)
     if os.path.isdir(path) and not os.path.islink(path):
         fmt = directory_format(path)
@@ -85,6 +95,25 @@ def open_container(path, *, verify_crc=True, writable=False):
             return fmt.implementation().open_file(path, verify_crc=verify_crc, writable=writable)
     names = ", ".join(f.name for f in FORMATS)
     raise NotAContainer(f"{path}: not a container ctdsfs knows ({names}): unknown header")
+
+
+def open_from_store(store, *, verify_crc=True):
+    """The container in ``store`` (a read-only store such as a remote object), by its
+    content; the container owns the store from here on (closed with it or on failure)."""
+    try:
+        first = store.pread(0, SNIFF_BYTES)
+        fmt = next((f for f in FORMATS if f.recognises(first)), None)
+        if fmt is None:
+            names = ", ".join(f.name for f in FORMATS)
+            raise NotAContainer(f"{store.label}: not a container ctdsfs knows ({names}): "
+                                "unknown header")
+        opener = getattr(fmt.implementation(), "open_from_store", None)
+        if opener is None:
+            raise NotAContainer(f"{store.label}: {fmt.name} cannot be read from a remote store")
+        return opener(store, verify_crc=verify_crc)
+    except BaseException:
+        store.close()
+        raise
 
 
 def refuse_existing(path):

@@ -34,13 +34,22 @@ def time_limit():
 
 
 def probe(path):
-    """Refuse ``path`` (FormatError) if reading it crashes or hangs HDF5; else its problems."""
-    path = os.fspath(path)
+    """Refuse ``path`` (FormatError) if reading it crashes or hangs HDF5; else its problems.
+
+    ``path`` may be a remote store: the child then reads the same version of the object
+    (``remote.SPEC_ENV``)."""
+    from .remote import SPEC_ENV
+
     seconds = time_limit()
     package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     inherited = os.environ.get("PYTHONPATH")
     env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1",  # a lighter start
                PYTHONPATH=os.pathsep.join(filter(None, [package_root, inherited])))
+    env.pop(SPEC_ENV, None)
+    if hasattr(path, "child_spec"):
+        env[SPEC_ENV] = path.child_spec()
+        path = path.label
+    path = os.fspath(path)
     try:
         child = subprocess.run([sys.executable, "-m", __name__, path], env=env,
                                capture_output=True, timeout=seconds, stdin=subprocess.DEVNULL)
@@ -87,11 +96,13 @@ def _touch(container, problems):
 
 def main(path):
     from .multihdf5 import HDF5_ERRORS, MultiHDF5
+    from .remote import SPEC_ENV, from_spec
 
+    source = from_spec(os.environ[SPEC_ENV]) if SPEC_ENV in os.environ else path
     # (set once the trusted imports are done: the bound is for what the file makes HDF5 do)
     resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT, MEMORY_LIMIT))
     try:
-        container = MultiHDF5.open_unprobed(path)
+        container = MultiHDF5.open_unprobed(source)
         try:
             verdict = {"problems": _touch(container, [])}
         finally:

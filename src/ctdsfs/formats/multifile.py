@@ -163,8 +163,10 @@ class MultiFile(Container):
         changes the next commit detects the conflict instead. True if reloaded.
         """
         with self._lock:
-            if self.depth or self._counter_on_disk() == self.header.counter or self.dirty \
-                    or self._orphans:
+            if self.depth or self.dirty or self._orphans:
+                return False
+            replaced = self.store.replaced()  # a remote object with a new ETag
+            if not replaced and self._counter_on_disk() == self.header.counter:
                 return False
             header = read_header(self.store, self.hdrext_path, self.verify_crc)
             log.info("%s: changed by another process (header counter %d -> %d): reloaded",
@@ -982,6 +984,12 @@ def open_file(path, *, verify_crc=True, writable=False):
     except BaseException:
         store.close()
         raise
+
+
+def open_from_store(store, *, verify_crc=True):
+    """The MultiFile in a read-only ``store`` (a remote object; a version 1 header continues
+    in the object named like it plus ``_hdrext``)."""
+    return MultiFile(store, hdrext_path=store.sibling("_hdrext"), verify_crc=verify_crc)
 
 
 def create_file(path, *, variant, block_size, use_crc):

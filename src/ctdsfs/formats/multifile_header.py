@@ -233,8 +233,15 @@ def _read_header(store, hdrext_path, verify_crc):
 
 
 def _read_hdrext(hdrext_path, length):
-    """The ``length`` header bytes kept in ``_hdrext``; refused unless the file holds them
-    (a hostile header size never becomes a read of that size)."""
+    """The ``length`` header bytes kept in ``_hdrext`` (a path, or a store: a remote
+    object's); refused unless the file holds them (a hostile header size never becomes a
+    read of that size)."""
+    if hasattr(hdrext_path, "pread"):
+        available = hdrext_path.size()
+        if available < length:
+            raise FormatError(f"{hdrext_path.label} holds {available} bytes, the header needs "
+                              f"{length} there")
+        return hdrext_path.pread(0, length)
     try:
         with open(hdrext_path, "rb") as f:
             available = os.fstat(f.fileno()).st_size

@@ -297,11 +297,12 @@ class MultiHDF5(Container):
     def open_unprobed(cls, path, *, writable=False):
         """Open the file trusting the HDF5 library with it (in ``hdf5_probe``'s child)."""
         handle, journal = _open_file(path, writable)
+        label = getattr(path, "label", None) or str(path)
         try:
-            container = cls(handle, str(path), writable=writable)
+            container = cls(handle, label, writable=writable)
             container.file = handle
             container.journal = journal
-            container.path = str(path)
+            container.path = path if hasattr(path, "pread") else label
             container._stat_key = _stat_key(path)
             if writable:
                 container._drop_orphans()
@@ -698,7 +699,13 @@ class MultiHDF5(Container):
 
 def _open_file(path, writable):
     """``(h5py file, JournaledFile or None)``: writers always go through the journal,
-    readers only when a crashed writer left one to be replayed."""
+    readers only when a crashed writer left one to be replayed. ``path`` may be a read-only
+    store (a remote object), read through h5py's file-object driver."""
+    if hasattr(path, "pread"):
+        try:
+            return _h5file(path.fileobj(), "r"), None
+        except HDF5_ERRORS as exc:
+            raise FormatError(f"{path.label}: {_open_failure(exc)}") from None
     journal = None
     try:
         if writable or os.path.exists(journal_path(path)):
@@ -741,6 +748,9 @@ def _open_failure(exc):
 
 
 def _stat_key(path):
+    if hasattr(path, "replaced"):  # a remote object: a new ETag is a new version
+        path.replaced()
+        return path.version().etag
     st = os.stat(path)
     return st.st_mtime_ns, st.st_size, st.st_ino
 
@@ -755,3 +765,9 @@ def create_file(path, *, variant, block_size, use_crc):
     if use_crc:
         raise CtdsfsError("MultiHDF5 has no CRCs")
     return MultiHDF5.new(path, block_size=block_size)
+
+
+def open_from_store(store, *, verify_crc=True):
+    """The MultiHDF5 in a read-only ``store`` (a remote object; the probe child reads the
+    same version of it)."""
+    return MultiHDF5.open(store)

@@ -675,3 +675,8 @@ def open_file(path, *, verify_crc=True, writable=False):
     except BaseException:
         store.close()
         raise
+
+
+def open_from_store(store, *, verify_crc=True):
+    """The .pycauset file in a read-only ``store`` (a remote object)."""
+    return Pycauset(store)

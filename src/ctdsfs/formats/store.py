@@ -247,6 +247,11 @@ class FileStore:
         self._settle(raise_error=False)
         return os.fstat(self.fd).st_size
 
+    def replaced(self):
+        """A local file is changed in place, never swapped under an open descriptor: its
+        header counter tells (a remote store's answer is its ETag)."""
+        return False
+
     def lock(self):
         lock_for_writing(self.fd, self.label)
 

@@ -34,6 +34,7 @@ before the change (``may_keep_cache``).
 """
 
 import errno
+import functools
 import logging
 import os
 import stat
@@ -104,9 +105,12 @@ _ERRNOS = ((FileNotFoundError, errno.ENOENT), (FileExistsError, errno.EEXIST),
 class ContainerFS:
     """The mounted tree: every operation the FUSE adapter forwards, as plain calls."""
 
-    def __init__(self, root, source_path, writable=False, kernel_appends=False):
+    def __init__(self, root, source_path, writable=False, kernel_appends=False,
+                 source_stat=None):
         self.root = root
         self.source_path = source_path
+        # owner, modes and times shown (a remote source has no local file to stat)
+        self._source_stat = source_stat or functools.partial(os.stat, source_path)
         self.writable = writable
         # With the kernel's writeback cache the kernel places O_APPEND writes itself.
         self.kernel_appends = kernel_appends
@@ -168,7 +172,7 @@ class ContainerFS:
 
     def _attr(self, node, st=None):
         """Attributes of ``node``; ``st`` is the source's stat when the caller has one."""
-        st = st or os.stat(self.source_path)
+        st = st or self._source_stat()
         perms = st.st_mode & (0o666 if self.writable else 0o444)
         if node.directory is not None:
             subdirs = self._subdirectories(node.directory)
@@ -318,7 +322,7 @@ class ContainerFS:
                 self._subdirs[parent.directory] = self._count_subdirectories(parent.directory,
                                                                              names)
             stop = len(names) + 2 if limit is None else min(len(names) + 2, start + limit)
-            st = os.stat(self.source_path)  # once for the whole batch
+            st = self._source_stat()  # once for the whole batch
             out = []
             for i in range(start, stop):
                 if i < 2:

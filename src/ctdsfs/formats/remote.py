@@ -1,0 +1,515 @@
+"""A container's bytes on object storage (``s3://``) or a web server (``http(s)://``).
+
+A :class:`RemoteStore` stands where a :class:`~ctdsfs.formats.store.FileStore`
+stands for a local file, read-only: ``pread`` becomes ranged GETs of whole
+chunks (``chunk_size``), run by a small thread pool (``concurrency``), kept in
+a bounded memory cache (``cache_size``) and read ahead when access is
+sequential (``readahead`` chunks), so a FUSE read of 128 KiB costs no request
+of its own.
+
+Libraries: botocore (synchronous) for S3, since it brings the whole AWS
+configuration chain (``AWS_*`` variables, ``~/.aws/config`` and credentials,
+profiles, ``AWS_ENDPOINT_URL``) and is what s3fs is built on; urllib3 for
+plain HTTP(S). Throughput comes from the concurrent chunked GETs, not from the
+client (README, "Containers on S3 and HTTP", has the figures).
+
+Coherence: every GET carries ``If-Match`` with the ETag of the version being
+served, and the answer's ETag is compared too (for servers that ignore
+``If-Match``), so no read mixes bytes of two versions. A replaced object fails
+that read (EIO) and marks the store stale; the container's next reload check
+(``replaced()``) switches to the new version, the way a local container
+reloads when its header counter moved on.
+
+Faults: every request has a ``timeout``; a failure (5xx, reset, timeout) is
+retried ``retries`` times with exponential backoff, then the read fails with a
+:class:`RemoteError` (a BlockError: EIO for that read in a mount, one line from
+a command). Nothing a server answers is trusted: sizes are checked against
+what was asked for, and a body is never read past the range requested.
+"""
+
+import dataclasses
+import io
+import json
+import logging
+import os
+import threading
+import time
+import weakref
+from collections import OrderedDict
+from concurrent.futures import Future, ThreadPoolExecutor
+from email.utils import parsedate_to_datetime
+from types import SimpleNamespace
+from urllib.parse import urlsplit
+
+from ..errors import BlockError, CtdsfsError
+from . import REMOTE_SCHEMES
+
+log = logging.getLogger(__name__)
+
+SPEC_ENV = "CTDSFS_REMOTE_SPEC"  # how an HDF5 probe child gets the same pinned object
+BACKOFF_FIRST, BACKOFF_MAX = 0.2, 2.0  # seconds between attempts, doubling
+
+
+def is_remote(source):
+    return isinstance(source, str) and source.startswith(REMOTE_SCHEMES)
+
+
+@dataclasses.dataclass(frozen=True)
+class RemoteOptions:
+    """How a remote object is reached and cached (the mount's ``-o`` names)."""
+
+    endpoint_url: str = None  # S3: another endpoint than AWS (default: AWS_ENDPOINT_URL)
+    region: str = None  # S3: default from the AWS configuration
+    profile: str = None  # S3: a profile of the AWS config files
+    anon: bool = False  # S3: unsigned requests (public buckets)
+    cache_size: int = 256 << 20  # bytes of chunks kept in memory
+    chunk_size: int = 8 << 20  # bytes one GET fetches
+    readahead: int = 4  # chunks fetched ahead of a sequential reader
+    concurrency: int = 8  # GETs in flight
+    retries: int = 3  # further attempts after a failed request
+    timeout: float = 10.0  # seconds to connect, and between bytes of an answer
+    revalidate: float = 1.0  # seconds between checks for a replaced object
+
+    def to_json(self):
+        return json.dumps(dataclasses.asdict(self))
+
+
+class RemoteError(BlockError):
+    """A remote read failed after its retries (or found the object replaced)."""
+
+
+class _Transient(Exception):
+    """A failure worth another attempt (5xx, 429, reset, timeout)."""
+
+
+class _Replaced(Exception):
+    """The server holds another version than the one pinned (412, or another ETag)."""
+
+
+class _Missing(Exception):
+    """No such object (404)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class _Version:
+    size: int
+    etag: str
+    mtime: float
+
+
+def _length(text, url):
+    try:
+        size = int(text)
+    except (TypeError, ValueError):
+        raise CtdsfsError(f"{url}: the server gives no valid size ({text!r})") from None
+    if size < 0:
+        raise CtdsfsError(f"{url}: the server gives a negative size")
+    return size
+
+
+class _HTTP:
+    """Plain HTTP(S) with urllib3: HEAD for the version, ranged GETs pinned by If-Match."""
+
+    def __init__(self, url, options):
+        import urllib3
+
+        self.url = url
+        self._errors = urllib3.exceptions.HTTPError
+        self._pool = urllib3.PoolManager(
+            maxsize=options.concurrency + 2, retries=False, block=False,
+            timeout=urllib3.Timeout(connect=options.timeout, read=options.timeout))
+
+    def _request(self, method, headers, limit):
+        try:
+            r = self._pool.request(method, self.url, headers=headers, preload_content=False,
+                                   redirect=False)
+            try:
+                body = r.read(limit + 1) if limit else b""
+            finally:
+                r.release_conn()
+        except (self._errors, OSError) as exc:
+            raise _Transient(str(exc) or type(exc).__name__) from None
+        if r.status in (404, 410):
+            raise _Missing()
+        if r.status == 412:
+            raise _Replaced()
+        if r.status >= 500 or r.status == 429:
+            raise _Transient(f"HTTP {r.status}")
+        if r.status not in (200, 206):
+            raise CtdsfsError(f"{self.url}: HTTP {r.status} {r.reason}")
+        return r, body
+
+    def head(self):
+        r, _ = self._request("HEAD", {}, 0)
+        modified = r.headers.get("Last-Modified")
+        try:
+            mtime = parsedate_to_datetime(modified).timestamp() if modified else 0.0
+        except (TypeError, ValueError):
+            mtime = 0.0
+        return _Version(_length(r.headers.get("Content-Length"), self.url),
+                        r.headers.get("ETag"), mtime)
+
+    def get(self, start, end, etag):
+        headers = {"Range": f"bytes={start}-{end - 1}"}
+        if etag:
+            headers["If-Match"] = etag
+        r, body = self._request("GET", headers, end - start)
+        if etag and r.headers.get("ETag") not in (None, etag):
+            raise _Replaced()
+        if r.status != 206 and not (start == 0 and len(body) == end - start):
+            raise _Transient(f"HTTP {r.status} instead of the range asked for")
+        return body
+
+    def close(self):
+        self._pool.clear()
+
+
+class _S3:
+    """S3 through botocore: the AWS credential chain, endpoint and region conventions."""
+
+    def __init__(self, url, options):
+        import botocore
+        import botocore.config
+        import botocore.exceptions
+        import botocore.session
+
+        logging.getLogger("botocore").setLevel(logging.WARNING)  # not "found credentials"
+        parts = urlsplit(url)
+        self.url, self.bucket, self.key = url, parts.netloc, parts.path.lstrip("/")
+        if not self.bucket or not self.key:
+            raise CtdsfsError(f"{url}: an s3:// source names a bucket and an object "
+                              "(s3://BUCKET/KEY)")
+        self._exc = botocore.exceptions
+        try:
+            session = botocore.session.Session(profile=options.profile)
+            endpoint = options.endpoint_url or session.get_config_variable("endpoint_url") \
+                or os.environ.get("AWS_ENDPOINT_URL_S3")
+            config = botocore.config.Config(
+                signature_version=botocore.UNSIGNED if options.anon else None,
+                retries={"total_max_attempts": 1}, connect_timeout=options.timeout,
+                read_timeout=options.timeout, max_pool_connections=options.concurrency + 2,
+                s3={"addressing_style": "path" if endpoint else "auto"})
+            self._client = session.create_client(
+                "s3", endpoint_url=endpoint, config=config,
+                region_name=options.region or session.get_config_variable("region")
+                or "us-east-1")
+        except self._exc.BotoCoreError as exc:  # a missing profile, a bad endpoint
+            raise CtdsfsError(f"{url}: {exc}") from None
+
+    def _call(self, method, **kwargs):
+        try:
+            return method(Bucket=self.bucket, Key=self.key, **kwargs)
+        except self._exc.ClientError as exc:
+            code = str(exc.response.get("Error", {}).get("Code", ""))
+            status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
+            if status == 404 or code in ("404", "NoSuchKey", "NoSuchBucket", "NotFound"):
+                raise _Missing() from None
+            if status == 412 or code == "PreconditionFailed":
+                raise _Replaced() from None
+            if status >= 500 or status == 429 or code in ("SlowDown", "RequestTimeout"):
+                raise _Transient(f"{code or status}") from None
+            raise CtdsfsError(f"{self.url}: {code or status}: "
+                              f"{exc.response.get('Error', {}).get('Message', '')}") from None
+        except (self._exc.NoCredentialsError, self._exc.PartialCredentialsError) as exc:
+            raise CtdsfsError(f"{self.url}: {exc} (set AWS_ACCESS_KEY_ID and "
+                              "AWS_SECRET_ACCESS_KEY, a profile, or -o anon)") from None
+        except (self._exc.BotoCoreError, OSError) as exc:  # timeouts, resets, refusals
+            raise _Transient(str(exc) or type(exc).__name__) from None
+
+    def head(self):
+        r = self._call(self._client.head_object)
+        modified = r.get("LastModified")
+        return _Version(_length(r.get("ContentLength"), self.url), r.get("ETag"),
+                        modified.timestamp() if modified else 0.0)
+
+    def get(self, start, end, etag):
+        kwargs = {"Range": f"bytes={start}-{end - 1}"}
+        if etag:
+            kwargs["IfMatch"] = etag
+        r = self._call(self._client.get_object, **kwargs)
+        if etag and r.get("ETag") not in (None, etag):
+            r["Body"].close()
+            raise _Replaced()
+        try:
+            body = r["Body"].read(end - start + 1)
+        except (self._exc.BotoCoreError, OSError, ValueError) as exc:
+            raise _Transient(str(exc) or type(exc).__name__) from None
+        finally:
+            r["Body"].close()
+        return body
+
+    def close(self):
+        self._client.close()
+
+
+def _connect(url, options):
+    return _S3(url, options) if url.startswith("s3://") else _HTTP(url, options)
+
+
+_STORES = weakref.WeakSet()  # reset in a forked child (a daemonizing mount)
+
+
+def _after_fork():
+    for store in list(_STORES):
+        store._forget_connections()
+
+
+os.register_at_fork(after_in_child=_after_fork)
+
+
+class RemoteStore:
+    """One remote object, read-only, read in chunks through a bounded cache (see module)."""
+
+    writable = False
+
+    def __init__(self, url, options=None, *, etag=None):
+        self.url = self.label = url
+        self.options = options or RemoteOptions()
+        self._backend_made = None  # a client, made at the first request (siblings may need none)
+        self._lock = threading.Lock()
+        self._pinned = etag  # an ETag the object must still have (an HDF5 probe child)
+        self._version = None  # what is served: fetched by the first HEAD
+        self._cache = OrderedDict()  # (etag, chunk index) -> bytes
+        self._pending = {}  # (etag, chunk index) -> Future of a GET in flight
+        self._pool = None
+        self._checked = time.monotonic()  # the last HEAD
+        self._stale = False  # a GET found another version: check at once
+        self._unreachable = False  # the last check failed (logged once until it recovers)
+        self._next_chunk = None  # where a sequential reader goes on
+        self._siblings = []
+        _STORES.add(self)
+
+    def _forget_connections(self):
+        """In a forked child: the pool's threads and the parent's connections are not ours."""
+        self._pool = None
+        self._pending = {}
+        self._lock = threading.Lock()
+        self._backend_made = None
+
+    # ------------------------------------------------------------ requests
+
+    @property
+    def _backend(self):
+        with self._lock:
+            if self._backend_made is None:
+                self._backend_made = _connect(self.url, self.options)
+            return self._backend_made
+
+    def _attempts(self, what, request, *args):
+        """``request(*args)`` with bounded retries and backoff; RemoteError once they are spent."""
+        delay = BACKOFF_FIRST
+        tries = self.options.retries + 1
+        for attempt in range(tries):
+            try:
+                return request(*args)
+            except _Transient as exc:
+                reason = str(exc)
+            except _Missing:
+                raise RemoteError(f"{self.label}: no such object", f"{what}: no such object") \
+                    from None
+            if attempt + 1 < tries:
+                time.sleep(delay)
+                delay = min(2 * delay, BACKOFF_MAX)
+        detail = f"{what} failed {tries} times ({reason[:200]})"
+        raise RemoteError(f"{self.label}: {detail}", detail)
+
+    def version(self):
+        """The version served (HEAD at first use)."""
+        version = self._version
+        if version is None:
+            version = self._attempts("HEAD", self._backend.head)
+            if self._pinned and version.etag != self._pinned:
+                raise RemoteError(f"{self.label}: replaced on the server while being opened")
+            with self._lock:
+                self._version = self._version or version
+                version = self._version
+        return version
+
+    def _fetch(self, version, index):
+        start = index * self.options.chunk_size
+        end = min(start + self.options.chunk_size, version.size)
+        key = (version.etag, index)
+        try:
+            data = self._attempts(f"GET bytes {start}-{end - 1}", self._get, start, end,
+                                  version.etag)
+            with self._lock:
+                if self._version is version:
+                    self._cache[key] = data
+                    while len(self._cache) * self.options.chunk_size > self.options.cache_size \
+                            and len(self._cache) > 1:
+                        self._cache.popitem(last=False)
+            return data
+        finally:
+            with self._lock:
+                self._pending.pop(key, None)
+
+    def _get(self, start, end, etag):
+        try:
+            data = self._backend.get(start, end, etag)
+        except _Replaced:
+            self._stale = True
+            raise RemoteError(f"{self.label}: replaced on the server while being read "
+                              "(reloaded at the next access)",
+                              "replaced on the server while being read") from None
+        if len(data) != end - start:
+            raise _Transient(f"{len(data)} bytes where {end - start} were asked for")
+        return data
+
+    def _chunk(self, version, index):
+        """A Future of chunk ``index`` of ``version``: cached, in flight, or asked for now."""
+        key = (version.etag, index)
+        with self._lock:
+            data = self._cache.get(key)
+            if data is not None:
+                self._cache.move_to_end(key)
+                done = Future()
+                done.set_result(data)
+                return done
+            future = self._pending.get(key)
+            if future is None:
+                if self._pool is None:
+                    self._pool = ThreadPoolExecutor(self.options.concurrency,
+                                                    thread_name_prefix="ctdsfs-get")
+                future = self._pending[key] = self._pool.submit(self._fetch, version, index)
+            return future
+
+    # ------------------------------------------------------------ the store interface
+
+    def pread(self, offset, size):
+        version = self.version()
+        end = min(offset + size, version.size)
+        if offset >= end:
+            return b""
+        step = self.options.chunk_size
+        first, last = offset // step, (end - 1) // step
+        futures = [self._chunk(version, i) for i in range(first, last + 1)]
+        with self._lock:
+            sequential = self._next_chunk is not None and first in (self._next_chunk - 1,
+                                                                    self._next_chunk)
+            self._next_chunk = last + 1
+        if sequential:
+            for i in range(last + 1, min(last + 1 + self.options.readahead,
+                                         -(-version.size // step))):
+                self._chunk(version, i)
+        pieces = []
+        for i, future in zip(range(first, last + 1), futures):
+            data = future.result()
+            lo = max(offset, i * step) - i * step
+            hi = min(end, (i + 1) * step) - i * step
+            pieces.append(data if (lo, hi) == (0, len(data)) else data[lo:hi])
+        return pieces[0] if len(pieces) == 1 else b"".join(pieces)
+
+    def size(self):
+        return self.version().size
+
+    def stat(self):
+        """What a mount shows as the source's owner, modes and times."""
+        mtime_ns = int(self.version().mtime * 1e9)
+        return SimpleNamespace(st_mode=0o100444, st_uid=os.getuid(), st_gid=os.getgid(),
+                               st_atime_ns=mtime_ns, st_mtime_ns=mtime_ns, st_ctime_ns=mtime_ns)
+
+    def replaced(self):
+        """Whether the object was replaced (a new ETag) since last asked; the store then
+        serves the new version. Asks the server at most every ``revalidate`` seconds (at
+        once after a read found another version), with one attempt: a listing never waits
+        for retries. An unreachable server is logged once until it answers again."""
+        now = time.monotonic()
+        with self._lock:
+            if not self._stale and now - self._checked < self.options.revalidate:
+                return False
+            self._checked = now
+        try:
+            new = self._backend.head()
+        except (_Transient, _Missing, CtdsfsError) as exc:
+            if not self._unreachable:
+                log.warning("%s: cannot check for a new version (%s)", self.label,
+                            str(exc) or "no such object")
+            self._unreachable = True
+            return False
+        if self._unreachable:
+            log.info("%s: reachable again", self.label)
+        self._unreachable = False
+        with self._lock:
+            old, self._stale = self._version, False
+            if old is not None and (new.etag, new.size) == (old.etag, old.size):
+                return False
+            self._version = new
+            self._cache.clear()
+            self._next_chunk = None
+            for sibling in self._siblings:
+                sibling._version = None
+        log.info("%s: replaced on the server (ETag %s -> %s): reloaded", self.label,
+                 old and old.etag, new.etag)
+        return True
+
+    def sibling(self, suffix):
+        """The object named like this one plus ``suffix`` (a v1 MultiFile's ``_hdrext``),
+        asked for only when read, and re-read whenever this one is replaced."""
+        other = RemoteStore(self.url + suffix, self.options)
+        self._siblings.append(other)
+        return other
+
+    def fileobj(self):
+        """A read-only file object over the object (for h5py's file-object driver)."""
+        return RemoteFile(self)
+
+    def child_spec(self):
+        """What an HDF5 probe child needs to read the same version (``from_spec``)."""
+        return json.dumps({"url": self.url, "etag": self.version().etag,
+                           "options": dataclasses.asdict(self.options)})
+
+    def close(self):
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+        if self._backend_made is not None:
+            self._backend_made.close()
+        self._cache.clear()
+
+
+class RemoteFile(io.RawIOBase):
+    """A seekable, read-only file object reading through a RemoteStore."""
+
+    def __init__(self, store):
+        super().__init__()
+        self.store = store
+        self.position = 0
+
+    def readable(self):
+        return True
+
+    def seekable(self):
+        return True
+
+    def seek(self, offset, whence=io.SEEK_SET):
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self.position, io.SEEK_END: self.store.size()}
+        self.position = max(0, base[whence] + offset)
+        return self.position
+
+    def tell(self):
+        return self.position
+
+    def readinto(self, buffer):
+        data = self.store.pread(self.position, len(buffer))
+        buffer[:len(data)] = data
+        self.position += len(data)
+        return len(data)
+
+
+def from_spec(text):
+    """The store ``child_spec()`` describes, pinned to the same ETag."""
+    spec = json.loads(text)
+    return RemoteStore(spec["url"], RemoteOptions(**spec["options"]), etag=spec["etag"])
+
+
+def open_remote(url, options=None):
+    """The object at ``url``, its size and version read now (one line if that fails)."""
+    if not is_remote(url):
+        raise CtdsfsError(f"{url}: not an s3://, http:// or https:// address")
+    store = RemoteStore(url, options)
+    try:
+        store.version()
+    except BaseException:
+        store.close()
+        raise
+    return store
+
