@@ -73,8 +73,9 @@ def _bytes(text):
     return int(text[:-1] if scale > 1 else text) * scale
 
 
-REMOTE_NUMBER_OPTIONS = {"cache_size": _bytes, "readahead": int, "concurrency": int,
-                         "retries": int, "timeout": float}
+REMOTE_NUMBER_OPTIONS = {"cache_size": _bytes, "chunk_size": _bytes, "readahead": int,
+                         "concurrency": int, "retries": int, "timeout": float,
+                         "revalidate": float}
 
 
 def _number(item, kind):

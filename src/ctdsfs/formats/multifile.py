@@ -169,8 +169,9 @@ class MultiFile(Container):
             if not replaced and self._counter_on_disk() == self.header.counter:
                 return False
             header = read_header(self.store, self.hdrext_path, self.verify_crc)
-            log.info("%s: changed by another process (header counter %d -> %d): reloaded",
-                     self.label, self.header.counter, header.counter)
+            if not replaced:  # (a replaced store has said so itself)
+                log.info("%s: changed by another process (header counter %d -> %d): reloaded",
+                         self.label, self.header.counter, header.counter)
             for child in self._nested.values():
                 if child is not None:
                     child._set_read_only(f"{child.label} was reloaded")

