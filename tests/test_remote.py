@@ -367,3 +367,59 @@ def test_stopped_s3_server_costs_one_eio_and_the_mount_recovers(seaweed, mount):
 def test_killed_http_server_costs_one_eio_and_the_mount_recovers(web, mount):
     m = mount(web.url("two.mf"), [FAST_FAILURE])
     fault_check(m, web.kill, web.start)
+
+
+@pytest.fixture
+def ctdsfs_protocol():
+    """fsspec's ``ctdsfs`` protocol: from the package's entry point once installed
+    (``pip install -e .``); an install made before the entry point gets it by hand."""
+    import importlib.metadata
+
+    import fsspec
+
+    from ctdsfs.fsspec import CtdsfsFileSystem
+
+    if not any(ep.name == "ctdsfs" for ep in importlib.metadata.entry_points(group="fsspec.specs")):
+        fsspec.register_implementation("ctdsfs", CtdsfsFileSystem, clobber=True)
+    return fsspec
+
+
+def fsspec_tree(fs, path=""):
+    out = {}
+    for entry in fs.ls(path):
+        if entry["type"] == "directory":
+            out[entry["name"] + "/"] = b""
+            out.update(fsspec_tree(fs, entry["name"]))
+        else:
+            out[entry["name"]] = fs.cat_file(entry["name"])
+    return out
+
+
+def test_fsspec_reads_containers_without_fuse(seaweed, web, objects, ctdsfs_protocol):
+    fsspec = ctdsfs_protocol
+    s3 = {"endpoint_url": seaweed.endpoint}
+    expected = snapshot(open_container(objects / "mf2_nested.mf"))
+    sources = [fsspec.filesystem("ctdsfs", fo=str(objects / "mf2_nested.mf")),
+               fsspec.filesystem("ctdsfs", fo=seaweed.url("mf2_nested.mf"), target_options=s3),
+               fsspec.filesystem("ctdsfs", fo=web.url("mf2_nested.mf")),
+               fsspec.core.url_to_fs(f"ctdsfs::{seaweed.url('mf2_nested.mf')}", s3=s3)[0]]
+    for fs in sources:
+        assert fsspec_tree(fs) == expected
+        assert fs.info("SUB")["type"] == "directory"
+        assert fs.cat_file("SUB/x", 100, 150) == expected["SUB/x"][100:150]
+        with fs.open("SUB/x") as f:
+            f.seek(4000)
+            assert f.read(2000) == expected["SUB/x"][4000:]
+        with pytest.raises(OSError):
+            fs.open("table.dat", "wb")
+        with pytest.raises(FileNotFoundError):
+            fs.info("SUB/missing")
+    with fsspec.open(f"ctdsfs://SUB/y::{seaweed.url('mf2_nested.mf')}", s3=s3) as f:
+        assert f.read() == expected["SUB/y"]
+    with fsspec.open("ctdsfs://hello.txt", fo=seaweed.url("mh5_basic.mfh5"),
+                     target_options=s3) as f:
+        assert f.read() == snapshot(open_container(objects / "mh5_basic.mfh5"))["hello.txt"]
+    memory = fsspec.filesystem("memory")  # any other fsspec source, through its ranged reads
+    memory.pipe("/ctdsfs-test/crc.mf", (objects / "mf2_crc.mf").read_bytes())
+    fs = fsspec.filesystem("ctdsfs", fo="memory://ctdsfs-test/crc.mf")
+    assert fsspec_tree(fs) == snapshot(open_container(objects / "mf2_crc.mf"))

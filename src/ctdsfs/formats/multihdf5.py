@@ -769,5 +769,8 @@ def create_file(path, *, variant, block_size, use_crc):
 
 def open_from_store(store, *, verify_crc=True):
     """The MultiHDF5 in a read-only ``store`` (a remote object; the probe child reads the
-    same version of it)."""
+    same version of it, so the store must say how: ``child_spec``)."""
+    if not hasattr(store, "child_spec"):
+        raise CtdsfsError(f"{store.label}: MultiHDF5 is read from local files, s3:// and "
+                          "http(s):// only")
     return MultiHDF5.open(store)

@@ -1,0 +1,168 @@
+"""The container layer as an fsspec filesystem (protocol ``ctdsfs``), for Python code that
+may not mount (HPC compute nodes, unprivileged pods).
+
+    fsspec.open("ctdsfs://ANTENNA/table.dat", fo="s3://bucket/obs.mf",
+                target_options={"endpoint_url": "http://127.0.0.1:8333"})
+    fsspec.open("ctdsfs://ANTENNA/table.dat::s3://bucket/obs.mf", s3={...})
+
+The container is opened by the same code a mount uses (``open_container``;
+``s3://`` and ``http(s)://`` through ``formats.remote``), and other fsspec
+sources (``memory://``, ``gcs://``, ...) through their own filesystem's
+ranged reads. Nested containers are directories; files are read in ranges.
+Read-only. Credentials come from the AWS environment and config files, as for
+the mount; ``target_options`` take ``endpoint_url``, ``region``, ``profile``,
+``anon`` (or s3fs's ``client_kwargs={"endpoint_url":, "region_name":}``) and
+the RemoteOptions numbers (``cache_size``, ``chunk_size``, ...).
+"""
+
+import dataclasses
+import errno
+
+from fsspec.spec import AbstractBufferedFile, AbstractFileSystem
+from fsspec.utils import infer_storage_options
+
+from .errors import CtdsfsError
+from .formats import REMOTE_SCHEMES, open_container, open_from_store
+from .formats.remote import RemoteOptions
+
+REMOTE_FIELDS = {f.name for f in dataclasses.fields(RemoteOptions)}
+
+
+def _remote_options(target_options):
+    """RemoteOptions from s3fs-style ``target_options`` (no credentials: the AWS chain has them)."""
+    given = dict(target_options)
+    client = given.pop("client_kwargs", {}) or {}
+    given.setdefault("endpoint_url", client.get("endpoint_url"))
+    given.setdefault("region", client.get("region_name"))
+    unknown = sorted(set(given) - REMOTE_FIELDS)
+    if unknown:
+        raise ValueError(f"ctdsfs: target option(s) {', '.join(unknown)} not understood "
+                         "(credentials come from the AWS environment and config files)")
+    return RemoteOptions(**{k: v for k, v in given.items() if v is not None})
+
+
+class FsspecStore:
+    """A file of any other fsspec filesystem as a read-only store (ranged ``cat_file``)."""
+
+    writable = False
+
+    def __init__(self, fs, path, label):
+        self.fs, self.path, self.label = fs, path, label
+
+    def pread(self, offset, size):
+        end = min(offset + size, self.size())
+        return self.fs.cat_file(self.path, offset, end) if offset < end else b""
+
+    def size(self):
+        return self.fs.size(self.path)
+
+    def replaced(self):
+        """No version to compare: the header counter tells."""
+        return False
+
+    def sibling(self, suffix):
+        return FsspecStore(self.fs, self.path + suffix, self.label + suffix)
+
+    def close(self):
+        """The filesystem owns its connections."""
+
+
+def open_source(fo, target_protocol=None, target_options=None, verify_crc=True):
+    """The container at ``fo`` (a local path, an ``s3://``/``http(s)://`` address, or a path
+    of another fsspec filesystem ``target_protocol``)."""
+    import fsspec
+
+    protocol = target_protocol or infer_storage_options(fo)["protocol"]
+    if protocol in ("file", "local"):
+        return open_container(infer_storage_options(fo)["path"], verify_crc=verify_crc)
+    url = fo if "://" in fo else f"{protocol}://{fo}"
+    if url.startswith(REMOTE_SCHEMES):
+        return open_container(url, verify_crc=verify_crc,
+                              remote=_remote_options(target_options or {}))
+    fs = fsspec.filesystem(protocol, **(target_options or {}))
+    return open_from_store(FsspecStore(fs, fs._strip_protocol(url), url), verify_crc=verify_crc)
+
+
+class CtdsfsFileSystem(AbstractFileSystem):
+    """The virtual files of one container (``fo``) as a read-only filesystem."""
+
+    protocol = "ctdsfs"
+    root_marker = ""
+
+    def __init__(self, fo="", target_protocol=None, target_options=None, verify_crc=True,
+                 **kwargs):
+        super().__init__(**kwargs)
+        try:
+            self.container = open_source(fo, target_protocol, target_options, verify_crc)
+        except CtdsfsError as exc:
+            raise OSError(errno.EIO, str(exc)) from None
+
+    @classmethod
+    def _strip_protocol(cls, path):
+        path = path[len("ctdsfs://"):] if path.startswith("ctdsfs://") else path
+        return path.split("::", 1)[0].strip("/")
+
+    def _locate(self, path):
+        """``(container, name)`` of a file, or ``(container, None)`` of a directory."""
+        container = self.container
+        parts = [p for p in self._strip_protocol(path).split("/") if p]
+        for i, part in enumerate(parts):
+            if not container.contains(part):
+                raise FileNotFoundError(errno.ENOENT, "no such file", path)
+            child = container.nested(part)
+            if child is None:
+                if i + 1 < len(parts):
+                    raise NotADirectoryError(errno.ENOTDIR, "not a directory", path)
+                return container, part
+            container = child
+        return container, None
+
+    def _entry(self, container, name, path):
+        child = container.nested(name)
+        return {"name": path, "type": "directory" if child is not None else "file",
+                "size": 0 if child is not None else container.entry_size(name)}
+
+    def info(self, path, **kwargs):
+        path = self._strip_protocol(path)
+        container, name = self._locate(path)
+        if name is None:
+            return {"name": path, "type": "directory", "size": 0}
+        return self._entry(container, name, path)
+
+    def ls(self, path, detail=True, **kwargs):
+        path = self._strip_protocol(path)
+        container, name = self._locate(path)
+        if name is not None:
+            entries = [self._entry(container, name, path)]
+        else:
+            entries = [self._entry(container, n, f"{path}/{n}" if path else n)
+                       for n in container.names()]
+        return entries if detail else [e["name"] for e in entries]
+
+    def read_range(self, path, start, end):
+        """Bytes ``start`` to ``end`` (exclusive) of a virtual file."""
+        container, name = self._locate(path)
+        if name is None:
+            raise IsADirectoryError(errno.EISDIR, "is a directory", path)
+        try:
+            return container.read(name, start, max(0, end - start))
+        except CtdsfsError as exc:
+            raise OSError(errno.EIO, str(exc)) from None
+
+    def cat_file(self, path, start=None, end=None, **kwargs):
+        size = self.info(path)["size"]
+        start = 0 if start is None else (size + start if start < 0 else start)
+        end = size if end is None else (size + end if end < 0 else min(end, size))
+        return self.read_range(path, max(0, start), end)
+
+    def _open(self, path, mode="rb", block_size=None, autocommit=True, cache_options=None,
+              **kwargs):
+        if mode != "rb":
+            raise OSError(errno.EROFS, "ctdsfs filesystems are read-only", path)
+        return CtdsfsFile(self, path, mode, block_size=block_size or "default",
+                          cache_options=cache_options, size=self.info(path)["size"])
+
+
+class CtdsfsFile(AbstractBufferedFile):
+    def _fetch_range(self, start, end):
+        return self.fs.read_range(self.path, start, end)
