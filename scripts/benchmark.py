@@ -14,10 +14,13 @@ the targets of the read-only milestone:
     table view / python-casacore 3.8 reading the MultiFile original >= 0.8
   pack and unpack of a >= 1 GiB tree / cp -r of the same tree >= 0.7
   check: CRC-verified blocks >= 1 GB/s
+  remote (a SeaweedFS on loopback): cold sequential read of a 1 GiB virtual file
+    through an s3:// mount / the best raw GET throughput of the object >= 0.8;
+    every column of a MeasurementSet through an s3:// mount / a local mount
 
 Needs root (drop_caches, mounting). Usage:
   python3 scripts/benchmark.py [--size-mib 1024] [--block-size 65536] [--dir DIR]
-                               [--parts read,write,many,legacy,toolbox]
+                               [--parts read,write,many,legacy,toolbox,remote]
 """
 
 import argparse
@@ -378,7 +381,7 @@ def print_rows(rows):
         print(f"{name:<56} {value:6.2f} {ratio:>6} {goal:>7}")
 
 
-PARTS = ("read", "write", "many", "legacy", "toolbox")
+PARTS = ("read", "write", "many", "legacy", "toolbox", "remote")
 
 
 def main():
@@ -426,6 +429,10 @@ def main():
             print(f"pack / unpack / check of a {args.tree_mib} MiB tree (2 rounds each, "
                   "alternating) ...", flush=True)
             rows += toolbox_figures(tmp, pool, args.tree_mib)
+        if "remote" in parts:
+            remote_rows, remote_lines = remote_figures(tmp, pool, size, args.ms_mib)
+            rows += remote_rows
+            lines += remote_lines
     print_rows(rows)
     if lines:
         print("\n" + "\n".join(lines))
@@ -524,6 +531,117 @@ def many_files_figures(tmp):
             f"commit of that container after a change: {commit_seconds:.2f} s (target < 1 s)",
             f"1000 small random writes through a read-write mount: {small_write_us:.0f} us each, "
             f"{header_writes} header writes (target: none before the commit)"]
+
+
+# ---------------------------------------------------------------- remote (S3) sources
+
+REMOTE_CONCURRENCY = 8  # GETs in flight: the mount's default, and the baselines'
+REMOTE_CHUNK = 8 << 20
+
+
+def raw_get_figures(client, bucket, key, size):
+    """GB/s of the object read whole, cache dropped before each: ranged GETs in parallel
+    with botocore, s3fs's and obstore's own whole-object reads (with the same concurrency
+    where they have one)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import obstore
+    import s3fs
+    from obstore.store import S3Store
+
+    def ranged_parallel():
+        def get(start):
+            end = min(start + REMOTE_CHUNK, size) - 1
+            return len(client.get_object(Bucket=bucket, Key=key,
+                                         Range=f"bytes={start}-{end}")["Body"].read())
+        with ThreadPoolExecutor(REMOTE_CONCURRENCY) as pool:
+            return sum(pool.map(get, range(0, size, REMOTE_CHUNK)))
+
+    endpoint = client.meta.endpoint_url
+    fs = s3fs.S3FileSystem(endpoint_url=endpoint, max_concurrency=REMOTE_CONCURRENCY,
+                           skip_instance_cache=True)
+    store = S3Store(bucket, endpoint=endpoint, region="us-east-1",
+                    access_key_id=os.environ["AWS_ACCESS_KEY_ID"],
+                    secret_access_key=os.environ["AWS_SECRET_ACCESS_KEY"],
+                    client_options={"allow_http": True})
+    ways = {
+        f"botocore, {REMOTE_CONCURRENCY} ranged GETs of {REMOTE_CHUNK >> 20} MiB in parallel":
+            ranged_parallel,
+        "s3fs cat_file (one GET)": lambda: len(fs.cat_file(f"{bucket}/{key}")),
+        f"obstore get_ranges ({REMOTE_CHUNK >> 20} MiB ranges)": lambda: sum(
+            len(b) for b in obstore.get_ranges(
+                store, key, starts=list(range(0, size, REMOTE_CHUNK)),
+                ends=[min(s + REMOTE_CHUNK, size) for s in range(0, size, REMOTE_CHUNK)])),
+    }
+    out = {}
+    for name, read in ways.items():
+        drop_caches()
+        start = time.perf_counter()
+        assert read() == size
+        out[name] = size / (time.perf_counter() - start) / 1e9
+    return out
+
+
+def remote_figures(tmp, pool, size, ms_mib, rounds=2):
+    """The remote section: SeaweedFS on loopback (as in tests/test_remote.py)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from tests.servers import CREDENTIALS, Seaweed
+
+    os.environ.update(CREDENTIALS)
+    (tmp / "weed").mkdir()
+    server = Seaweed(tmp / "weed", volume_limit_mb=4096)
+    rows, lines = [], []
+    try:
+        client = server.make_bucket("bench")
+        print(f"remote: a {size >> 20} MiB virtual file on SeaweedFS ...", flush=True)
+        container = tmp / "remote.mf"
+        write_container(container, [("big.bin", size, lambda off, n: (
+            pool * (1 + n // len(pool)))[off % 4096:off % 4096 + n])], 4 << 20)
+        with open(container, "rb") as f:
+            client.put_object(Bucket="bench", Key="big.mf", Body=f)
+        object_size = container.stat().st_size
+        container.unlink()
+        raw = raw_get_figures(client, "bench", "big.mf", object_size)
+        options = ["-o", f"endpoint_url={server.endpoint}"]
+        with Mounted(["mount.ctdsfs", "-f", "s3://bench/big.mf", str(tmp / "r1")] + options,
+                     str(tmp / "r1")):
+            drop_caches()
+            mounted = read_through(tmp / "r1" / "big.bin")
+        best = max(raw.values())
+        rows += [(f"raw GET: {name}", value, None, None) for name, value in raw.items()]
+        rows.append(("s3:// mount, first read, cold (vs best raw GET)", mounted, best, 0.8))
+
+        print(f"remote: every column of a {ms_mib} MiB MeasurementSet, s3:// vs local ...",
+              flush=True)
+        rows_ms = ms_mib * 2 ** 20 // 2048
+        data = tmp / "ms-remote"
+        data.mkdir()
+        subprocess.run([sys.executable, "-c", MAKE_MS, str(rows_ms)], check=True, cwd=data)
+        subprocess.run(["ctdsfs", "pack", "--quiet", str(data / "big.ms"), str(tmp / "ms.mf")],
+                       check=True)
+        with open(tmp / "ms.mf", "rb") as f:
+            client.put_object(Bucket="bench", Key="ms.mf", Body=f)
+        read_all = [sys.executable, "-c", READ_ALL]
+        local, remote, warm = [], [], []
+        with Mounted(["mount.ctdsfs", "-f", str(tmp / "ms.mf"), str(tmp / "r2")], str(tmp / "r2")), \
+                Mounted(["mount.ctdsfs", "-f", "s3://bench/ms.mf", str(tmp / "r3"), "-o",
+                         f"endpoint_url={server.endpoint},cache_size=2G"], str(tmp / "r3")):
+            for _ in range(rounds):  # alternating; the s3:// mount's first round is cold
+                drop_caches()
+                local.append(float(subprocess.run(read_all + [str(tmp / "r2")], check=True,
+                                                  capture_output=True, text=True).stdout))
+                drop_caches()
+                seconds = float(subprocess.run(read_all + [str(tmp / "r3")], check=True,
+                                               capture_output=True, text=True).stdout)
+                (warm if remote else remote).append(seconds)
+        lines.append(f"every column of a {ms_mib} MiB MeasurementSet (python-casacore 3.8), "
+                     f"page cache dropped: local mount {min(local):.2f} s, s3:// mount cold "
+                     f"{min(remote):.2f} s (ratio {min(local) / min(remote):.2f}), s3:// mount "
+                     f"with its memory cache warm {min(warm):.2f} s (ratio "
+                     f"{min(local) / min(warm):.2f}; target >= 0.8 with a warm cache)")
+    finally:
+        server.close()
+    return rows, lines
 
 
 if __name__ == "__main__":
