@@ -307,3 +307,37 @@ def test_fsspec_reads_containers_without_fuse(seaweed, web, objects, ctdsfs_prot
     memory.pipe("/ctdsfs-test/crc.mf", (objects / "mf2_crc.mf").read_bytes())
     fs = fsspec.filesystem("ctdsfs", fo="memory://ctdsfs-test/crc.mf")
     assert fsspec_tree(fs) == snapshot(open_container(objects / "mf2_crc.mf"))
+
+
+def test_cache_dir_survives_the_store_is_shared_and_bounded(seaweed, objects, tmp_path):
+    from concurrent.futures import ThreadPoolExecutor
+
+    def options(directory, limit):
+        return RemoteOptions(endpoint_url=seaweed.endpoint, chunk_size=4096, readahead=1,
+                             timeout=1, retries=0, cache_dir=str(directory),
+                             cache_dir_size=limit)
+    cache = tmp_path / "chunks"
+    data = (objects / "two.mf").read_bytes()  # 35 chunks of 4096 bytes
+    url = seaweed.url("two.mf")
+    stores = [RemoteStore(url, options(cache, 1 << 20)) for _ in range(2)]  # two mounts
+    with ThreadPoolExecutor(2) as pool:  # reading at once, sharing the directory
+        assert list(pool.map(lambda s: s.pread(0, len(data)), stores)) == [data, data]
+    assert len(os.listdir(cache)) == -(-len(data) // 4096)
+    damaged = next(cache.glob("*-3"))
+    damaged.write_bytes(damaged.read_bytes()[:100])  # a chunk of the wrong length is a miss
+    later = RemoteStore(url, options(cache, 1 << 20))  # a later mount: it asks for the version,
+    later.version()
+    os.kill(seaweed.proc.pid, signal.SIGSTOP)  # ... then reads chunks without the server
+    try:
+        assert later.pread(0, 3 * 4096) == data[:3 * 4096]
+        with pytest.raises(RemoteError):
+            later.pread(3 * 4096, 10)
+    finally:
+        os.kill(seaweed.proc.pid, signal.SIGCONT)
+    assert later.pread(3 * 4096, 10) == data[3 * 4096:3 * 4096 + 10]
+    bounded = RemoteStore(url, options(tmp_path / "small", 5 * 4096))
+    assert bounded.pread(0, len(data)) == data
+    held = [p.stat().st_size for p in (tmp_path / "small").iterdir()]
+    assert held and sum(held) <= 5 * 4096
+    for store in stores + [later, bounded]:
+        store.close()

@@ -33,6 +33,12 @@ Mount SOURCE on MOUNTPOINT. SOURCE may be:
                               never followed by ctdsfs (the kernel resolves
                               them for the caller)
 
+  s3://BUCKET/KEY,            any of the containers above, read-only, with
+  http(s)://HOST/PATH         ranged GETs (a version-1 MultiFile's header
+                              continues in the object KEY_hdrext); AWS
+                              credentials, region and endpoint come from the
+                              AWS environment variables and config files
+
 MOUNTPOINT must be an existing, empty directory (-o nonempty mounts over one
 that holds files).
 
@@ -74,6 +80,24 @@ mount options (-o, comma separated):
                        otherwise)
   nosuid,nodev,noexec,noatime,...
                        passed to the kernel mount as usual
+  endpoint_url=URL, region=NAME, profile=NAME, anon
+                       s3:// sources: another endpoint than AWS (default:
+                       AWS_ENDPOINT_URL), the region, a profile of the AWS
+                       config files, unsigned requests (public buckets);
+                       credentials are never taken from the command line
+  cache_size=BYTES, chunk_size=BYTES, readahead=N, concurrency=N
+                       remote sources: memory cache (default 256M), bytes a
+                       GET fetches (8M), chunks read ahead of a sequential
+                       reader (4), GETs in flight (8)
+  cache_dir=PATH, cache_dir_size=BYTES
+                       remote sources: keep fetched chunks in PATH too, for
+                       later mounts (bounded: default 4G, oldest go first;
+                       two mounts may share it)
+  timeout=SECONDS, retries=N, revalidate=SECONDS
+                       remote sources: a request's timeout (10), retries
+                       with backoff before a read fails with EIO (3), how
+                       often the object's ETag is checked for a new version
+                       (1)
   logfile=PATH         log to PATH (the daemon logs to syslog otherwise)
   debug                log every problem in detail
   noauto,user,nofail,_netdev,x-*,defaults

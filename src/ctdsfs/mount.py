@@ -39,7 +39,7 @@ CONTRADICTIONS = [("ro", "rw"), ("ro", "create"), ("ro", "commit"),
                   ("relatime", "norelatime"), ("relatime", "strictatime"),
                   ("diratime", "nodiratime")]
 # Options of a remote (s3://, http(s)://) SOURCE: RemoteOptions fields.
-REMOTE_TEXT_OPTIONS = {"endpoint_url", "region", "profile"}
+REMOTE_TEXT_OPTIONS = {"endpoint_url", "region", "profile", "cache_dir"}
 CREDENTIAL_OPTIONS = {"key", "secret", "token", "access_key", "secret_key", "aws_access_key_id",
                       "aws_secret_access_key", "aws_session_token"}
 # Options that mean nothing without another one.
@@ -75,7 +75,7 @@ def _bytes(text):
 
 REMOTE_NUMBER_OPTIONS = {"cache_size": _bytes, "chunk_size": _bytes, "readahead": int,
                          "concurrency": int, "retries": int, "timeout": float,
-                         "revalidate": float}
+                         "revalidate": float, "cache_dir_size": _bytes}
 
 
 def _number(item, kind):
@@ -140,7 +140,7 @@ def parse_options(text):
             opts.remote["anon"] = True
         elif item.split("=", 1)[0] in REMOTE_TEXT_OPTIONS and "=" in item:
             key, value = item.split("=", 1)
-            opts.remote[key] = value
+            opts.remote[key] = os.path.abspath(value) if key == "cache_dir" else value
         elif item.split("=", 1)[0] in REMOTE_NUMBER_OPTIONS and "=" in item:
             key = item.split("=", 1)[0]
             opts.remote[key] = _number(item, REMOTE_NUMBER_OPTIONS[key])

@@ -27,7 +27,9 @@ a command). Nothing a server answers is trusted: sizes are checked against
 what was asked for, and a body is never read past the range requested.
 """
 
+import contextlib
 import dataclasses
+import hashlib
 import io
 import json
 import logging
@@ -69,9 +71,92 @@ class RemoteOptions:
     retries: int = 3  # further attempts after a failed request
     timeout: float = 10.0  # seconds to connect, and between bytes of an answer
     revalidate: float = 1.0  # seconds between checks for a replaced object
+    cache_dir: str = None  # a directory of chunks that outlives the mount (DiskCache)
+    cache_dir_size: int = 4 << 30  # bytes that directory may hold
 
     def to_json(self):
         return json.dumps(dataclasses.asdict(self))
+
+
+class DiskCache:
+    """Chunks of remote objects in a local directory that survives remounts, bounded by
+    ``limit`` bytes (the oldest written go first).
+
+    A chunk is named by a hash of the object's address, ETag and chunk size, so a
+    replaced object never meets its old chunks. It is written whole under a temporary
+    name and renamed into place, so two mounts sharing the directory never read half a
+    chunk; a chunk of the wrong length, or one the other mount just evicted, is a miss.
+    """
+
+    STALE_TEMPORARY = 600  # seconds after which a temporary file is a crashed writer's
+
+    def __init__(self, directory, limit):
+        self.directory, self.limit = directory, limit
+        self._lock = threading.Lock()
+        self._used = None  # bytes in the directory, counted at the first write
+        self._failed = False  # a failed write is logged once
+        try:
+            os.makedirs(directory, exist_ok=True)
+        except OSError as exc:
+            raise CtdsfsError(f"cache_dir {directory}: {exc.strerror}") from None
+
+    def _path(self, url, etag, chunk_size, index):
+        name = hashlib.sha256(f"{url}\0{etag}\0{chunk_size}".encode()).hexdigest()
+        return os.path.join(self.directory, f"{name}-{index}")
+
+    def get(self, url, etag, chunk_size, index, length):
+        try:
+            with open(self._path(url, etag, chunk_size, index), "rb") as f:
+                data = f.read(length + 1)
+        except OSError:
+            return None
+        return data if len(data) == length else None
+
+    def put(self, url, etag, chunk_size, index, data):
+        path = self._path(url, etag, chunk_size, index)
+        temporary = f"{path}.{os.getpid()}-{threading.get_ident()}.tmp"
+        try:
+            with open(temporary, "wb") as f:
+                f.write(data)
+            os.replace(temporary, path)
+        except OSError as exc:
+            if not self._failed:
+                log.warning("%s: cannot keep chunks there (%s)", self.directory, exc.strerror)
+            self._failed = True
+            with contextlib.suppress(OSError):
+                os.unlink(temporary)
+            return
+        with self._lock:
+            self._used = (self._scan()[1] if self._used is None else self._used) + len(data)
+            over = self._used > self.limit
+        if over:
+            self._evict()
+
+    def _scan(self):
+        """``([(mtime, size, path)], total bytes)`` of the directory's chunks."""
+        files, now = [], time.time()
+        with os.scandir(self.directory) as entries:
+            for entry in entries:
+                try:
+                    st = entry.stat(follow_symlinks=False)
+                except OSError:
+                    continue  # evicted by the other mount meanwhile
+                if entry.name.endswith(".tmp") and now - st.st_mtime < self.STALE_TEMPORARY:
+                    continue  # being written
+                files.append((st.st_mtime, st.st_size, entry.path))
+        return files, sum(f[1] for f in files)
+
+    def _evict(self):
+        """Remove the oldest chunks until 90 % of the limit is left."""
+        with self._lock:
+            files, used = self._scan()
+            for _, size, path in sorted(files):
+                if used <= self.limit * 0.9:
+                    break
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
+                used -= size
+            self._used = used
 
 
 class RemoteError(BlockError):
@@ -277,6 +362,8 @@ class RemoteStore:
         self._unreachable = False  # the last check failed (logged once until it recovers)
         self._next_chunk = None  # where a sequential reader goes on
         self._siblings = []
+        self._disk = DiskCache(self.options.cache_dir, self.options.cache_dir_size) \
+            if self.options.cache_dir else None
         _STORES.add(self)
 
     def _forget_connections(self):
@@ -329,9 +416,14 @@ class RemoteStore:
         start = index * self.options.chunk_size
         end = min(start + self.options.chunk_size, version.size)
         key = (version.etag, index)
+        chunk = (self.url, version.etag, self.options.chunk_size, index)
         try:
-            data = self._attempts(f"GET bytes {start}-{end - 1}", self._get, start, end,
-                                  version.etag)
+            data = self._disk.get(*chunk, end - start) if self._disk else None
+            if data is None:
+                data = self._attempts(f"GET bytes {start}-{end - 1}", self._get, start, end,
+                                      version.etag)
+                if self._disk:
+                    self._disk.put(*chunk, data)
             with self._lock:
                 if self._version is version:
                     self._cache[key] = data
