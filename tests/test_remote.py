@@ -341,3 +341,26 @@ def test_cache_dir_survives_the_store_is_shared_and_bounded(seaweed, objects, tm
     assert held and sum(held) <= 5 * 4096
     for store in stores + [later, bounded]:
         store.close()
+
+
+@pytest.mark.fuse
+@pytest.mark.tools
+def test_s3_prefix_is_a_directory_source_with_the_table_view(seaweed, objects, mount,
+                                                               tmp_path):
+    table = make_casacore_table(tmp_path / "obs.ms", rows=40, multifile=True)
+    values = dump_values(table)
+    for path in table.rglob("*"):
+        if path.is_file():
+            seaweed.client.put_object(Bucket=BUCKET, Key=f"prefix/{path.relative_to(tmp_path)}",
+                                      Body=path.read_bytes())
+    extra = {"prefix/nested.mf": (objects / "mf2_nested.mf").read_bytes(),
+             "prefix/notes.txt": b"plain object\n"}
+    for key, body in extra.items():
+        seaweed.client.put_object(Bucket=BUCKET, Key=key, Body=body)
+    m = mount(f"s3://{BUCKET}/prefix/", [seaweed.options])
+    assert sorted(os.listdir(m.mountpoint)) == ["nested.mf", "notes.txt", "obs.ms"]
+    assert (m.mountpoint / "notes.txt").read_bytes() == b"plain object\n"
+    assert tree(m.mountpoint / "nested.mf") == snapshot(open_container(objects / "mf2_nested.mf"))
+    assert "table.mf" not in os.listdir(m.mountpoint / "obs.ms")  # the view: separate files
+    assert dump_values(m.mountpoint / "obs.ms") == values  # python-casacore 3.8
+    assert dump_values(m.mountpoint / "obs.ms", python="/usr/bin/python3") == values  # 3.5

@@ -88,7 +88,7 @@ mount options (-o, comma separated):
   cache_size=BYTES, chunk_size=BYTES, readahead=N, concurrency=N
                        remote sources: memory cache (default 256M), bytes a
                        GET fetches (8M), chunks read ahead of a sequential
-                       reader (4), GETs in flight (8)
+                       reader (8), GETs in flight (8)
   cache_dir=PATH, cache_dir_size=BYTES
                        remote sources: keep fetched chunks in PATH too, for
                        later mounts (bounded: default 4G, oldest go first;

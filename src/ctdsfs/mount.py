@@ -212,7 +212,14 @@ def mount(source, mountpoint, opts, foreground=False):
     check_mountpoint(mountpoint, nonempty=opts.nonempty)
     _setup_logging(opts, foreground=True)  # problems found while opening reach the terminal
     source_stat = None
-    if remote:
+    if remote and source.endswith("/"):
+        from .formats.remote import RemoteOptions
+        from .vfs.remote_directory import open_remote_directory
+
+        container = open_remote_directory(source, RemoteOptions(**opts.remote),
+                                          recurse=opts.recurse, verify_crc=opts.verify_crc)
+        source_stat = container.stat
+    elif remote:
         from .formats.remote import RemoteOptions, open_remote
 
         store = open_remote(source, RemoteOptions(**opts.remote))

@@ -28,6 +28,7 @@ what was asked for, and a body is never read past the range requested.
 """
 
 import contextlib
+import copy
 import dataclasses
 import hashlib
 import io
@@ -66,7 +67,7 @@ class RemoteOptions:
     anon: bool = False  # S3: unsigned requests (public buckets)
     cache_size: int = 256 << 20  # bytes of chunks kept in memory
     chunk_size: int = 8 << 20  # bytes one GET fetches
-    readahead: int = 4  # chunks fetched ahead of a sequential reader
+    readahead: int = 8  # chunks fetched ahead of a sequential reader (all GETs busy)
     concurrency: int = 8  # GETs in flight
     retries: int = 3  # further attempts after a failed request
     timeout: float = 10.0  # seconds to connect, and between bytes of an answer
@@ -261,9 +262,9 @@ class _S3:
         logging.getLogger("botocore").setLevel(logging.WARNING)  # not "found credentials"
         parts = urlsplit(url)
         self.url, self.bucket, self.key = url, parts.netloc, parts.path.lstrip("/")
-        if not self.bucket or not self.key:
+        if not self.bucket or not (self.key or url.endswith("/")):
             raise CtdsfsError(f"{url}: an s3:// source names a bucket and an object "
-                              "(s3://BUCKET/KEY)")
+                              "(s3://BUCKET/KEY) or a prefix (s3://BUCKET/PREFIX/)")
         self._exc = botocore.exceptions
         try:
             session = botocore.session.Session(profile=options.profile)
@@ -281,9 +282,15 @@ class _S3:
         except self._exc.BotoCoreError as exc:  # a missing profile, a bad endpoint
             raise CtdsfsError(f"{url}: {exc}") from None
 
+    def for_key(self, key):
+        """The same bucket's object ``key``, through the same client (and connections)."""
+        other = copy.copy(self)
+        other.key, other.url = key, f"s3://{self.bucket}/{key}"
+        return other
+
     def _call(self, method, **kwargs):
         try:
-            return method(Bucket=self.bucket, Key=self.key, **kwargs)
+            return method(Bucket=self.bucket, **kwargs)
         except self._exc.ClientError as exc:
             code = str(exc.response.get("Error", {}).get("Code", ""))
             status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
@@ -302,7 +309,7 @@ class _S3:
             raise _Transient(str(exc) or type(exc).__name__) from None
 
     def head(self):
-        r = self._call(self._client.head_object)
+        r = self._call(self._client.head_object, Key=self.key)
         modified = r.get("LastModified")
         return _Version(_length(r.get("ContentLength"), self.url), r.get("ETag"),
                         modified.timestamp() if modified else 0.0)
@@ -311,7 +318,7 @@ class _S3:
         kwargs = {"Range": f"bytes={start}-{end - 1}"}
         if etag:
             kwargs["IfMatch"] = etag
-        r = self._call(self._client.get_object, **kwargs)
+        r = self._call(self._client.get_object, Key=self.key, **kwargs)
         if etag and r.get("ETag") not in (None, etag):
             r["Body"].close()
             raise _Replaced()
@@ -323,12 +330,60 @@ class _S3:
             r["Body"].close()
         return body
 
+    def list(self, prefix, limit):
+        """``({name: size}, {subdirectory names})`` directly under ``prefix`` (one level,
+        as S3's "/" delimiter shows it); at most ``limit`` entries (True if cut there)."""
+        objects, prefixes, token = {}, set(), None
+        while True:
+            more = {"ContinuationToken": token} if token else {}
+            r = self._call(self._client.list_objects_v2, Prefix=prefix, Delimiter="/",
+                           MaxKeys=1000, **more)
+            for item in r.get("Contents", []):
+                objects[item["Key"][len(prefix):]] = int(item.get("Size", 0))
+            for item in r.get("CommonPrefixes", []):
+                prefixes.add(item["Prefix"][len(prefix):].rstrip("/"))
+            token = r.get("NextContinuationToken")
+            if len(objects) + len(prefixes) >= limit:
+                return objects, prefixes, True
+            if not r.get("IsTruncated") or not token:
+                return objects, prefixes, False
+
     def close(self):
         self._client.close()
 
 
+def s3_backend(url, options):
+    """An S3 client for ``url``'s bucket (``for_key`` reaches its other objects)."""
+    return _S3(url, options)
+
+
+def source_stat(mtime):
+    """What a mount shows as a remote source's owner, modes and times."""
+    mtime_ns = int(mtime * 1e9)
+    return SimpleNamespace(st_mode=0o100444, st_uid=os.getuid(), st_gid=os.getgid(),
+                           st_atime_ns=mtime_ns, st_mtime_ns=mtime_ns, st_ctime_ns=mtime_ns)
+
+
 def _connect(url, options):
     return _S3(url, options) if url.startswith("s3://") else _HTTP(url, options)
+
+
+def retried(label, options, what, request, *args):
+    """``request(*args)`` with bounded retries and backoff; RemoteError once they are spent."""
+    delay = BACKOFF_FIRST
+    tries = options.retries + 1
+    for attempt in range(tries):
+        try:
+            return request(*args)
+        except _Transient as exc:
+            reason = str(exc)
+        except _Missing:
+            raise RemoteError(f"{label}: no such object", f"{what}: no such object") from None
+        if attempt + 1 < tries:
+            time.sleep(delay)
+            delay = min(2 * delay, BACKOFF_MAX)
+    detail = f"{what} failed {tries} times ({reason[:200]})"
+    raise RemoteError(f"{label}: {detail}", detail)
 
 
 _STORES = weakref.WeakSet()  # reset in a forked child (a daemonizing mount)
@@ -347,10 +402,12 @@ class RemoteStore:
 
     writable = False
 
-    def __init__(self, url, options=None, *, etag=None):
+    def __init__(self, url, options=None, *, etag=None, backend=None):
         self.url = self.label = url
         self.options = options or RemoteOptions()
-        self._backend_made = None  # a client, made at the first request (siblings may need none)
+        # a client, made at the first request (siblings may need none), or one shared
+        self._backend_made = backend
+        self._owns_backend = backend is None
         self._lock = threading.Lock()
         self._pinned = etag  # an ETag the object must still have (an HDF5 probe child)
         self._version = None  # what is served: fetched by the first HEAD
@@ -372,6 +429,7 @@ class RemoteStore:
         self._pending = {}
         self._lock = threading.Lock()
         self._backend_made = None
+        self._owns_backend = True
 
     # ------------------------------------------------------------ requests
 
@@ -383,22 +441,7 @@ class RemoteStore:
             return self._backend_made
 
     def _attempts(self, what, request, *args):
-        """``request(*args)`` with bounded retries and backoff; RemoteError once they are spent."""
-        delay = BACKOFF_FIRST
-        tries = self.options.retries + 1
-        for attempt in range(tries):
-            try:
-                return request(*args)
-            except _Transient as exc:
-                reason = str(exc)
-            except _Missing:
-                raise RemoteError(f"{self.label}: no such object", f"{what}: no such object") \
-                    from None
-            if attempt + 1 < tries:
-                time.sleep(delay)
-                delay = min(2 * delay, BACKOFF_MAX)
-        detail = f"{what} failed {tries} times ({reason[:200]})"
-        raise RemoteError(f"{self.label}: {detail}", detail)
+        return retried(self.label, self.options, what, request, *args)
 
     def version(self):
         """The version served (HEAD at first use)."""
@@ -496,9 +539,7 @@ class RemoteStore:
 
     def stat(self):
         """What a mount shows as the source's owner, modes and times."""
-        mtime_ns = int(self.version().mtime * 1e9)
-        return SimpleNamespace(st_mode=0o100444, st_uid=os.getuid(), st_gid=os.getgid(),
-                               st_atime_ns=mtime_ns, st_mtime_ns=mtime_ns, st_ctime_ns=mtime_ns)
+        return source_stat(self.version().mtime)
 
     def replaced(self):
         """Whether the object was replaced (a new ETag) since last asked; the store then
@@ -537,7 +578,10 @@ class RemoteStore:
     def sibling(self, suffix):
         """The object named like this one plus ``suffix`` (a v1 MultiFile's ``_hdrext``),
         asked for only when read, and re-read whenever this one is replaced."""
-        other = RemoteStore(self.url + suffix, self.options)
+        shared = self._backend_made
+        other = RemoteStore(self.url + suffix, self.options,
+                            backend=shared.for_key(shared.key + suffix)
+                            if hasattr(shared, "for_key") else None)
         self._siblings.append(other)
         return other
 
@@ -553,7 +597,7 @@ class RemoteStore:
     def close(self):
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
-        if self._backend_made is not None:
+        if self._backend_made is not None and self._owns_backend:
             self._backend_made.close()
         self._cache.clear()
 

@@ -295,6 +295,10 @@ class TableView(DirectorySource):
     def _original(self):
         return tabledat.decode(self._stored_table_dat(), self._real("table.dat"))
 
+    def _table_dat_version(self):
+        st = os.stat(self._real("table.dat"))
+        return st.st_mtime_ns, st.st_size, st.st_ino
+
     def _table_dat(self):
         """table.dat as casacore writes the table in separate files (cached per file state).
 
@@ -303,8 +307,7 @@ class TableView(DirectorySource):
         """
         if self._staged is not None:
             return bytes(self._staged)
-        st = os.stat(self._real("table.dat"))
-        key = (st.st_mtime_ns, st.st_size, st.st_ino)
+        key = self._table_dat_version()
         if self._translated is None or self._translated[0] != key:
             stored = self._stored_table_dat()
             try:
