@@ -124,7 +124,8 @@ class Nginx:
 pid {workdir}/nginx.pid; error_log {workdir}/error.log;
 events {{}}
 http {{ access_log off; {temp}
-  server {{ listen 127.0.0.1:{self.port}; root {root}; }} }}
+  server {{ listen 127.0.0.1:{self.port}; root {root};
+    location = /always-503 {{ return 503; }} }} }}
 """)
         self.start()
 

@@ -204,6 +204,16 @@ def test_no_read_mixes_two_versions(seaweed, web, objects, scheme):
         store.close()
 
 
+def test_failing_server_gets_bounded_retries_then_one_line(web, tmp_path):
+    store = RemoteStore(web.url("always-503"), RemoteOptions(retries=2))
+    with pytest.raises(RemoteError, match=r"HEAD failed 3 times \(HTTP 503\)"):
+        store.version()
+    (tmp_path / "mnt").mkdir()
+    result = run("mount.ctdsfs", web.url("always-503"), tmp_path / "mnt", "-o", "retries=1")
+    assert result.returncode == 1 and "HEAD failed 2 times (HTTP 503)" in result.stderr
+    assert len(result.stderr.splitlines()) == 1, result.stderr
+
+
 @pytest.mark.fuse
 def test_replaced_object_is_reloaded_by_the_mount(seaweed, objects, mount):
     name = "replaced.mf"

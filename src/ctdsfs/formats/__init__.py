@@ -75,6 +75,9 @@ def open_container(path, *, verify_crc=True, writable=False, remote=None):
     if isinstance(path, str) and path.startswith(REMOTE_SCHEMES):
         if writable:
             raise CtdsfsError(f"{path}: a remote source is read-only")
+        if path.endswith("/"):
+            raise NotAContainer(f"{path}: a prefix, not one object (mount it to see it as a "
+                                "directory)")
         from .remote import open_remote
         return open_from_store(open_remote(path, remote), verify_crc=verify_crc)
     path = os.fspath(path)

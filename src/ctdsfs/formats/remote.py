@@ -51,6 +51,7 @@ log = logging.getLogger(__name__)
 
 SPEC_ENV = "CTDSFS_REMOTE_SPEC"  # how an HDF5 probe child gets the same pinned object
 BACKOFF_FIRST, BACKOFF_MAX = 0.2, 2.0  # seconds between attempts, doubling
+UNREACHABLE_RECHECK = 10.0  # seconds between version checks while the server does not answer
 
 
 def is_remote(source):
@@ -222,7 +223,7 @@ class _HTTP:
         if r.status >= 500 or r.status == 429:
             raise _Transient(f"HTTP {r.status}")
         if r.status not in (200, 206):
-            raise CtdsfsError(f"{self.url}: HTTP {r.status} {r.reason}")
+            raise RemoteError(f"{self.url}: HTTP {r.status} {r.reason}", f"HTTP {r.status}")
         return r, body
 
     def head(self):
@@ -300,8 +301,8 @@ class _S3:
                 raise _Replaced() from None
             if status >= 500 or status == 429 or code in ("SlowDown", "RequestTimeout"):
                 raise _Transient(f"{code or status}") from None
-            raise CtdsfsError(f"{self.url}: {code or status}: "
-                              f"{exc.response.get('Error', {}).get('Message', '')}") from None
+            detail = f"{code or status}: {exc.response.get('Error', {}).get('Message', '')}"
+            raise RemoteError(f"{self.url}: {detail}", detail) from None
         except (self._exc.NoCredentialsError, self._exc.PartialCredentialsError) as exc:
             raise CtdsfsError(f"{self.url}: {exc} (set AWS_ACCESS_KEY_ID and "
                               "AWS_SECRET_ACCESS_KEY, a profile, or -o anon)") from None
@@ -545,10 +546,13 @@ class RemoteStore:
         """Whether the object was replaced (a new ETag) since last asked; the store then
         serves the new version. Asks the server at most every ``revalidate`` seconds (at
         once after a read found another version), with one attempt: a listing never waits
-        for retries. An unreachable server is logged once until it answers again."""
+        for retries. An unreachable server is logged once until it answers again, and asked
+        only every UNREACHABLE_RECHECK seconds meanwhile (lookups wait for no timeouts)."""
         now = time.monotonic()
+        interval = max(self.options.revalidate, UNREACHABLE_RECHECK) if self._unreachable \
+            else self.options.revalidate
         with self._lock:
-            if not self._stale and now - self._checked < self.options.revalidate:
+            if not self._stale and now - self._checked < interval:
                 return False
             self._checked = now
         try:
