@@ -76,16 +76,14 @@ class RemoteOptions:
     cache_dir: str = None  # a directory of chunks that outlives the mount (DiskCache)
     cache_dir_size: int = 4 << 30  # bytes that directory may hold
 
-    def to_json(self):
-        return json.dumps(dataclasses.asdict(self))
-
 
 class DiskCache:
     """Chunks of remote objects in a local directory that survives remounts, bounded by
     ``limit`` bytes (the oldest written go first).
 
     A chunk is named by a hash of the object's address, ETag and chunk size, so a
-    replaced object never meets its old chunks. It is written whole under a temporary
+    replaced object never meets its old chunks. The directory must be private (it is
+    made mode 0700): its chunks are served as they are, checked only for length. It is written whole under a temporary
     name and renamed into place, so two mounts sharing the directory never read half a
     chunk; a chunk of the wrong length, or one the other mount just evicted, is a miss.
     """
@@ -98,7 +96,7 @@ class DiskCache:
         self._used = None  # bytes in the directory, counted at the first write
         self._failed = False  # a failed write is logged once
         try:
-            os.makedirs(directory, exist_ok=True)
+            os.makedirs(directory, mode=0o700, exist_ok=True)  # its chunks are served as read
         except OSError as exc:
             raise CtdsfsError(f"cache_dir {directory}: {exc.strerror}") from None
 
@@ -128,8 +126,8 @@ class DiskCache:
             with contextlib.suppress(OSError):
                 os.unlink(temporary)
             return
-        with self._lock:
-            self._used = (self._scan()[1] if self._used is None else self._used) + len(data)
+        with self._lock:  # (the first count finds the chunk just written)
+            self._used = self._scan()[1] if self._used is None else self._used + len(data)
             over = self._used > self.limit
         if over:
             self._evict()
