@@ -46,6 +46,7 @@ def objects(tmp_path_factory):
     os.chdir(directory)  # pycauset makes a scratch folder in the cwd
     try:
         pycauset.save(pycauset.matrix(np.arange(12.0).reshape(3, 4)), str(directory / "m.pycauset"))
+        pycauset.save(pycauset.matrix(np.arange(6.0).reshape(2, 3)), str(directory / "m2.pycauset"))
     finally:
         os.chdir(cwd)
     shutil.rmtree(directory / ".pycauset", ignore_errors=True)
@@ -54,6 +55,7 @@ def objects(tmp_path_factory):
     for name, fill in (("first", 1), ("second", 2)):
         (tree / name).write_bytes(bytes([fill]) * 65536)
     pack(str(tree), str(directory / "two.mf"), block_size=4096, quiet=True)
+    pack(str(tree), str(directory / "two.mfh5"), format="hdf5", block_size=4096, quiet=True)
     return directory
 
 
@@ -215,15 +217,22 @@ def test_failing_server_gets_bounded_retries_then_one_line(web, tmp_path):
 
 
 @pytest.mark.fuse
-def test_replaced_object_is_reloaded_by_the_mount(seaweed, objects, mount):
-    name = "replaced.mf"
-    seaweed.client.put_object(Bucket=BUCKET, Key=name,
-                              Body=(objects / "mf2_nested.mf").read_bytes())
+@pytest.mark.parametrize("first,second", [("mf2_nested.mf", "two.mf"),
+                                          ("mh5_basic.mfh5", "two.mfh5"),
+                                          ("m.pycauset", "m2.pycauset")])
+def test_replaced_object_is_reloaded_by_the_mount(seaweed, objects, mount, first, second):
+    name = f"replaced-{second}"
+    seaweed.client.put_object(Bucket=BUCKET, Key=name, Body=(objects / first).read_bytes())
     m = mount(seaweed.url(name), [seaweed.options])
-    assert sorted(os.listdir(m.mountpoint)) == ["SUB", "table.dat"]
-    seaweed.client.put_object(Bucket=BUCKET, Key=name, Body=(objects / "two.mf").read_bytes())
-    wait_until(lambda: sorted(os.listdir(m.mountpoint)) == ["first", "second"], 20, "reload")
-    assert (m.mountpoint / "second").read_bytes() == b"\2" * 65536
+    old, new = (snapshot(open_container(objects / n)) for n in (first, second))
+    assert tree(m.mountpoint) == old
+    seaweed.client.put_object(Bucket=BUCKET, Key=name, Body=(objects / second).read_bytes())
+    def reloaded():
+        try:
+            return tree(m.mountpoint) == new
+        except OSError:  # a read between the replacement and the reload: EIO, never mixed
+            return False
+    wait_until(reloaded, 20, "reload")
     assert "replaced on the server" in m.log_text()
 
 

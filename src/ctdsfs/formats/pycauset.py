@@ -641,8 +641,9 @@ class Pycauset(Container):
         with self._lock:
             if self._staged is not None:
                 return False
+            replaced = self.store.replaced()  # a remote object with a new ETag
             head = self.store.pread(0, HEADER_BYTES)
-            if head[16:16 + 2 * SLOT_SIZE] == b"".join(
+            if not replaced and head[16:16 + 2 * SLOT_SIZE] == b"".join(
                     self.slots[n].pack() if self.slots[n].crc_ok else head[o:o + SLOT_SIZE]
                     for n, o in SLOT_OFFSETS.items()):
                 return False
