@@ -48,13 +48,16 @@ class FsspecStore:
 
     def __init__(self, fs, path, label):
         self.fs, self.path, self.label = fs, path, label
+        self._size = None  # asked for once: a read-only source
 
     def pread(self, offset, size):
         end = min(offset + size, self.size())
         return self.fs.cat_file(self.path, offset, end) if offset < end else b""
 
     def size(self):
-        return self.fs.size(self.path)
+        if self._size is None:
+            self._size = self.fs.size(self.path)
+        return self._size
 
     def replaced(self):
         """No version to compare: the header counter tells."""
