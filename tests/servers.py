@@ -1,5 +1,5 @@
 """Real servers on loopback ports for the remote tests and the benchmark: SeaweedFS (S3)
-and nginx (HTTP), started and stopped by PID (SIGKILL after a short grace), their
+and nginx (HTTP, and HTTPS with a self-signed certificate), started and stopped by PID (SIGKILL after a short grace), their
 sockets removed."""
 
 import os
@@ -114,7 +114,12 @@ class Nginx:
 
     def __init__(self, root, workdir):
         self.root, self.workdir = root, workdir
-        self.port = free_ports(1)[0]
+        self.port, self.tls_port = free_ports(2)
+        self.certificate = workdir / "cert.pem"  # self-signed, for 127.0.0.1
+        subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+                        "-keyout", str(workdir / "key.pem"), "-out", str(self.certificate),
+                        "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
+                       check=True, capture_output=True)
         self.proc = None
         conf = workdir / "nginx.conf"
         temp = " ".join(f"{kind}_temp_path {workdir}/{kind};"
@@ -125,12 +130,17 @@ pid {workdir}/nginx.pid; error_log {workdir}/error.log;
 events {{}}
 http {{ access_log off; {temp}
   server {{ listen 127.0.0.1:{self.port}; root {root};
-    location = /always-503 {{ return 503; }} }} }}
+    location = /always-503 {{ return 503; }} }}
+  server {{ listen 127.0.0.1:{self.tls_port} ssl; root {root};
+    ssl_certificate {self.certificate}; ssl_certificate_key {workdir}/key.pem; }} }}
 """)
         self.start()
 
     def url(self, name):
         return f"http://127.0.0.1:{self.port}/{name}"
+
+    def tls_url(self, name):
+        return f"https://127.0.0.1:{self.tls_port}/{name}"
 
     def start(self):
         self.proc = subprocess.Popen(["nginx", "-p", str(self.workdir), "-c",

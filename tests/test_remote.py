@@ -128,6 +128,18 @@ def test_remote_mount_shows_the_local_container(seaweed, web, objects, mount, sc
     assert exc.value.errno == errno.EROFS
 
 
+@pytest.mark.fuse
+def test_https_source_with_the_systems_trust_settings(web, objects, mount, tmp_path,
+                                                       monkeypatch):
+    (tmp_path / "mnt").mkdir()
+    refused = run("mount.ctdsfs", web.tls_url("mf2_crc.mf"), tmp_path / "mnt")
+    assert refused.returncode == 1 and "CERTIFICATE_VERIFY_FAILED" in refused.stderr
+    assert len(refused.stderr.splitlines()) == 1, refused.stderr
+    monkeypatch.setenv("SSL_CERT_FILE", str(web.certificate))  # OpenSSL's own convention
+    m = mount(web.tls_url("mf2_crc.mf"))
+    assert tree(m.mountpoint) == snapshot(open_container(objects / "mf2_crc.mf"))
+
+
 def test_remote_sources_refuse_rw_and_credentials(seaweed, tmp_path):
     (tmp_path / "mnt").mkdir()
     for options, said in (("rw", "read-only"), ("create", "read-only"),

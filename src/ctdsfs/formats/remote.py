@@ -200,6 +200,7 @@ class _HTTP:
 
         self.url = url
         self._errors = urllib3.exceptions.HTTPError
+        self._tls_errors = urllib3.exceptions.SSLError  # a refused certificate: no retry
         self._pool = urllib3.PoolManager(
             maxsize=options.concurrency + 2, retries=False, block=False,
             timeout=urllib3.Timeout(connect=options.timeout, read=options.timeout))
@@ -212,6 +213,8 @@ class _HTTP:
                 body = r.read(limit + 1) if limit else b""
             finally:
                 r.release_conn()
+        except self._tls_errors as exc:
+            raise RemoteError(f"{self.url}: TLS: {exc}", f"TLS: {exc}") from None
         except (self._errors, OSError) as exc:
             raise _Transient(str(exc) or type(exc).__name__) from None
         if r.status in (404, 410):
