@@ -212,7 +212,7 @@ def test_no_read_mixes_two_versions(seaweed, web, objects, scheme):
         assert store.pread(10, 100) == first[10:110]  # cached: the version opened
         with pytest.raises(RemoteError, match="replaced on the server"):
             store.pread(8192, 8192)  # not cached: pinned to the old ETag, refused
-        assert store.replaced()  # the stale read asks at once, whatever the interval
+        wait_until(store.replaced, 10, "the new version")  # asked at once after a stale read
         assert store.pread(0, len(second)) == second
     finally:
         store.close()

@@ -416,7 +416,9 @@ class RemoteStore:
         self._cache = OrderedDict()  # (etag, chunk index) -> bytes
         self._pending = {}  # (etag, chunk index) -> Future of a GET in flight
         self._pool = None
-        self._checked = time.monotonic()  # the last HEAD
+        self._checked = time.monotonic()  # when the last version check ended
+        self._check = None  # the Future of a version check in flight
+        self._newer = None  # a version a finished check found
         self._stale = False  # a GET found another version: check at once
         self._unreachable = False  # the last check failed (logged once until it recovers)
         self._next_chunk = None  # where a sequential reader goes on
@@ -429,6 +431,7 @@ class RemoteStore:
         """In a forked child: the pool's threads and the parent's connections are not ours."""
         self._pool = None
         self._pending = {}
+        self._check = None
         self._lock = threading.Lock()
         self._backend_made = None
         self._owns_backend = True
@@ -504,11 +507,16 @@ class RemoteStore:
                 return done
             future = self._pending.get(key)
             if future is None:
-                if self._pool is None:
-                    self._pool = ThreadPoolExecutor(self.options.concurrency,
-                                                    thread_name_prefix="ctdsfs-get")
-                future = self._pending[key] = self._pool.submit(self._fetch, version, index)
+                future = self._pending[key] = self._executor().submit(self._fetch, version,
+                                                                      index)
             return future
+
+    def _executor(self):
+        """The pool of request threads (made at the first request; called with the lock)."""
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self.options.concurrency,
+                                            thread_name_prefix="ctdsfs-get")
+        return self._pool
 
     # ------------------------------------------------------------ the store interface
 
@@ -544,34 +552,22 @@ class RemoteStore:
         return source_stat(self.version().mtime)
 
     def replaced(self):
-        """Whether the object was replaced (a new ETag) since last asked; the store then
-        serves the new version. Asks the server at most every ``revalidate`` seconds (at
-        once after a read found another version), with one attempt: a listing never waits
-        for retries. An unreachable server is logged once until it answers again, and asked
-        only every UNREACHABLE_RECHECK seconds meanwhile (lookups wait for no timeouts)."""
-        now = time.monotonic()
+        """Whether a check found the object replaced (a new ETag) since last asked; the
+        store then serves the new version. Never waits for the network: checks run in the
+        background, at most every ``revalidate`` seconds (at once after a read found
+        another version), one attempt each, so a lookup waits for no timeout. An
+        unreachable server is logged once until it answers again, and asked only every
+        UNREACHABLE_RECHECK seconds meanwhile."""
         interval = max(self.options.revalidate, UNREACHABLE_RECHECK) if self._unreachable \
             else self.options.revalidate
         with self._lock:
-            if not self._stale and now - self._checked < interval:
+            if self._check is None and (self._stale
+                                        or time.monotonic() - self._checked >= interval):
+                self._check = self._executor().submit(self._check_version)
+            new, self._newer = self._newer, None
+            if new is None:
                 return False
-            self._checked = now
-        try:
-            new = self._backend.head()
-        except (_Transient, _Missing, CtdsfsError) as exc:
-            if not self._unreachable:
-                log.warning("%s: cannot check for a new version (%s)", self.label,
-                            str(exc) or "no such object")
-            self._unreachable = True
-            return False
-        if self._unreachable:
-            log.info("%s: reachable again", self.label)
-        self._unreachable = False
-        with self._lock:
-            old, self._stale = self._version, False
-            if old is not None and (new.etag, new.size) == (old.etag, old.size):
-                return False
-            self._version = new
+            old, self._version = self._version, new
             self._cache.clear()
             self._next_chunk = None
             for sibling in self._siblings:
@@ -579,6 +575,28 @@ class RemoteStore:
         log.info("%s: replaced on the server (ETag %s -> %s): reloaded", self.label,
                  old and old.etag, new.etag)
         return True
+
+    def _check_version(self):
+        """One HEAD; a version other than the one served waits in ``_newer``."""
+        try:
+            new = self._backend.head()
+        except (_Transient, _Missing, CtdsfsError) as exc:
+            if not self._unreachable:
+                log.warning("%s: cannot check for a new version (%s)", self.label,
+                            str(exc) or "no such object")
+            self._unreachable = True
+            return
+        finally:
+            with self._lock:
+                self._checked, self._check = time.monotonic(), None
+        if self._unreachable:
+            log.info("%s: reachable again", self.label)
+        self._unreachable = False
+        with self._lock:
+            self._stale = False
+            old = self._version
+            if old is not None and (new.etag, new.size) != (old.etag, old.size):
+                self._newer = new
 
     def sibling(self, suffix):
         """The object named like this one plus ``suffix`` (a v1 MultiFile's ``_hdrext``),
