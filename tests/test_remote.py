@@ -228,6 +228,21 @@ def test_failing_server_gets_bounded_retries_then_one_line(web, tmp_path):
     assert len(result.stderr.splitlines()) == 1, result.stderr
 
 
+def test_server_ignoring_ranges_is_never_trusted(web, objects):
+    """A whole object answered to a ranged GET is refused, and no more of it is read
+    than the range asked for."""
+    data = (objects / "two.mf").read_bytes()
+    store = RemoteStore(web.url("no-ranges/two.mf"),
+                        RemoteOptions(chunk_size=4096, readahead=1, retries=0))
+    for offset in (8192, 0):
+        with pytest.raises(RemoteError, match="instead of the range asked for"):
+            store.pread(offset, 100)
+    whole = RemoteStore(web.url("no-ranges/two.mf"), RemoteOptions(retries=0))
+    assert whole.pread(0, len(data)) == data  # one chunk, the whole object: a 200 is right
+    store.close()
+    whole.close()
+
+
 @pytest.mark.fuse
 @pytest.mark.parametrize("first,second", [("mf2_nested.mf", "two.mf"),
                                           ("mh5_basic.mfh5", "two.mfh5"),
