@@ -239,7 +239,7 @@ class _HTTP:
 
     def get(self, start, end, etag):
         headers = {"Range": f"bytes={start}-{end - 1}"}
-        if etag:
+        if etag and not etag.startswith("W/"):  # If-Match compares strongly: never a weak tag
             headers["If-Match"] = etag
         r, body = self._request("GET", headers, end - start)
         if etag and r.headers.get("ETag") not in (None, etag):
