@@ -410,3 +410,28 @@ def test_s3_prefix_is_a_directory_source_with_the_table_view(seaweed, objects, m
     assert "table.mf" not in os.listdir(m.mountpoint / "obs.ms")  # the view: separate files
     assert dump_values(m.mountpoint / "obs.ms") == values  # python-casacore 3.8
     assert dump_values(m.mountpoint / "obs.ms", python="/usr/bin/python3") == values  # 3.5
+
+
+@pytest.mark.fuse
+def test_aws_profile_and_anonymous_access(seaweed, objects, mount, tmp_path, monkeypatch):
+    """Endpoint and credentials from a profile of the AWS config files; without any, one
+    line says where credentials come from; ``anon`` signs nothing (this bucket is not
+    public: 403)."""
+    (tmp_path / "config").write_text(f"[profile archive]\nendpoint_url = {seaweed.endpoint}\n"
+                                     "region = eu-west-1\n")
+    (tmp_path / "credentials").write_text("[archive]\naws_access_key_id = ctdsfs\n"
+                                          "aws_secret_access_key = ctdsfs-secret\n")
+    for key in CREDENTIALS:
+        monkeypatch.delenv(key)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "config"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "credentials"))
+    expected = snapshot(open_container(objects / "mf2_crc.mf"))
+    assert tree(mount(seaweed.url("mf2_crc.mf"), ["profile=archive"]).mountpoint) == expected
+    (tmp_path / "mnt").mkdir()
+    for options, said in ((seaweed.options, "AWS_ACCESS_KEY_ID"),
+                          (f"{seaweed.options},anon", "403")):
+        refused = run("mount.ctdsfs", seaweed.url("mf2_crc.mf"), tmp_path / "mnt", "-o",
+                      options, env={"AWS_CONFIG_FILE": os.devnull,
+                                    "AWS_SHARED_CREDENTIALS_FILE": os.devnull})
+        assert refused.returncode == 1 and said in refused.stderr, refused.stderr
+        assert len(refused.stderr.splitlines()) == 1, refused.stderr
