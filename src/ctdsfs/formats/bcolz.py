@@ -1,0 +1,869 @@
+"""bcolz carray and ctable rootdirs, and bloscpack files, shown as NumPy files.
+
+A carray rootdir (as bcolz writes it; FORMAT-NOTES) holds ``meta/storage``
+(JSON: dtype, cparams, chunklen), ``meta/sizes`` (JSON: shape, nbytes, cbytes),
+``__attrs__`` (JSON) and ``data/__N.blp``: a 16-byte ``blpk`` header (u8
+version, 3 reserved bytes, i64 chunk count 1) and one Blosc chunk of items
+``N * chunklen`` onwards. A ctable rootdir holds ``__rootdirs__`` (the column
+order), ``__attrs__`` and one carray rootdir per column. A standalone
+bloscpack file has a 32-byte header (version, options, checksum kind,
+typesize, chunk size, last chunk size, chunk count, spare offsets), an
+optional metadata section, optional chunk offsets, then Blosc chunks each
+followed by its checksum.
+
+Shown as directories:
+
+* carray: ``array.npy`` (a .npy header, then the decompressed items; a read
+  decompresses only the chunks it touches, kept in a bounded cache),
+  ``attrs.json``, ``meta.json`` (sizes, storage and every chunk's headers),
+  ``chunks/N`` (each chunk decompressed) and ``raw/`` (the rootdir's own files);
+* ctable: ``COLUMN.npy`` per column, ``table.npy`` (the rows as one structured
+  array), ``attrs.json``, and ``COLUMN/`` as a carray;
+* bloscpack file: ``data``, ``header.json``, ``chunks/N``.
+
+Everything read is untrusted: JSON files are small or refused, every needed
+superchunk must exist before anything is shown (so no loop runs longer than
+the files present), and a chunk's Blosc header must promise exactly the bytes
+its place needs (never more than one chunk's worth, CHUNK_BYTES_MAX at most)
+before python-blosc decompresses it; a bad chunk is EIO for reads that touch
+it, with one log line naming its superchunk file and number.
+
+With ``-o rw`` overwriting items of ``array.npy`` (or ``COLUMN.npy``)
+recompresses each touched chunk with the array's own cparams and replaces
+its superchunk file atomically (new file, fsync, rename, directory fsync);
+writing whole items past the end of a carray appends them: the new chunks
+first, ``meta/sizes`` last, so a crash leaves it never ahead of the data.
+Everything else is refused (EPERM) with a log line.
+"""
+
+import hashlib
+import io
+import json
+import logging
+import os
+import re
+import stat
+import struct
+import threading
+import zlib
+from collections import OrderedDict
+
+import blosc
+import numpy as np
+
+from ..container import Container, Usage, name_problem
+from ..errors import BlockError, CtdsfsError, FormatError, NotPermitted, ReadOnlyError
+from .store import fsync_path
+
+log = logging.getLogger(__name__)
+
+MAGIC = b"blpk"
+BLOSC_HEADER = struct.Struct("<BBBBIII")  # (also Blosc's most overhead: a stored copy)
+SUPERCHUNK_HEADER = struct.Struct("<4sB3xq")  # bcolz: magic, version, chunk count
+BLOSCPACK_HEADER = struct.Struct("<4sBBBBiiqq")
+METADATA_HEADER = struct.Struct("<8sBBBBIII8s")
+CODECS = {0: "blosclz", 1: "lz4", 2: "snappy", 3: "zlib", 4: "zstd"}  # Blosc flags >> 5
+
+
+def _zlib_digest(func):
+    return lambda data: struct.pack("<I", func(data) & 0xFFFFFFFF)
+
+
+def _hashlib_digest(name):
+    return lambda data: hashlib.new(name, data).digest()
+
+
+# bloscpack's checksum kinds, by the index its header stores: (name, digest bytes, function)
+CHECKSUMS = (("None", 0, None), ("adler32", 4, _zlib_digest(zlib.adler32)),
+             ("crc32", 4, _zlib_digest(zlib.crc32))) + tuple(
+    (name, hashlib.new(name).digest_size, _hashlib_digest(name))
+    for name in ("md5", "sha1", "sha224", "sha256", "sha384", "sha512"))
+META_CODECS = ("None", "zlib")
+JSON_BYTES_MAX = 1 << 20  # meta/*, __attrs__, __rootdirs__, bloscpack metadata
+CHUNK_BYTES_MAX = 256 << 20  # one decompressed chunk (what a read may allocate)
+CACHE_BYTES = 64 << 20  # decompressed chunks kept per container
+BLOCK_SIZE = 4096
+SUPERCHUNK_NAME = re.compile(r"__(0|[1-9][0-9]{0,17})\.blp\Z")
+
+
+# ---------------------------------------------------------------- untrusted files
+
+def _open_regular(path):
+    """A read-only descriptor of ``path``, which must be a regular file (links are not followed)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    except OSError as exc:
+        raise FormatError(f"{path}: {exc.strerror}") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise FormatError(f"{path}: not a regular file")
+    return fd
+
+
+def _read_small(path, limit=JSON_BYTES_MAX):
+    fd = _open_regular(path)
+    try:
+        size = os.fstat(fd).st_size
+        if size > limit:
+            raise FormatError(f"{path}: {size} bytes, more than the {limit} ctdsfs reads")
+        return os.pread(fd, size, 0)
+    finally:
+        os.close(fd)
+
+
+def _read_json(path, kind=dict):
+    try:
+        value = json.loads(_read_small(path).decode("utf-8"))
+    except (ValueError, RecursionError) as exc:
+        raise FormatError(f"{path}: not JSON ({exc})") from None
+    if not isinstance(value, kind):
+        raise FormatError(f"{path}: not a JSON {kind.__name__}")
+    return value
+
+
+def _is_int(value, low=0):
+    return isinstance(value, int) and not isinstance(value, bool) and value >= low
+
+
+def parse_dtype(text, where):
+    """A plain NumPy dtype (numbers, bool, bytes, str, dates) from an untrusted string."""
+    try:
+        dtype = np.dtype(text) if isinstance(text, str) else None
+    except (TypeError, ValueError, SyntaxError):
+        dtype = None
+    if dtype is None or dtype.fields or dtype.subdtype or dtype.kind not in "biufcSUMm" \
+            or not 0 < dtype.itemsize <= 1 << 20:
+        raise FormatError(f"{where}: dtype {text!r} is not one ctdsfs shows")
+    return dtype
+
+
+def npy_header(descr, shape):
+    """A .npy header (version 1.0, or 2.0 when long), padded as numpy pads it."""
+    header = {"descr": descr, "fortran_order": False, "shape": tuple(shape)}
+    out = io.BytesIO()
+    try:
+        np.lib.format.write_array_header_1_0(out, header)
+    except ValueError:
+        out = io.BytesIO()
+        np.lib.format.write_array_header_2_0(out, header)
+    return out.getvalue()
+
+
+def blosc_header(raw):
+    """The fields of a 16-byte Blosc header, flags decoded."""
+    version, versionlz, flags, typesize, nbytes, blocksize, cbytes = BLOSC_HEADER.unpack(raw)
+    return {"version": version, "versionlz": versionlz, "flags": flags,
+            "compressor": CODECS.get(flags >> 5, f"unknown ({flags >> 5})"),
+            "shuffle": "bit" if flags & 4 else "byte" if flags & 1 else "none",
+            "memcpyed": bool(flags & 2), "typesize": typesize, "nbytes": nbytes,
+            "blocksize": blocksize, "cbytes": cbytes}
+
+
+class ChunkCache:
+    """Decompressed chunks, least recently used dropped first, at most CACHE_BYTES in all."""
+
+    def __init__(self, limit=CACHE_BYTES):
+        self.limit = limit
+        self._chunks = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def get(self, key):
+        with self._lock:
+            data = self._chunks.get(key)
+            if data is not None:
+                self._chunks.move_to_end(key)
+            return data
+
+    def put(self, key, data):
+        with self._lock:
+            self._drop(key)
+            self._chunks[key] = data
+            self._bytes += len(data)
+            while self._bytes > self.limit and len(self._chunks) > 1:
+                self._bytes -= len(self._chunks.popitem(last=False)[1])
+
+    def drop(self, key):
+        with self._lock:
+            self._drop(key)
+
+    def _drop(self, key):
+        old = self._chunks.pop(key, None)
+        if old is not None:
+            self._bytes -= len(old)
+
+
+class Chunk:
+    """One Blosc chunk in a superchunk file: where it lies and what it must decompress to."""
+
+    def __init__(self, path, number, offset, room, nbytes_range, checksum=0):
+        self.path = path
+        self.number = number
+        self.offset = offset  # of its Blosc header
+        self.room = room  # bytes it may take from ``offset`` (its checksum excluded)
+        self.nbytes_range = nbytes_range  # (least, most) decompressed bytes its place needs
+        self.checksum = checksum  # index in CHECKSUMS; the digest follows the chunk
+        self.header = None  # its Blosc header, once read
+
+    def fail(self, why):
+        detail = f"{self.path}: chunk {self.number}: {why}"
+        return BlockError(detail, detail)
+
+    def read_header(self, fd):
+        if self.header is None:
+            raw = os.pread(fd, BLOSC_HEADER.size, self.offset)
+            if self.room < BLOSC_HEADER.size or len(raw) < BLOSC_HEADER.size:
+                raise self.fail("truncated Blosc header")
+            header = blosc_header(raw)
+            least, most = self.nbytes_range
+            if not least <= header["nbytes"] <= most:
+                want = least if least == most else f"{least} to {most}"
+                raise self.fail(f"Blosc header says {header['nbytes']} bytes, its place "
+                                f"holds {want}")
+            if not BLOSC_HEADER.size <= header["cbytes"] <= min(
+                    self.room, header["nbytes"] + BLOSC_HEADER.size):
+                raise self.fail(f"Blosc header says {header['cbytes']} compressed bytes, "
+                                f"{self.room} are there for {header['nbytes']} bytes")
+            self.header = header
+        return self.header
+
+    def decompress(self, fd):
+        """The chunk's bytes: header checked first, then the checksum, then python-blosc."""
+        header = self.read_header(fd)
+        _, digest_size, digest_of = CHECKSUMS[self.checksum]
+        raw = os.pread(fd, header["cbytes"] + digest_size, self.offset)
+        if len(raw) != header["cbytes"] + digest_size:
+            raise self.fail("truncated")
+        raw, digest = raw[:header["cbytes"]], raw[header["cbytes"]:]
+        if digest_size and digest_of(raw) != digest:
+            raise self.fail(f"{CHECKSUMS[self.checksum][0]} checksum mismatch")
+        try:
+            data = blosc.decompress(raw)
+        except Exception as exc:  # python-blosc raises RuntimeError, ValueError, ...
+            raise self.fail(f"does not decompress ({exc})") from None
+        if len(data) != header["nbytes"]:
+            raise self.fail(f"decompressed to {len(data)} bytes, not {header['nbytes']}")
+        return data
+
+
+# ---------------------------------------------------------------- views
+
+class _Bytes:
+    """A read-only file whose bytes are made on first use (``make()``)."""
+
+    def __init__(self, make):
+        self._make = make
+        self._data = None
+
+    def data(self):
+        if self._data is None:
+            self._data = self._make()
+        return self._data
+
+    def size(self):
+        return len(self.data())
+
+    def read(self, offset, size):
+        return self.data()[offset:offset + size]
+
+
+def _json_file(make):
+    return _Bytes(lambda: (json.dumps(make(), indent=2) + "\n").encode())
+
+
+class _ChunkFile:
+    """``chunks/N``: one chunk decompressed."""
+
+    def __init__(self, source, number):
+        self.source, self.number = source, number
+
+    def size(self):
+        return self.source.chunk_size(self.number)
+
+    def read(self, offset, size):
+        return self.source.chunk_data(self.number)[offset:offset + size]
+
+
+class _NpyFile:
+    """A .npy header followed by the bytes ``source.read_data`` gives (``write`` if it takes them)."""
+
+    def __init__(self, header, source):
+        self.header, self.source = header, source
+
+    def size(self):
+        return len(self.header) + self.source.data_bytes()
+
+    def read(self, offset, size):
+        end = min(offset + size, self.size())
+        head = self.header[offset:end]
+        start = max(offset, len(self.header))
+        if start >= end:
+            return head
+        return head + self.source.read_data(start - len(self.header), end - len(self.header))
+
+    def write(self, offset, data):
+        skip = max(0, len(self.header) - offset)
+        if data[:skip] != self.header[offset:offset + skip]:
+            raise refuse(self.source.label, "the .npy header cannot be changed")
+        return skip + self.source.write_data(offset + skip - len(self.header), data[skip:])
+
+
+def refuse(label, why):
+    """NotPermitted (EPERM) for a change the format cannot take, logged once here."""
+    log.warning("%s: refused: %s", label, why)
+    return NotPermitted(f"{label}: {why}")
+
+
+class _View(Container):
+    """A translated directory: named file objects (``size``/``read``/``write``) and subdirectories."""
+
+    checks_reads = True  # reads decompress
+    kernel_write_cache = False
+
+    def __init__(self, label, writable=False):
+        self.label = label
+        self.writable = writable
+        self.failure = None
+        self.problems = []
+        self._lock = threading.RLock()
+        self._nested = {}
+        self._entries = OrderedDict()  # name -> file object or Container
+
+    def _add(self, name, entry):
+        why = name_problem(name) or ("a second entry of that name" if name in self._entries
+                                     else None)
+        if why:
+            self.problems.append(f"{name!r} hidden: {why}")
+            log.warning("%s: %r hidden: %s", self.label, name, why)
+        else:
+            self._entries[name] = entry
+
+    def names(self):
+        return list(self._entries)
+
+    def entry_size(self, key):
+        entry = self._entry(key)
+        return 0 if isinstance(entry, Container) else entry.size()
+
+    def entry_blocks(self, key):
+        return -(-self.entry_size(key) // BLOCK_SIZE)
+
+    def read(self, key, offset, size):
+        entry = self._entry(key)
+        return b"" if isinstance(entry, Container) else entry.read(offset, size)
+
+    def nested(self, name):
+        entry = self._entry(name)
+        return entry if isinstance(entry, Container) else None
+
+    def usage(self):
+        return Usage(BLOCK_SIZE, 0, 0)
+
+    def reload_if_changed(self):
+        return False
+
+    def _writable_entry(self, key):
+        if not self.writable:
+            raise ReadOnlyError(f"{self.label} is read-only")
+        entry = self._entry(key)
+        if not hasattr(entry, "write"):
+            raise refuse(f"{self.label}/{key}", "this file is read-only (it is derived)")
+        return entry
+
+    def write(self, key, offset, data):
+        with self._lock:
+            return self._writable_entry(key).write(offset, bytes(data))
+
+    def truncate(self, key, size):
+        with self._lock:
+            entry = self._writable_entry(key)
+            if size < entry.size():
+                raise refuse(f"{self.label}/{key}", "shrinking is not supported")
+            if size > entry.size():
+                entry.write(entry.size(), bytes(size - entry.size()))
+
+    def create(self, name, *args):
+        raise refuse(self.label, f"cannot add, remove or rename entries ({name!r})")
+
+    make_nested = remove = rename = create
+
+    @property
+    def dirty(self):
+        return False
+
+    def commit(self):
+        return False
+
+    def close(self):
+        for entry in self._entries.values():
+            if isinstance(entry, Container):
+                entry.close()
+
+
+class _ChunkDir(_View):
+    """``chunks/``: every chunk decompressed, named by its number."""
+
+    format_name = "chunks"
+
+    def __init__(self, source):
+        super().__init__(f"{source.label}/chunks")
+        for number in range(source.chunk_count()):
+            self._entries[str(number)] = _ChunkFile(source, number)
+
+    def describe(self):
+        return {"container": self.label, "format": self.format_name, "files": [
+            {"name": n, "size": self.entry_size(n)} for n in self.names()]}
+
+
+class Carray(_View):
+    """A carray rootdir: array.npy, attrs.json, meta.json, chunks/, raw/."""
+
+    format_name = "bcolz carray"
+
+    def __init__(self, path, *, writable=False, label=None, cache=None, appendable=True):
+        super().__init__(label or path, writable)
+        self.path = path
+        self.cache = cache or ChunkCache()
+        self.appendable = appendable  # (a ctable's columns grow together: not one alone)
+        self._load()
+        from ..vfs.directory import DirectorySource  # (the raw view: plain files, read-only)
+        self._add("array.npy", _NpyFile(npy_header(np.lib.format.dtype_to_descr(self.dtype),
+                                                   self.shape), self))
+        self._add("attrs.json", _json_file(lambda: self.attrs))
+        self._add("meta.json", _json_file(self.meta))
+        self._add("chunks", _ChunkDir(self))
+        self._add("raw", DirectorySource(path, recurse=False))
+
+    def _real(self, *parts):
+        return os.path.join(self.path, *parts)
+
+    def _load(self):
+        where = self.label
+        self.storage = _read_json(self._real("meta", "storage"))
+        self.sizes = _read_json(self._real("meta", "sizes"))
+        self.attrs = _read_json(self._real("__attrs__")) \
+            if os.path.lexists(self._real("__attrs__")) else {}
+        self.dtype = parse_dtype(self.storage.get("dtype"), f"{where}: meta/storage")
+        shape, chunklen = self.sizes.get("shape"), self.storage.get("chunklen")
+        if not isinstance(shape, list) or not shape or not all(map(_is_int, shape)):
+            raise FormatError(f"{where}: meta/sizes: shape {shape!r} is not a list of counts")
+        if not _is_int(chunklen, 1):
+            raise FormatError(f"{where}: meta/storage: chunklen {chunklen!r} is not a count")
+        self.shape, self.chunklen = tuple(shape), chunklen
+        self.item_bytes = self.dtype.itemsize * int(np.prod(shape[1:], dtype=object))
+        if not 0 < self.item_bytes * chunklen <= CHUNK_BYTES_MAX:
+            raise FormatError(f"{where}: chunks of {chunklen} items of {self.item_bytes} "
+                              f"bytes (ctdsfs reads chunks of 1 to {CHUNK_BYTES_MAX} bytes)")
+        self.chunk_bytes = self.item_bytes * chunklen
+        self.cparams = self._cparams()
+        try:
+            present = {int(m.group(1)) for m in map(SUPERCHUNK_NAME.match,
+                                                      os.listdir(self._real("data"))) if m}
+        except OSError as exc:
+            raise FormatError(f"{where}: data: {exc.strerror}") from None
+        needed = self.chunk_count()
+        held = sum(1 for number in present if number < needed)  # (bounded by the files)
+        if held < needed:
+            raise FormatError(f"{where}: meta/sizes says {self.shape[0]} items in {needed} "
+                              f"chunks, but {needed - held} of data/__0.blp .. "
+                              f"__{needed - 1}.blp are missing")
+        stale = len(present) - held
+        if stale:
+            self.problems.append(f"data: {stale} superchunks past the end (left by a trim)")
+        if self.sizes.get("nbytes") != self.data_bytes():
+            self.problems.append(f"meta/sizes: nbytes {self.sizes.get('nbytes')!r} is not "
+                                 f"{self.data_bytes()} (shape x itemsize)")
+        self._chunks = {}
+
+    def _cparams(self):
+        """What bcolz compresses with (checked: the values reach python-blosc on writes)."""
+        cparams = self.storage.get("cparams")
+        cparams = cparams if isinstance(cparams, dict) else {}
+        clevel, shuffle, cname = (cparams.get(k) for k in ("clevel", "shuffle", "cname"))
+        if not (_is_int(clevel) and clevel <= 9 and shuffle in (0, 1, 2)
+                and cname in blosc.compressor_list()):
+            self.problems.append(f"meta/storage: cparams {cparams!r} unusable; writes refused")
+            return None
+        return {"clevel": clevel, "shuffle": shuffle, "cname": cname}
+
+    def chunk_count(self):
+        return -(-self.shape[0] // self.chunklen)
+
+    def data_bytes(self):
+        return self.shape[0] * self.item_bytes
+
+    def _superchunk(self, number):
+        return self._real("data", f"__{number}.blp")
+
+    def _chunk(self, number, fd):
+        """The chunk of superchunk ``number`` (its 16-byte header checked)."""
+        chunk = self._chunks.get(number)
+        if chunk is None:
+            path = self._superchunk(number)
+            head = os.pread(fd, SUPERCHUNK_HEADER.size, 0)
+            room = os.fstat(fd).st_size - SUPERCHUNK_HEADER.size
+            if len(head) < SUPERCHUNK_HEADER.size:
+                raise Chunk(path, number, 0, 0, (0, 0)).fail("truncated superchunk header")
+            magic, version, count = SUPERCHUNK_HEADER.unpack(head)
+            if magic != MAGIC or count != 1:
+                raise Chunk(path, number, 0, 0, (0, 0)).fail(
+                    f"not a bcolz superchunk (magic {magic!r}, {count} chunks)")
+            held = min(self.chunklen, self.shape[0] - number * self.chunklen) * self.item_bytes
+            last = number == self.chunk_count() - 1
+            chunk = Chunk(path, number, SUPERCHUNK_HEADER.size, room,
+                          (held, self.chunk_bytes if last else held))
+            self._chunks[number] = chunk
+        return chunk
+
+    def _with_chunk(self, number, use):
+        try:
+            fd = _open_regular(self._superchunk(number))
+        except FormatError as exc:
+            raise BlockError(str(exc), str(exc)) from None
+        try:
+            return use(self._chunk(number, fd), fd)
+        finally:
+            os.close(fd)
+
+    def chunk_size(self, number):
+        """Bytes of ``chunks/N`` (what its place needs, if its header is bad)."""
+        try:
+            return self._with_chunk(number, lambda c, fd: c.read_header(fd)["nbytes"])
+        except BlockError:
+            return min(self.chunklen, self.shape[0] - number * self.chunklen) * self.item_bytes
+
+    def chunk_data(self, number):
+        key = (self.path, number)
+        data = self.cache.get(key)
+        if data is None:
+            data = self._with_chunk(number, Chunk.decompress)
+            self.cache.put(key, data)
+        return data
+
+    def read_data(self, start, end):
+        """Bytes ``start`` .. ``end`` of the items, decompressing only the chunks they touch."""
+        parts = []
+        while start < end:
+            number, within = divmod(start, self.chunk_bytes)
+            take = min(end - start, self.chunk_bytes - within)
+            parts.append(self.chunk_data(number)[within:within + take])
+            start += take
+        return b"".join(parts)
+
+    def write_data(self, start, data):
+        raise refuse(self.label, "writing is not supported yet")
+
+    def chunk_headers(self):
+        """Each chunk's Blosc header (or what is wrong with it), for meta.json and info."""
+        out = []
+        for number in range(self.chunk_count()):
+            try:
+                header = self._with_chunk(number, lambda c, fd: dict(c.read_header(fd)))
+            except BlockError as exc:
+                header = {"problem": str(exc)}
+            out.append({"superchunk": f"data/__{number}.blp", **header})
+        return out
+
+    def meta(self):
+        return {"sizes": self.sizes, "storage": self.storage,
+                "superchunk_header": {"magic": "blpk", "bytes": SUPERCHUNK_HEADER.size,
+                                      "chunks": 1},
+                "chunks": self.chunk_headers()}
+
+    def describe(self):
+        return {"container": self.label, "format": "bcolz carray",
+                "dtype": str(self.dtype), "shape": list(self.shape),
+                "chunklen": self.chunklen, "chunks": self.chunk_count(),
+                "cparams": self.storage.get("cparams"), "attrs": self.attrs,
+                "problems": list(self.problems)}
+
+    def check(self, bar=None):
+        """Every chunk decompresses to the bytes its place needs."""
+        problems = [f"{self.label}: {p}" for p in self.problems]
+        for number in range(self.chunk_count()):
+            try:
+                data = self._with_chunk(number, Chunk.decompress)
+            except BlockError as exc:
+                problems.append(str(exc))
+                continue
+            if bar is not None:
+                bar.update(len(data))
+        return problems, [f"{self.label}: {self.chunk_count()} chunks, "
+                          f"{self.shape[0]} items of {self.dtype}"]
+
+
+class Ctable(_View):
+    """A ctable rootdir: COLUMN.npy per column, table.npy, attrs.json, COLUMN/ (a carray)."""
+
+    format_name = "bcolz ctable"
+
+    def __init__(self, path, *, writable=False):
+        super().__init__(path, writable)
+        self.path = path
+        self.cache = ChunkCache()
+        names = _read_json(os.path.join(path, "__rootdirs__")).get("names")
+        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+            raise FormatError(f"{path}: __rootdirs__: names is not a list of strings")
+        attrs = os.path.join(path, "__attrs__")
+        self.attrs = _read_json(attrs) if os.path.lexists(attrs) else {}
+        self.columns = OrderedDict()
+        for name in names:
+            why = name_problem(name)
+            if why is None and not _is_dir(os.path.join(path, name)):
+                why = "no such column directory"
+            if why is None:
+                try:
+                    self.columns[name] = Carray(os.path.join(path, name), writable=writable,
+                                                label=f"{path}/{name}", cache=self.cache,
+                                                appendable=False)
+                except FormatError as exc:
+                    why = str(exc)
+            if why:
+                self.problems.append(f"column {name!r} hidden: {why}")
+                log.warning("%s: column %r hidden: %s", path, name, why)
+        for name, column in self.columns.items():
+            self._add(f"{name}.npy", column._entries["array.npy"])
+        lengths = {c.shape[0] for c in self.columns.values()}
+        if len(lengths) == 1:
+            self.length = lengths.pop()
+            self.row_dtype = np.dtype([(n, c.dtype, c.shape[1:])
+                                       for n, c in self.columns.items()])
+            self._add("table.npy", _NpyFile(npy_header(
+                np.lib.format.dtype_to_descr(self.row_dtype), (self.length,)), self))
+        elif lengths:
+            self.problems.append(f"no table.npy: the columns have different lengths "
+                                 f"{sorted(lengths)}")
+        self._add("attrs.json", _json_file(lambda: self.attrs))
+        for name, column in self.columns.items():
+            self._add(name, column)
+
+    def data_bytes(self):
+        return self.length * self.row_dtype.itemsize
+
+    def read_data(self, start, end):
+        """Rows touched, gathered column by column into one structured array."""
+        row_bytes = self.row_dtype.itemsize
+        first, last = start // row_bytes, -(-end // row_bytes)
+        rows = np.zeros(last - first, self.row_dtype)
+        for name, column in self.columns.items():
+            raw = column.read_data(first * column.item_bytes, last * column.item_bytes)
+            rows[name] = np.frombuffer(raw, column.dtype).reshape((last - first,)
+                                                                   + column.shape[1:])
+        skip = start - first * row_bytes
+        return rows.tobytes()[skip:skip + end - start]
+
+    def write_data(self, start, data):
+        raise refuse(f"{self.label}/table.npy", "write a column's COLUMN.npy instead")
+
+    def describe(self):
+        return {"container": self.label, "format": "bcolz ctable", "attrs": self.attrs,
+                "columns": [c.describe() for c in self.columns.values()],
+                "problems": list(self.problems)}
+
+    def check(self, bar=None):
+        problems = [f"{self.label}: {p}" for p in self.problems]
+        notes = []
+        for column in self.columns.values():
+            more, info = column.check(bar)
+            problems += more
+            notes += info
+        return problems, notes
+
+
+class BloscpackFile(_View):
+    """A standalone .blp file: data, header.json, chunks/N (read-only)."""
+
+    format_name = "bloscpack"
+
+    def __init__(self, path):
+        super().__init__(path)
+        self.path = path
+        self.cache = ChunkCache()
+        self.fd = _open_regular(path)
+        try:
+            self._load()
+        except BaseException:
+            os.close(self.fd)
+            raise
+        self._add("data", _NpyFile(b"", self))
+        self._add("header.json", _json_file(self.header_json))
+        self._add("chunks", _ChunkDir(self))
+
+    def _load(self):
+        size = self.file_size = os.fstat(self.fd).st_size
+        head = os.pread(self.fd, BLOSCPACK_HEADER.size, 0)
+        if len(head) < SUPERCHUNK_HEADER.size or not head.startswith(MAGIC):
+            raise FormatError(f"{self.path}: not a bloscpack file (no blpk header)")
+        _, version, count = SUPERCHUNK_HEADER.unpack(head[:SUPERCHUNK_HEADER.size])
+        self.metadata = None
+        if version == 1 and count == 1:  # one bcolz superchunk: its Blosc header says the size
+            self.header = {"format": "bcolz superchunk", "format_version": 1, "nchunks": 1}
+            chunk = Chunk(self.path, 0, SUPERCHUNK_HEADER.size, size - SUPERCHUNK_HEADER.size,
+                          (0, CHUNK_BYTES_MAX))
+            self._chunks = [chunk]
+            chunk.nbytes_range = (self._header(0)["nbytes"],) * 2
+            return
+        if len(head) < BLOSCPACK_HEADER.size:
+            raise FormatError(f"{self.path}: truncated bloscpack header")
+        (_, version, options, checksum, typesize, chunk_size, last_chunk, nchunks,
+         spare) = BLOSCPACK_HEADER.unpack(head)
+        self.header = {"format": "bloscpack", "format_version": version,
+                       "offsets": bool(options & 1), "metadata": bool(options & 2),
+                       "checksum": CHECKSUMS[checksum][0] if checksum < len(CHECKSUMS)
+                       else checksum, "typesize": typesize, "chunk_size": chunk_size,
+                       "last_chunk": last_chunk, "nchunks": nchunks, "max_app_chunks": spare}
+        why = None
+        if version != 3:
+            why = f"format version {version} (ctdsfs reads version 3)"
+        elif options & ~3 or checksum >= len(CHECKSUMS):
+            why = f"unknown options 0x{options:02x} or checksum kind {checksum}"
+        elif nchunks < 0 or spare < 0 or (nchunks + spare) * BLOSC_HEADER.size > size:
+            why = f"{nchunks} chunks (+{spare} spare) cannot fit in {size} bytes"
+        elif nchunks and not (0 < chunk_size <= CHUNK_BYTES_MAX
+                              and 0 < last_chunk <= chunk_size):
+            why = f"chunk size {chunk_size}, last chunk {last_chunk} (at most " \
+                  f"{CHUNK_BYTES_MAX} bytes each)"
+        if why:
+            raise FormatError(f"{self.path}: {why}")
+        position = BLOSCPACK_HEADER.size
+        if options & 2:
+            position = self._load_metadata(position)
+        digest_size = CHECKSUMS[checksum][1]
+        offsets = None
+        if options & 1:
+            table = os.pread(self.fd, 8 * (nchunks + spare), position)
+            if len(table) != 8 * (nchunks + spare):
+                raise FormatError(f"{self.path}: chunk offsets truncated")
+            offsets = struct.unpack(f"<{nchunks}q", table[:8 * nchunks])
+            position += len(table)
+        self.header["chunk_offsets"] = list(offsets) if offsets else None
+        self._chunks = []
+        for number in range(nchunks):
+            place = offsets[number] if offsets else position
+            if not position <= place <= size:
+                raise FormatError(f"{self.path}: chunk {number} offset {place} is outside "
+                                  f"{position} .. {size}")
+            want = last_chunk if number == nchunks - 1 else chunk_size
+            chunk = Chunk(self.path, number, place, size - place - digest_size,
+                          (want, want), checksum)
+            self._chunks.append(chunk)
+            if offsets is None:  # chunks follow one another: their headers say where
+                position = place + self._header(number)["cbytes"] + digest_size
+            else:
+                position = place + BLOSC_HEADER.size
+
+    def _load_metadata(self, position):
+        raw = os.pread(self.fd, METADATA_HEADER.size, position)
+        if len(raw) != METADATA_HEADER.size:
+            raise FormatError(f"{self.path}: metadata header truncated")
+        (fmt, options, checksum, codec, level, meta_size, max_meta_size, comp_size,
+         user_codec) = METADATA_HEADER.unpack(raw)
+        if checksum >= len(CHECKSUMS) or codec >= len(META_CODECS) or options \
+                or comp_size > max_meta_size:
+            raise FormatError(f"{self.path}: metadata header is not valid")
+        digest_size = CHECKSUMS[checksum][1]
+        stored = os.pread(self.fd, min(comp_size, JSON_BYTES_MAX), position + 32)
+        end = position + 32 + max_meta_size + digest_size
+        if end > self.file_size:
+            raise FormatError(f"{self.path}: metadata section runs past the end of the file")
+        self.metadata = {"magic_format": fmt.rstrip(b"\0").decode("latin-1"),
+                         "checksum": CHECKSUMS[checksum][0], "codec": META_CODECS[codec],
+                         "level": level, "meta_size": meta_size,
+                         "max_meta_size": max_meta_size, "meta_comp_size": comp_size,
+                         "user_codec": user_codec.rstrip(b"\0").decode("latin-1")}
+        if comp_size <= JSON_BYTES_MAX and meta_size <= JSON_BYTES_MAX:
+            try:
+                text = zlib.decompressobj().decompress(stored, meta_size) if codec else stored
+                self.metadata["value"] = json.loads(text.decode("utf-8"))
+            except (zlib.error, ValueError, RecursionError) as exc:
+                self.metadata["problem"] = f"does not decode: {exc}"
+                self.problems.append(f"metadata does not decode: {exc}")
+        return end
+
+    def _header(self, number):
+        try:
+            return self._chunks[number].read_header(self.fd)
+        except BlockError as exc:
+            raise FormatError(str(exc)) from None
+
+    def chunk_count(self):
+        return len(self._chunks)
+
+    def chunk_size(self, number):
+        return self._chunks[number].nbytes_range[1]
+
+    def chunk_data(self, number):
+        key = (self.path, number)
+        data = self.cache.get(key)
+        if data is None:
+            data = self._chunks[number].decompress(self.fd)
+            self.cache.put(key, data)
+        return data
+
+    def data_bytes(self):
+        return sum(c.nbytes_range[1] for c in self._chunks)
+
+    def read_data(self, start, end):
+        parts = []
+        for number, chunk in enumerate(self._chunks):
+            length = chunk.nbytes_range[1]
+            if start < length and end > 0:
+                parts.append(self.chunk_data(number)[max(0, start):end])
+            start, end = start - length, end - length
+            if end <= 0:
+                break
+        return b"".join(parts)
+
+    def header_json(self):
+        chunks = []
+        for chunk in self._chunks:
+            try:
+                chunks.append({"offset": chunk.offset, **chunk.read_header(self.fd)})
+            except BlockError as exc:
+                chunks.append({"offset": chunk.offset, "problem": str(exc)})
+        return {"header": self.header, "metadata": self.metadata, "file_size": self.file_size,
+                "chunks": chunks}
+
+    def describe(self):
+        return {"container": self.label, "format": "bloscpack", **self.header_json(),
+                "problems": list(self.problems)}
+
+    def check(self, bar=None):
+        problems = [f"{self.label}: {p}" for p in self.problems]
+        for chunk in self._chunks:
+            try:
+                data = chunk.decompress(self.fd)
+            except BlockError as exc:
+                problems.append(str(exc))
+                continue
+            if bar is not None:
+                bar.update(len(data))
+        return problems, [f"{self.label}: {len(self._chunks)} chunks"]
+
+    def close(self):
+        super().close()
+        os.close(self.fd)
+
+
+def _is_dir(path):
+    try:
+        return stat.S_ISDIR(os.lstat(path).st_mode)
+    except OSError:
+        return False
+
+
+def looks_like_directory(path):
+    """A carray (meta/ and data/) or a ctable (__rootdirs__) rootdir."""
+    if os.path.lexists(os.path.join(path, "__rootdirs__")):
+        return True
+    return _is_dir(os.path.join(path, "meta")) and _is_dir(os.path.join(path, "data"))
+
+
+def open_file(path, *, verify_crc=True, writable=False):
+    """A carray or ctable rootdir, or a bloscpack file (always read-only)."""
+    path = os.fspath(path)
+    if not _is_dir(path):
+        return BloscpackFile(path)
+    if os.path.lexists(os.path.join(path, "__rootdirs__")):
+        return Ctable(path, writable=writable)
+    return Carray(path, writable=writable)
