@@ -414,3 +414,127 @@ def test_info_and_check_commands(rootdirs, damaged):
     os.unlink(root / "price" / "meta" / "storage")
     done = ctdsfs("check", root)
     assert done.returncode == 1 and "price" in done.stdout and "Traceback" not in done.stderr
+
+
+# ---------------------------------------------------------------- writing (-o rw)
+
+def blosc_fields(path):
+    version, versionlz, flags, typesize, nbytes, blocksize, cbytes = struct.unpack(
+        "<BBBBIII", path.read_bytes()[16:32])
+    return flags, typesize
+
+
+def test_writes_through_mount_are_read_back_by_bcolz(damaged, mount):
+    root = damaged("float64_bitshuffle")
+    other = damaged("table")
+    flags_before = blosc_fields(root / "data" / "__0.blp")
+    expected = bcolz.open(str(root))[:]
+    m = mount(root.parent, options=["rw"])
+    top = m.mountpoint
+    array = np.load(top / root.name / "array.npy", mmap_mode="r+")
+    array[10:20] = -1.0  # inside chunk 0
+    span = slice(bcolz.open(str(root)).chunklen - 3, bcolz.open(str(root)).chunklen + 3)
+    array[span] = 42.0  # across chunks 0 and 1
+    array.flush()
+    del array
+    expected[10:20] = -1.0
+    expected[span] = 42.0
+    assert np.array_equal(bcolz.open(str(root))[:], expected)
+    assert blosc_fields(root / "data" / "__0.blp") == flags_before  # its own cparams
+    with open(top / root.name / "array.npy", "ab") as f:  # appending items, in pieces
+        extra = np.arange(3001.0) + 0.25
+        f.write(extra.tobytes()[:8001])
+        f.write(extra.tobytes()[8001:])
+    expected = np.concatenate([expected, extra])
+    assert np.array_equal(bcolz.open(str(root))[:], expected)
+    assert np.array_equal(np.load(top / root.name / "array.npy"), expected)
+    # a ctable column takes overwrites
+    price = np.load(top / "table" / "price.npy", mmap_mode="r+")
+    price[100:110] = np.arange(10) * 1000.0
+    price.flush()
+    del price
+    assert np.array_equal(bcolz.open(str(other))["price"][100:110], np.arange(10) * 1000.0)
+    # refused with EPERM and a log line: derived files, the header, shrinking, a column append
+    for path, offset, data in [(top / root.name / "chunks" / "0", 0, b"x"),
+                               (top / root.name / "meta.json", 0, b"x"),
+                               (top / root.name / "array.npy", 3, b"x"),
+                               (top / "table" / "price.npy", 10 ** 6, bytes(8))]:
+        fd = os.open(path, os.O_WRONLY)
+        try:
+            with pytest.raises(OSError) as info:
+                os.pwrite(fd, data, offset if offset < 10 ** 6 else os.fstat(fd).st_size)
+            assert info.value.errno == 1, path
+        finally:
+            os.close(fd)
+    with pytest.raises(OSError) as info:
+        os.truncate(top / root.name / "array.npy", 200)
+    assert info.value.errno == 1
+    assert m.log_text().count("refused") >= 5
+    with open(top / root.name / "array.npy", "ab") as f:
+        f.write(b"abc")  # not a whole item: refused at close
+        with pytest.raises(OSError) as info:
+            f.close()
+    assert np.array_equal(bcolz.open(str(root))[:], expected)
+
+
+def test_read_only_mount_refuses_writes(damaged, mount):
+    root = damaged("trimmed")
+    before = {p: p.read_bytes() for p in root.rglob("*") if p.is_file()}
+    m = mount(root)
+    with pytest.raises(OSError) as info:
+        with open(m.mountpoint / "array.npy", "r+b") as f:
+            f.seek(200)
+            f.write(b"12345678")
+    assert info.value.errno in (30, 13)
+    m.close()
+    assert before == {p: p.read_bytes() for p in root.rglob("*") if p.is_file()}
+
+
+def test_kill_9_during_writes_leaves_old_or_new(damaged, tmp_path):
+    """Generation k overwrites every item with k, then appends 500 items of k; a daemon
+    killed at any moment leaves bcolz reading values k or k + 1 only (each superchunk old
+    or new), and a length from before the append in flight up to after it (meta/sizes is
+    never ahead of the data: items past the data would read as garbage or fail)."""
+    from .conftest import Mount, unmount
+    import signal
+    import threading
+
+    if not os.path.exists("/dev/fuse"):
+        pytest.skip("FUSE is not available")
+    root = damaged("float64_clevel0")  # chunklen 1024, 2500 items
+    initial = bcolz.open(str(root))
+    initial[:] = 0.0
+    initial.flush()
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    rng = random.Random(9)
+    done, length = 0, 2500  # generations completed, and the length they left
+    outcomes = set()
+    for _ in range(8):
+        m = Mount(root, mnt, options=["rw"], log=tmp_path / "kill.log")
+        killer = threading.Timer(rng.uniform(0.0, 0.4), m.proc.send_signal, [signal.SIGKILL])
+        killer.start()
+        try:
+            while True:
+                k = done + 1
+                fd = os.open(mnt / "array.npy", os.O_WRONLY)
+                try:
+                    header = os.fstat(fd).st_size - length * 8
+                    for count, at in ((length, header), (500, header + length * 8)):
+                        if os.pwrite(fd, np.full(count, float(k)).tobytes(), at) < count * 8:
+                            raise OSError("short write: the daemon is gone")
+                finally:
+                    os.close(fd)
+                done, length = k, length + 500
+        except OSError:
+            pass
+        killer.join()
+        m.proc.wait(timeout=20)
+        unmount(mnt)
+        m.logfile.close()
+        values = bcolz.open(str(root))[:]
+        assert length <= len(values) <= length + 500  # (whole items of the append in flight)
+        assert set(np.unique(values)) <= {float(done), float(done + 1)}, (done, values)
+        outcomes.add((len(values) - length, bool(np.any(values == done + 1))))
+        done, length = int(values.max()), len(values)
+    assert len(outcomes) >= 2  # (kills landed at different points)

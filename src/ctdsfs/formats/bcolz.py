@@ -52,7 +52,7 @@ import blosc
 import numpy as np
 
 from ..container import Container, Usage, name_problem
-from ..errors import BlockError, CtdsfsError, FormatError, NotPermitted, ReadOnlyError
+from ..errors import BlockError, FormatError, NotPermitted, ReadOnlyError
 from .store import fsync_path
 
 log = logging.getLogger(__name__)
@@ -285,27 +285,32 @@ class _ChunkFile:
 
 
 class _NpyFile:
-    """A .npy header followed by the bytes ``source.read_data`` gives (``write`` if it takes them)."""
+    """A .npy header (``source.npy_header()``) followed by the bytes ``source.read_data``
+    gives; ``write`` if the source takes writes."""
 
-    def __init__(self, header, source):
-        self.header, self.source = header, source
+    def __init__(self, source):
+        self.source = source
 
     def size(self):
-        return len(self.header) + self.source.data_bytes()
+        return len(self.source.npy_header()) + self.source.data_bytes()
 
     def read(self, offset, size):
+        header = self.source.npy_header()
         end = min(offset + size, self.size())
-        head = self.header[offset:end]
-        start = max(offset, len(self.header))
+        start = max(offset, len(header))
         if start >= end:
-            return head
-        return head + self.source.read_data(start - len(self.header), end - len(self.header))
+            return header[offset:end]
+        return header[offset:end] + self.source.read_data(start - len(header),
+                                                          end - len(header))
 
     def write(self, offset, data):
-        skip = max(0, len(self.header) - offset)
-        if data[:skip] != self.header[offset:offset + skip]:
+        header = self.source.npy_header()
+        skip = max(0, len(header) - offset)
+        if data[:skip] != header[offset:offset + skip]:
             raise refuse(self.source.label, "the .npy header cannot be changed")
-        return skip + self.source.write_data(offset + skip - len(self.header), data[skip:])
+        if skip < len(data):
+            self.source.write_data(offset + skip - len(header), data[skip:])
+        return len(data)
 
 
 def refuse(label, why):
@@ -319,6 +324,10 @@ class _View(Container):
 
     checks_reads = True  # reads decompress
     kernel_write_cache = False
+
+    @property
+    def kernel_keeps_pages(self):
+        return not self.writable  # (an append changes the .npy header's shape)
 
     def __init__(self, label, writable=False):
         self.label = label
@@ -406,7 +415,7 @@ class _ChunkDir(_View):
     format_name = "chunks"
 
     def __init__(self, source):
-        super().__init__(f"{source.label}/chunks")
+        super().__init__(f"{source.label}/chunks", source.writable)  # (writes: EPERM)
         for number in range(source.chunk_count()):
             self._entries[str(number)] = _ChunkFile(source, number)
 
@@ -426,9 +435,9 @@ class Carray(_View):
         self.cache = cache or ChunkCache()
         self.appendable = appendable  # (a ctable's columns grow together: not one alone)
         self._load()
+        self._partial = bytearray()  # appended bytes short of a whole item
         from ..vfs.directory import DirectorySource  # (the raw view: plain files, read-only)
-        self._add("array.npy", _NpyFile(npy_header(np.lib.format.dtype_to_descr(self.dtype),
-                                                   self.shape), self))
+        self._add("array.npy", _NpyFile(self))
         self._add("attrs.json", _json_file(lambda: self.attrs))
         self._add("meta.json", _json_file(self.meta))
         self._add("chunks", _ChunkDir(self))
@@ -489,8 +498,12 @@ class Carray(_View):
     def chunk_count(self):
         return -(-self.shape[0] // self.chunklen)
 
+    def npy_header(self):
+        return npy_header(np.lib.format.dtype_to_descr(self.dtype), self.shape)
+
     def data_bytes(self):
-        return self.shape[0] * self.item_bytes
+        """The items' bytes, and appended bytes still short of a whole item."""
+        return self.shape[0] * self.item_bytes + len(getattr(self, "_partial", b""))
 
     def _superchunk(self, number):
         return self._real("data", f"__{number}.blp")
@@ -550,8 +563,83 @@ class Carray(_View):
             start += take
         return b"".join(parts)
 
+    # -- writing
+
     def write_data(self, start, data):
-        raise refuse(self.label, "writing is not supported yet")
+        """Overwrite items, or append them: bytes written at the end wait for whole items."""
+        if self.cparams is None:
+            raise refuse(self.label, "meta/storage has no usable cparams to compress with")
+        stored = self.shape[0] * self.item_bytes
+        end = start + len(data)
+        if start < stored:
+            self._overwrite(start, data[:min(end, stored) - start])
+        if end > stored:
+            if not self.appendable:
+                raise refuse(self.label, "a ctable's columns grow together (append with bcolz)")
+            at = max(start, stored)
+            if at != stored + len(self._partial):
+                raise refuse(self.label, f"appends continue at the end ({stored} bytes, "
+                                         f"{len(self._partial)} pending), not at {at}")
+            self._partial += data[at - start:]
+            whole = len(self._partial) // self.item_bytes * self.item_bytes
+            if whole:
+                self._append(bytes(self._partial[:whole]))
+                del self._partial[:whole]
+
+    def _overwrite(self, start, data):
+        """Each touched chunk recompressed and its superchunk replaced."""
+        done = 0
+        while done < len(data):
+            number, within = divmod(start + done, self.chunk_bytes)
+            old = self.chunk_data(number)
+            take = min(len(data) - done, len(old) - within)
+            if data[done:done + take] != old[within:within + take]:
+                self._store_chunk(number, old[:within] + data[done:done + take]
+                                  + old[within + take:])
+            done += take
+
+    def _append(self, items):
+        """New items: every chunk they touch first (the last partial one rewritten), then
+        meta/sizes, so a crash never leaves meta/sizes ahead of the data."""
+        length = self.shape[0]
+        first = length // self.chunklen
+        kept = self.chunk_data(first)[:(length - first * self.chunklen) * self.item_bytes] \
+            if length % self.chunklen else b""
+        joined = kept + items
+        for index in range(0, len(joined), self.chunk_bytes):
+            self._store_chunk(first + index // self.chunk_bytes,
+                              joined[index:index + self.chunk_bytes])
+        count = length + len(items) // self.item_bytes
+        sizes = dict(self.sizes, shape=[count, *self.shape[1:]],
+                     nbytes=count * self.item_bytes)
+        _replace_file(self._real("meta", "sizes"), json.dumps(sizes).encode())
+        self.sizes, self.shape = sizes, (count, *self.shape[1:])
+
+    def _typesize(self):
+        """The Blosc typesize bcolz gave the chunks (the first chunk's), else the dtype's."""
+        try:
+            return self._with_chunk(0, lambda c, fd: c.read_header(fd)["typesize"])
+        except BlockError:
+            return min(self.dtype.itemsize, blosc.MAX_TYPESIZE)
+
+    def _store_chunk(self, number, raw):
+        packed = blosc.compress(raw, typesize=self._typesize(), **self.cparams)
+        path = self._superchunk(number)
+        _replace_file(path, SUPERCHUNK_HEADER.pack(MAGIC, 1, 1) + packed)
+        self._chunks.pop(number, None)
+        self.cache.put((self.path, number), raw)
+
+    @property
+    def dirty(self):
+        return bool(self._partial)
+
+    def commit(self):
+        """Bytes of an incomplete item are dropped (and said so): bcolz stores whole items."""
+        if self._partial:
+            count, self._partial = len(self._partial), bytearray()
+            raise refuse(self.label, f"{count} appended bytes do not make a whole item "
+                                     f"of {self.item_bytes} bytes: dropped")
+        return False
 
     def chunk_headers(self):
         """Each chunk's Blosc header (or what is wrong with it), for meta.json and info."""
@@ -628,14 +716,18 @@ class Ctable(_View):
             self.length = lengths.pop()
             self.row_dtype = np.dtype([(n, c.dtype, c.shape[1:])
                                        for n, c in self.columns.items()])
-            self._add("table.npy", _NpyFile(npy_header(
-                np.lib.format.dtype_to_descr(self.row_dtype), (self.length,)), self))
+            self._header = npy_header(np.lib.format.dtype_to_descr(self.row_dtype),
+                                      (self.length,))
+            self._add("table.npy", _NpyFile(self))
         elif lengths:
             self.problems.append(f"no table.npy: the columns have different lengths "
                                  f"{sorted(lengths)}")
         self._add("attrs.json", _json_file(lambda: self.attrs))
         for name, column in self.columns.items():
             self._add(name, column)
+
+    def npy_header(self):
+        return self._header
 
     def data_bytes(self):
         return self.length * self.row_dtype.itemsize
@@ -685,7 +777,7 @@ class BloscpackFile(_View):
         except BaseException:
             os.close(self.fd)
             raise
-        self._add("data", _NpyFile(b"", self))
+        self._add("data", _NpyFile(self))
         self._add("header.json", _json_file(self.header_json))
         self._add("chunks", _ChunkDir(self))
 
@@ -789,6 +881,9 @@ class BloscpackFile(_View):
     def chunk_count(self):
         return len(self._chunks)
 
+    def npy_header(self):
+        return b""  # (``data`` is the bytes alone)
+
     def chunk_size(self, number):
         return self._chunks[number].nbytes_range[1]
 
@@ -843,6 +938,28 @@ class BloscpackFile(_View):
     def close(self):
         super().close()
         os.close(self.fd)
+
+
+def _replace_file(path, data):
+    """Replace ``path`` by a file holding ``data``, crash-consistently: a new file, fsync,
+    rename over the old one, fsync of the directory."""
+    folder, name = os.path.split(path)
+    temporary = os.path.join(folder, f".{name}.ctdsfs-new")
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
+                 | os.O_NOFOLLOW, 0o644)
+    try:
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(temporary, path)
+    except OSError:
+        os.unlink(temporary)
+        raise
+    fsync_path(folder)
 
 
 def _is_dir(path):
