@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import bcolz  # the ground truth writer and reader (PyPI bcolz-zipline)
-from ctdsfs.errors import BlockError, CtdsfsError, FormatError
+from ctdsfs.errors import BlockError, FormatError
 from ctdsfs.formats import open_container
 from ctdsfs.formats.bcolz import CHUNK_BYTES_MAX
 

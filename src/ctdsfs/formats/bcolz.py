@@ -320,7 +320,7 @@ def refuse(label, why):
 
 
 class _View(Container):
-    """A translated directory: named file objects (``size``/``read``/``write``) and subdirectories."""
+    """A translated directory: file objects (``size``, ``read``, ``write``) and subdirectories."""
 
     checks_reads = True  # reads decompress
     kernel_write_cache = False
