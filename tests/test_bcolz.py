@@ -138,6 +138,24 @@ def test_chunk_cache_is_bounded_and_reused(rootdirs):
     assert carray.chunk_data(9) is first  # (a repeated read does not decompress again)
 
 
+def test_changes_by_bcolz_are_seen(damaged):
+    """A carray bcolz changes after ctdsfs opened it: replaced superchunks are read anew
+    (the cache holds one identity per chunk), a grown meta/sizes reloads the view."""
+    root = damaged("float64_clevel0")
+    c = open_container(root)
+    whole(c, "array.npy")
+    carr = bcolz.open(str(root), mode="a")
+    for k in range(20):  # (same sizes each time: clevel 0; inodes get reused)
+        carr[5:10] = float(k)
+        carr.flush()
+        assert c.chunk_data(0)[40:48] == struct.pack("<d", k)
+    carr.append(np.arange(3000.0))
+    carr.flush()
+    assert c.reload_if_changed() and not c.reload_if_changed()
+    assert np.array_equal(npy(c, "array.npy"), bcolz.open(str(root))[:])
+    assert len(c.nested("chunks").names()) == c.chunk_count() == 6
+
+
 def test_mount_directory_of_rootdirs(rootdirs, mount):
     m = mount(rootdirs)
     top = m.mountpoint
@@ -536,5 +554,5 @@ def test_kill_9_during_writes_leaves_old_or_new(damaged, tmp_path):
         assert length <= len(values) <= length + 500  # (whole items of the append in flight)
         assert set(np.unique(values)) <= {float(done), float(done + 1)}, (done, values)
         outcomes.add((len(values) - length, bool(np.any(values == done + 1))))
-        done, length = int(values.max()), len(values)
-    assert len(outcomes) >= 2  # (kills landed at different points)
+        done, length = int(values.min()), len(values)  # (the next round redoes done + 1)
+    assert any(mixed for _, mixed in outcomes)  # (some kill landed inside a generation)

@@ -160,7 +160,11 @@ def blosc_header(raw):
 
 
 class ChunkCache:
-    """Decompressed chunks, least recently used dropped first, at most CACHE_BYTES in all."""
+    """Decompressed chunks, least recently used dropped first, at most CACHE_BYTES in all.
+
+    One entry per chunk, valid for one identity of its file (inode, mtime, size): an
+    entry of a file since replaced can never come back if the inode is reused.
+    """
 
     def __init__(self, limit=CACHE_BYTES):
         self.limit = limit
@@ -168,29 +172,23 @@ class ChunkCache:
         self._bytes = 0
         self._lock = threading.Lock()
 
-    def get(self, key):
+    def get(self, key, identity):
         with self._lock:
-            data = self._chunks.get(key)
-            if data is not None:
-                self._chunks.move_to_end(key)
-            return data
+            entry = self._chunks.get(key)
+            if entry is None or entry[0] != identity:
+                return None
+            self._chunks.move_to_end(key)
+            return entry[1]
 
-    def put(self, key, data):
+    def put(self, key, identity, data):
         with self._lock:
-            self._drop(key)
-            self._chunks[key] = data
+            old = self._chunks.pop(key, None)
+            if old is not None:
+                self._bytes -= len(old[1])
+            self._chunks[key] = (identity, data)
             self._bytes += len(data)
             while self._bytes > self.limit and len(self._chunks) > 1:
-                self._bytes -= len(self._chunks.popitem(last=False)[1])
-
-    def drop(self, key):
-        with self._lock:
-            self._drop(key)
-
-    def _drop(self, key):
-        old = self._chunks.pop(key, None)
-        if old is not None:
-            self._bytes -= len(old)
+                self._bytes -= len(self._chunks.popitem(last=False)[1][1])
 
 
 class Chunk:
@@ -416,8 +414,16 @@ class _ChunkDir(_View):
 
     def __init__(self, source):
         super().__init__(f"{source.label}/chunks", source.writable)  # (writes: EPERM)
-        for number in range(source.chunk_count()):
-            self._entries[str(number)] = _ChunkFile(source, number)
+        self.source = source
+
+    def names(self):
+        return [str(number) for number in range(self.source.chunk_count())]
+
+    def _entry(self, key):
+        if not (isinstance(key, str) and key.isdigit() and key == str(int(key))
+                and int(key) < self.source.chunk_count()):
+            raise FileNotFoundError(key)
+        return _ChunkFile(self.source, int(key))
 
     def describe(self):
         return {"container": self.label, "format": self.format_name, "files": [
@@ -448,6 +454,10 @@ class Carray(_View):
 
     def _load(self):
         where = self.label
+        for folder in ("meta", "data"):
+            if not _is_dir(self._real(folder)):
+                raise FormatError(f"{where}: {folder} is not a directory")
+        self._sizes_identity = _identity(os.lstat(self._real("meta", "sizes")))
         self.storage = _read_json(self._real("meta", "storage"))
         self.sizes = _read_json(self._real("meta", "sizes"))
         self.attrs = _read_json(self._real("__attrs__")) \
@@ -508,13 +518,14 @@ class Carray(_View):
     def _superchunk(self, number):
         return self._real("data", f"__{number}.blp")
 
-    def _chunk(self, number, fd):
-        """The chunk of superchunk ``number`` (its 16-byte header checked)."""
-        chunk = self._chunks.get(number)
-        if chunk is None:
+    def _chunk(self, number, fd, identity):
+        """The chunk of superchunk ``number`` (its 16-byte header checked), kept while the
+        file is the same (``identity``: inode, mtime, size)."""
+        known, chunk = self._chunks.get(number, (None, None))
+        if known != identity:
             path = self._superchunk(number)
             head = os.pread(fd, SUPERCHUNK_HEADER.size, 0)
-            room = os.fstat(fd).st_size - SUPERCHUNK_HEADER.size
+            room = identity[2] - SUPERCHUNK_HEADER.size
             if len(head) < SUPERCHUNK_HEADER.size:
                 raise Chunk(path, number, 0, 0, (0, 0)).fail("truncated superchunk header")
             magic, version, count = SUPERCHUNK_HEADER.unpack(head)
@@ -525,33 +536,37 @@ class Carray(_View):
             last = number == self.chunk_count() - 1
             chunk = Chunk(path, number, SUPERCHUNK_HEADER.size, room,
                           (held, self.chunk_bytes if last else held))
-            self._chunks[number] = chunk
+            self._chunks[number] = (identity, chunk)
         return chunk
 
     def _with_chunk(self, number, use):
+        """``use(chunk, fd, identity)`` with superchunk ``number`` open (links not followed)."""
         try:
             fd = _open_regular(self._superchunk(number))
         except FormatError as exc:
             raise BlockError(str(exc), str(exc)) from None
         try:
-            return use(self._chunk(number, fd), fd)
+            identity = _identity(os.fstat(fd))
+            return use(self._chunk(number, fd, identity), fd, identity)
         finally:
             os.close(fd)
 
     def chunk_size(self, number):
         """Bytes of ``chunks/N`` (what its place needs, if its header is bad)."""
         try:
-            return self._with_chunk(number, lambda c, fd: c.read_header(fd)["nbytes"])
+            return self._with_chunk(number, lambda c, fd, _: c.read_header(fd)["nbytes"])
         except BlockError:
             return min(self.chunklen, self.shape[0] - number * self.chunklen) * self.item_bytes
 
     def chunk_data(self, number):
-        key = (self.path, number)
-        data = self.cache.get(key)
-        if data is None:
-            data = self._with_chunk(number, Chunk.decompress)
-            self.cache.put(key, data)
-        return data
+        """Chunk ``number`` decompressed, from the cache while its file is unchanged."""
+        def load(chunk, fd, identity):
+            data = self.cache.get((self.path, number), identity)
+            if data is None:
+                data = chunk.decompress(fd)
+                self.cache.put((self.path, number), identity, data)
+            return data
+        return self._with_chunk(number, load)
 
     def read_data(self, start, end):
         """Bytes ``start`` .. ``end`` of the items, decompressing only the chunks they touch."""
@@ -614,11 +629,12 @@ class Carray(_View):
                      nbytes=count * self.item_bytes)
         _replace_file(self._real("meta", "sizes"), json.dumps(sizes).encode())
         self.sizes, self.shape = sizes, (count, *self.shape[1:])
+        self._sizes_identity = _identity(os.lstat(self._real("meta", "sizes")))
 
     def _typesize(self):
         """The Blosc typesize bcolz gave the chunks (the first chunk's), else the dtype's."""
         try:
-            return self._with_chunk(0, lambda c, fd: c.read_header(fd)["typesize"])
+            return self._with_chunk(0, lambda c, fd, _: c.read_header(fd)["typesize"])
         except BlockError:
             return min(self.dtype.itemsize, blosc.MAX_TYPESIZE)
 
@@ -626,8 +642,25 @@ class Carray(_View):
         packed = blosc.compress(raw, typesize=self._typesize(), **self.cparams)
         path = self._superchunk(number)
         _replace_file(path, SUPERCHUNK_HEADER.pack(MAGIC, 1, 1) + packed)
-        self._chunks.pop(number, None)
-        self.cache.put((self.path, number), raw)
+        self.cache.put((self.path, number), _identity(os.lstat(path)), raw)
+
+    def reload_if_changed(self):
+        """Re-read meta/ if another process (bcolz) changed meta/sizes; True if it did.
+        If it cannot be read now (bcolz mid-write), the view stays as it was."""
+        with self._lock:
+            try:
+                same = _identity(os.lstat(self._real("meta", "sizes"))) == self._sizes_identity
+            except OSError:
+                same = True  # (gone for a moment: bcolz replaces it)
+            if same or self._partial:
+                return False
+            before = dict(self.__dict__)
+            try:
+                self._load()
+            except FormatError:
+                self.__dict__.update(before)
+                raise
+            return True
 
     @property
     def dirty(self):
@@ -646,7 +679,7 @@ class Carray(_View):
         out = []
         for number in range(self.chunk_count()):
             try:
-                header = self._with_chunk(number, lambda c, fd: dict(c.read_header(fd)))
+                header = self._with_chunk(number, lambda c, fd, _: dict(c.read_header(fd)))
             except BlockError as exc:
                 header = {"problem": str(exc)}
             out.append({"superchunk": f"data/__{number}.blp", **header})
@@ -670,7 +703,7 @@ class Carray(_View):
         problems = [f"{self.label}: {p}" for p in self.problems]
         for number in range(self.chunk_count()):
             try:
-                data = self._with_chunk(number, Chunk.decompress)
+                data = self._with_chunk(number, lambda c, fd, _: c.decompress(fd))
             except BlockError as exc:
                 problems.append(str(exc))
                 continue
@@ -888,11 +921,10 @@ class BloscpackFile(_View):
         return self._chunks[number].nbytes_range[1]
 
     def chunk_data(self, number):
-        key = (self.path, number)
-        data = self.cache.get(key)
+        data = self.cache.get(number, None)
         if data is None:
             data = self._chunks[number].decompress(self.fd)
-            self.cache.put(key, data)
+            self.cache.put(number, None, data)  # (the file is open: it cannot be replaced)
         return data
 
     def data_bytes(self):
@@ -938,6 +970,11 @@ class BloscpackFile(_View):
     def close(self):
         super().close()
         os.close(self.fd)
+
+
+def _identity(st):
+    """What tells a file's content changed: inode (files are replaced), mtime, size."""
+    return st.st_ino, st.st_mtime_ns, st.st_size
 
 
 def _replace_file(path, data):
