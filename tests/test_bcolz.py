@@ -77,6 +77,7 @@ def rootdirs(tmp_path_factory):
     table.attrs["calendar"] = "NYSE"
     table.flush()
     shutil.copy(base / "partial_last" / "data" / "__3.blp", base / "one.blp")
+    (base / "fake.blp").write_bytes(b"not a bloscpack file")
     return base
 
 
@@ -176,6 +177,7 @@ def test_mount_directory_of_rootdirs(rootdirs, mount):
     expected = bcolz.open(str(rootdirs / "partial_last"))[3000:4000]
     assert sorted(os.listdir(top / "one.blp")) == ["chunks", "data", "header.json"]
     assert (top / "one.blp" / "data").read_bytes() == expected.tobytes()
+    assert (top / "fake.blp").read_bytes() == b"not a bloscpack file"  # (by content)
 
 
 # ---------------------------------------------------------------- standalone bloscpack files
@@ -377,11 +379,14 @@ def test_damaged_column_through_mount_is_eio_and_one_log_line(damaged, mount):
     assert before == {p: p.read_bytes() for p in root.rglob("*") if p.is_file()}
 
 
-def test_fuzz_flipped_bytes_never_crash(damaged):
-    """Random bytes flipped in real superchunks and meta files: each read gives the
-    right bytes, a BlockError, or (at open) a FormatError, never anything else."""
+def test_fuzz_flipped_bytes_never_crash(damaged, tmp_path):
+    """Random bytes flipped in real superchunks, meta files and a bloscpack file (with
+    metadata and checksums): reads give bytes or a BlockError, opening may give a
+    FormatError, never anything else (no crash, no hang, no huge allocation)."""
     rng = random.Random(13)
     root = damaged("float32_lz4hc")
+    bloscpack_file(root / "extra.blp", np.arange(5000.0).tobytes(), chunk_size=8192,
+                   checksum=2, metadata={"dtype": "<f8"})
     files = sorted(p for p in root.rglob("*") if p.is_file())
     originals = {p: p.read_bytes() for p in files}
     for _ in range(300):
@@ -392,16 +397,19 @@ def test_fuzz_flipped_bytes_never_crash(damaged):
                 else rng.randrange(len(raw))
             raw[where] ^= 1 << rng.randrange(8)
         victim.write_bytes(bytes(raw))
-        try:
-            c = open_container(root)
-            for name in ("array.npy", "meta.json", "attrs.json"):
-                try:
-                    whole(c, name)
-                except BlockError:
-                    pass
-            c.check()
-        except FormatError:
-            pass
+        for path, names in ((root, ("array.npy", "meta.json", "attrs.json")),
+                            (root / "extra.blp", ("data", "header.json"))):
+            try:
+                c = open_container(path)
+                for name in names:
+                    try:
+                        whole(c, name)
+                    except BlockError:
+                        pass
+                c.check()
+                c.close()
+            except FormatError:
+                pass
         victim.write_bytes(originals[victim])
 
 
@@ -484,9 +492,10 @@ def test_writes_through_mount_are_read_back_by_bcolz(damaged, mount):
             assert info.value.errno == 1, path
         finally:
             os.close(fd)
-    with pytest.raises(OSError) as info:
-        os.truncate(top / root.name / "array.npy", 200)
-    assert info.value.errno == 1
+    for size in (200, 10 ** 12):  # shrinking, and growing other than by writing items
+        with pytest.raises(OSError) as info:
+            os.truncate(top / root.name / "array.npy", size)
+        assert info.value.errno == 1
     assert m.log_text().count("refused") >= 5
     with open(top / root.name / "array.npy", "ab") as f:
         f.write(b"abc")  # not a whole item: refused at close

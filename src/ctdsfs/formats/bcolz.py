@@ -384,10 +384,9 @@ class _View(Container):
     def truncate(self, key, size):
         with self._lock:
             entry = self._writable_entry(key)
-            if size < entry.size():
-                raise refuse(f"{self.label}/{key}", "shrinking is not supported")
-            if size > entry.size():
-                entry.write(entry.size(), bytes(size - entry.size()))
+            if size != entry.size():
+                raise refuse(f"{self.label}/{key}", "its size changes only by writing whole "
+                                                    "items at its end")
 
     def create(self, name, *args):
         raise refuse(self.label, f"cannot add, remove or rename entries ({name!r})")
@@ -898,7 +897,8 @@ class BloscpackFile(_View):
                          "user_codec": user_codec.rstrip(b"\0").decode("latin-1")}
         if comp_size <= JSON_BYTES_MAX and meta_size <= JSON_BYTES_MAX:
             try:
-                text = zlib.decompressobj().decompress(stored, meta_size) if codec else stored
+                text = zlib.decompressobj().decompress(stored, max(1, meta_size)) \
+                    if codec else stored  # (max_length 0 would mean no limit)
                 self.metadata["value"] = json.loads(text.decode("utf-8"))
             except (zlib.error, ValueError, RecursionError) as exc:
                 self.metadata["problem"] = f"does not decode: {exc}"
