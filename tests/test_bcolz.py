@@ -474,6 +474,10 @@ def test_writes_through_mount_are_read_back_by_bcolz(damaged, mount):
     expected = np.concatenate([expected, extra])
     assert np.array_equal(bcolz.open(str(root))[:], expected)
     assert np.array_equal(np.load(top / root.name / "array.npy"), expected)
+    meta = json.loads((top / root.name / "meta.json").read_text())
+    assert meta["sizes"]["shape"] == [len(expected)] == [json.loads(
+        (root / "meta" / "sizes").read_text())["shape"][0]]
+    assert len(meta["chunks"]) == len(os.listdir(top / root.name / "chunks"))
     # a ctable column takes overwrites
     price = np.load(top / "table" / "price.npy", mmap_mode="r+")
     price[100:110] = np.arange(10) * 1000.0

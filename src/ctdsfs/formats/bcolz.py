@@ -111,13 +111,14 @@ def _read_small(path, limit=JSON_BYTES_MAX):
         os.close(fd)
 
 
-def _read_json(path, kind=dict):
+def _read_json(path):
+    """The JSON object in ``path`` (small, a regular file)."""
     try:
         value = json.loads(_read_small(path).decode("utf-8"))
     except (ValueError, RecursionError) as exc:
         raise FormatError(f"{path}: not JSON ({exc})") from None
-    if not isinstance(value, kind):
-        raise FormatError(f"{path}: not a JSON {kind.__name__}")
+    if not isinstance(value, dict):
+        raise FormatError(f"{path}: not a JSON object")
     return value
 
 
@@ -129,7 +130,7 @@ def parse_dtype(text, where):
     """A plain NumPy dtype (numbers, bool, bytes, str, dates) from an untrusted string."""
     try:
         dtype = np.dtype(text) if isinstance(text, str) else None
-    except (TypeError, ValueError, SyntaxError):
+    except (TypeError, ValueError, SyntaxError, RecursionError):
         dtype = None
     if dtype is None or dtype.fields or dtype.subdtype or dtype.kind not in "biufcSUMm" \
             or not 0 < dtype.itemsize <= 1 << 20:
@@ -247,16 +248,18 @@ class Chunk:
 # ---------------------------------------------------------------- views
 
 class _Bytes:
-    """A read-only file whose bytes are made on first use (``make()``)."""
+    """A read-only file whose bytes ``make()`` makes on first use, and again once
+    ``version()`` (what they derive from) has changed."""
 
-    def __init__(self, make):
-        self._make = make
-        self._data = None
+    def __init__(self, make, version=lambda: 0):
+        self._make, self._version = make, version
+        self._made = (None, None)
 
     def data(self):
-        if self._data is None:
-            self._data = self._make()
-        return self._data
+        version = self._version()
+        if self._made[0] != version or self._made[1] is None:
+            self._made = (version, self._make())
+        return self._made[1]
 
     def size(self):
         return len(self.data())
@@ -265,8 +268,8 @@ class _Bytes:
         return self.data()[offset:offset + size]
 
 
-def _json_file(make):
-    return _Bytes(lambda: (json.dumps(make(), indent=2) + "\n").encode())
+def _json_file(make, version=lambda: 0):
+    return _Bytes(lambda: (json.dumps(make(), indent=2) + "\n").encode(), version)
 
 
 class _ChunkFile:
@@ -439,12 +442,13 @@ class Carray(_View):
         self.path = path
         self.cache = cache or ChunkCache()
         self.appendable = appendable  # (a ctable's columns grow together: not one alone)
-        self._load()
         self._partial = bytearray()  # appended bytes short of a whole item
-        from ..vfs.directory import DirectorySource  # (the raw view: plain files, read-only)
+        self.version = 0  # counts reloads and stored chunks (meta.json follows it)
+        self._load()
+        from ..vfs.directory import DirectorySource  # (formats do not import the VFS at load)
         self._add("array.npy", _NpyFile(self))
-        self._add("attrs.json", _json_file(lambda: self.attrs))
-        self._add("meta.json", _json_file(self.meta))
+        self._add("attrs.json", _json_file(lambda: self.attrs, lambda: self.version))
+        self._add("meta.json", _json_file(self.meta, lambda: self.version))
         self._add("chunks", _ChunkDir(self))
         self._add("raw", DirectorySource(path, recurse=False))
 
@@ -456,7 +460,11 @@ class Carray(_View):
         for folder in ("meta", "data"):
             if not _is_dir(self._real(folder)):
                 raise FormatError(f"{where}: {folder} is not a directory")
-        self._sizes_identity = _identity(os.lstat(self._real("meta", "sizes")))
+        try:
+            self._sizes_identity = _identity(os.lstat(self._real("meta", "sizes")))
+        except OSError as exc:
+            raise FormatError(f"{where}: meta/sizes: {exc.strerror}") from None
+        self.version += 1
         self.storage = _read_json(self._real("meta", "storage"))
         self.sizes = _read_json(self._real("meta", "sizes"))
         self.attrs = _read_json(self._real("__attrs__")) \
@@ -512,7 +520,7 @@ class Carray(_View):
 
     def data_bytes(self):
         """The items' bytes, and appended bytes still short of a whole item."""
-        return self.shape[0] * self.item_bytes + len(getattr(self, "_partial", b""))
+        return self.shape[0] * self.item_bytes + len(self._partial)
 
     def _superchunk(self, number):
         return self._real("data", f"__{number}.blp")
@@ -642,6 +650,7 @@ class Carray(_View):
         path = self._superchunk(number)
         _replace_file(path, SUPERCHUNK_HEADER.pack(MAGIC, 1, 1) + packed)
         self.cache.put((self.path, number), _identity(os.lstat(path)), raw)
+        self.version += 1
 
     def reload_if_changed(self):
         """Re-read meta/ if another process (bcolz) changed meta/sizes; True if it did.
