@@ -589,3 +589,18 @@ def test_kill_9_during_writes_leaves_old_or_new(damaged, tmp_path):
         outcomes.add((len(values) - length, bool(np.any(values == done + 1))))
         done, length = int(values.min()), len(values)  # (the next round redoes done + 1)
     assert any(mixed for _, mixed in outcomes)  # (some kill landed inside a generation)
+
+
+def test_ctable_hostile_column_list(damaged):
+    root = damaged("table")
+    rootdirs = json.loads((root / "__rootdirs__").read_text())
+    names = rootdirs["names"]
+    rootdirs["names"] = names[:3] + [names[0], "../table", "", "missing"]
+    (root / "__rootdirs__").write_text(json.dumps(rootdirs))
+    c = open_container(root)
+    assert c.names() == [f"{n}.npy" for n in names[:3]] + ["table.npy", "attrs.json"] + \
+        names[:3]
+    assert len(c.problems) == 4
+    table = npy(c, "table.npy")  # (bcolz itself does not open this ctable)
+    for name in names[:3]:
+        assert np.array_equal(table[name], bcolz.open(str(root / name))[:])

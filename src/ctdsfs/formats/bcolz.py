@@ -737,7 +737,7 @@ class Ctable(_View):
         self.attrs = _read_json(attrs) if os.path.lexists(attrs) else {}
         self.columns = OrderedDict()
         for name in names:
-            why = name_problem(name)
+            why = name_problem(name) or ("listed twice" if name in self.columns else None)
             if why is None and not _is_dir(os.path.join(path, name)):
                 why = "no such column directory"
             if why is None:
@@ -753,25 +753,34 @@ class Ctable(_View):
         for name, column in self.columns.items():
             self._add(f"{name}.npy", column._entries["array.npy"])
         lengths = {c.shape[0] for c in self.columns.values()}
-        if len(lengths) == 1:
-            self.length = lengths.pop()
+        try:
             self.row_dtype = np.dtype([(n, c.dtype, c.shape[1:])
                                        for n, c in self.columns.items()])
-            self._header = npy_header(np.lib.format.dtype_to_descr(self.row_dtype),
-                                      (self.length,))
+        except (TypeError, ValueError) as exc:  # (names NumPy does not take as fields)
+            lengths = {f"no record type ({exc})"}
+        if len(lengths) == 1 and self.columns:
             self._add("table.npy", _NpyFile(self))
         elif lengths:
             self.problems.append(f"no table.npy: the columns have different lengths "
-                                 f"{sorted(lengths)}")
+                                 f"{sorted(map(str, lengths))}")
         self._add("attrs.json", _json_file(lambda: self.attrs))
         for name, column in self.columns.items():
             self._add(name, column)
 
+    def rows(self):
+        """The rows every column holds (bcolz may have grown the columns since opening)."""
+        return min(c.shape[0] for c in self.columns.values())
+
     def npy_header(self):
-        return self._header
+        return npy_header(np.lib.format.dtype_to_descr(self.row_dtype), (self.rows(),))
 
     def data_bytes(self):
-        return self.length * self.row_dtype.itemsize
+        return self.rows() * self.row_dtype.itemsize
+
+    def reload_if_changed(self):
+        """Each column re-reads its meta/ if bcolz changed it; True if any did."""
+        with self._lock:
+            return any([c.reload_if_changed() for c in self.columns.values()])
 
     def read_data(self, start, end):
         """Rows touched, gathered column by column into one structured array."""
