@@ -604,3 +604,15 @@ def test_ctable_hostile_column_list(damaged):
     table = npy(c, "table.npy")  # (bcolz itself does not open this ctable)
     for name in names[:3]:
         assert np.array_equal(table[name], bcolz.open(str(root / name))[:])
+
+
+def test_ctable_grown_by_bcolz_is_reloaded(damaged):
+    root = damaged("table")
+    c = open_container(root)
+    assert not c.reload_if_changed()
+    t = bcolz.open(str(root), mode="a")
+    t.append([np.arange(5)] * 9 + [np.arange(5.0), np.array([b"x"] * 5), np.ones(5, bool)])
+    t.flush()
+    assert c.reload_if_changed()
+    assert np.array_equal(npy(c, "table.npy"), bcolz.open(str(root))[:])
+    assert np.array_equal(npy(c, "price.npy"), bcolz.open(str(root))["price"][:])
