@@ -248,7 +248,8 @@ def bloscpack_file(path, data, *, chunk_size, checksum=0, offsets=True, metadata
 def test_standalone_bloscpack(tmp_path, checksum, offsets, metadata):
     data = np.arange(10007.0).tobytes()
     path = bloscpack_file(tmp_path / "x.blp", data, chunk_size=16384, checksum=checksum,
-                          offsets=offsets, metadata=metadata, spare=3 if offsets else 0)
+                          offsets=offsets, metadata=metadata,
+                          spare=50 if offsets else 0)  # (bloscpack's default: 10 x nchunks)
     c = open_container(path)
     assert whole(c, "data") == data
     assert c.read("data", 16380, 10) == data[16380:16390]
@@ -616,3 +617,11 @@ def test_ctable_grown_by_bcolz_is_reloaded(damaged):
     assert c.reload_if_changed()
     assert np.array_equal(npy(c, "table.npy"), bcolz.open(str(root))[:])
     assert np.array_equal(npy(c, "price.npy"), bcolz.open(str(root))["price"][:])
+
+
+def test_bloscpack_spare_offsets_need_no_chunk_room(tmp_path):
+    """bloscpack reserves offsets for 10 x nchunks appended chunks by default: a small,
+    well-compressed file has fewer bytes than 16 per reserved chunk, and is valid."""
+    path = bloscpack_file(tmp_path / "z.blp", bytes(5 * 16384), chunk_size=16384, spare=200)
+    assert path.stat().st_size < 205 * 16
+    assert whole(open_container(path), "data") == bytes(5 * 16384)

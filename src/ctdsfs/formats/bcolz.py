@@ -859,8 +859,9 @@ class BloscpackFile(_View):
             why = f"format version {version} (ctdsfs reads version 3)"
         elif options & ~3 or checksum >= len(CHECKSUMS):
             why = f"unknown options 0x{options:02x} or checksum kind {checksum}"
-        elif nchunks < 0 or spare < 0 or (nchunks + spare) * BLOSC_HEADER.size > size:
-            why = f"{nchunks} chunks (+{spare} spare) cannot fit in {size} bytes"
+        elif nchunks < 0 or spare < 0 or nchunks * BLOSC_HEADER.size + (
+                8 * (nchunks + spare) if options & 1 else 0) > size:
+            why = f"{nchunks} chunks (offsets for {spare} more) cannot fit in {size} bytes"
         elif nchunks and not (0 < chunk_size <= CHUNK_BYTES_MAX
                               and 0 < last_chunk <= chunk_size):
             why = f"chunk size {chunk_size}, last chunk {last_chunk} (at most " \
