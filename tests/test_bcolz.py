@@ -226,9 +226,9 @@ def bloscpack_file(path, data, *, chunk_size, checksum=0, offsets=True, metadata
     if metadata is not None:
         text = json.dumps(metadata).encode()
         packed = zlib.compress(text)
-        out += struct.pack("<8sBBBBIII8s", b"JSON", 0, 0, 1, 6, len(text), len(packed) + 10,
-                           len(packed), b"")
-        out += packed + bytes(10)
+        out += struct.pack("<8sBBBBIII8s", b"JSON", 0, 1, 1, 6, len(text), len(packed) + 10,
+                           len(packed), b"")  # (adler32 of the stored bytes, zlib)
+        out += packed + bytes(10) + struct.pack("<I", zlib.adler32(packed))
     table_at = len(out)
     if offsets:
         out += bytes(8 * (len(chunks) + spare))
@@ -260,6 +260,13 @@ def test_standalone_bloscpack(tmp_path, checksum, offsets, metadata):
     assert [whole(chunks, n) for n in chunks.names()] == [
         data[i:i + 16384] for i in range(0, len(data), 16384)]
     assert c.check() == ([], [f"{path}: 5 chunks"])
+    if metadata is not None:  # a damaged metadata section is a problem, not a refusal
+        raw = bytearray(path.read_bytes())
+        raw[64 + 3] ^= 1
+        path.write_bytes(bytes(raw))
+        c = open_container(path)
+        assert whole(c, "data") == data
+        assert c.check()[0] == [f"{path}: metadata adler32 checksum mismatch"]
 
 
 def test_bloscpack_checksum_mismatch_is_eio_for_that_chunk(tmp_path):

@@ -914,14 +914,22 @@ class BloscpackFile(_View):
                          "level": level, "meta_size": meta_size,
                          "max_meta_size": max_meta_size, "meta_comp_size": comp_size,
                          "user_codec": user_codec.rstrip(b"\0").decode("latin-1")}
-        if comp_size <= JSON_BYTES_MAX and meta_size <= JSON_BYTES_MAX:
+        problem = None
+        if comp_size > JSON_BYTES_MAX or meta_size > JSON_BYTES_MAX:
+            problem = f"over {JSON_BYTES_MAX} bytes: not read"
+        elif digest_size and CHECKSUMS[checksum][2](stored) != os.pread(
+                self.fd, digest_size, position + 32 + max_meta_size):
+            problem = f"{CHECKSUMS[checksum][0]} checksum mismatch"
+        else:
             try:
                 text = zlib.decompressobj().decompress(stored, max(1, meta_size)) \
                     if codec else stored  # (max_length 0 would mean no limit)
                 self.metadata["value"] = json.loads(text.decode("utf-8"))
             except (zlib.error, ValueError, RecursionError) as exc:
-                self.metadata["problem"] = f"does not decode: {exc}"
-                self.problems.append(f"metadata does not decode: {exc}")
+                problem = f"does not decode: {exc}"
+        if problem:
+            self.metadata["problem"] = problem
+            self.problems.append(f"metadata {problem}")
         return end
 
     def _header(self, number):
