@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import bcolz  # the ground truth writer and reader (PyPI bcolz-zipline)
-from ctdsfs.errors import BlockError, FormatError
+from ctdsfs.errors import BlockError, CtdsfsError, FormatError
 from ctdsfs.formats import open_container
 from ctdsfs.formats.bcolz import CHUNK_BYTES_MAX
 
@@ -632,3 +632,14 @@ def test_bloscpack_spare_offsets_need_no_chunk_room(tmp_path):
     path = bloscpack_file(tmp_path / "z.blp", bytes(5 * 16384), chunk_size=16384, spare=200)
     assert path.stat().st_size < 205 * 16
     assert whole(open_container(path), "data") == bytes(5 * 16384)
+
+
+@pytest.mark.parametrize("name", ["trimmed", "table"])
+def test_second_writer_is_refused(damaged, name):
+    root = damaged(name)
+    first = open_container(root, writable=True)
+    with pytest.raises(CtdsfsError, match="another writer holds"):
+        open_container(root, writable=True)
+    open_container(root).close()  # (readers are welcome)
+    first.close()
+    open_container(root, writable=True).close()

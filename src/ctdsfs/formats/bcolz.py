@@ -52,8 +52,8 @@ import blosc
 import numpy as np
 
 from ..container import Container, Usage, name_problem
-from ..errors import BlockError, FormatError, NotPermitted, ReadOnlyError
-from .store import fsync_path
+from ..errors import BlockError, CtdsfsError, FormatError, NotPermitted, ReadOnlyError
+from .store import fsync_path, lock_for_writing
 
 log = logging.getLogger(__name__)
 
@@ -338,6 +338,18 @@ class _View(Container):
         self._lock = threading.RLock()
         self._nested = {}
         self._entries = OrderedDict()  # name -> file object or Container
+        self._writer_lock = None  # a descriptor of the rootdir, flocked while writable
+
+    def _lock_rootdir(self, path):
+        """A second writer (another read-write mount) gets a clear error, not a race."""
+        if self.writable:
+            self._writer_lock = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+                                        | os.O_NOFOLLOW)
+            try:
+                lock_for_writing(self._writer_lock, path)
+            except CtdsfsError:
+                self.close()
+                raise
 
     def _add(self, name, entry):
         why = name_problem(name) or ("a second entry of that name" if name in self._entries
@@ -407,6 +419,9 @@ class _View(Container):
         for entry in self._entries.values():
             if isinstance(entry, Container):
                 entry.close()
+        if self._writer_lock is not None:
+            os.close(self._writer_lock)
+            self._writer_lock = None
 
 
 class _ChunkDir(_View):
@@ -437,11 +452,11 @@ class Carray(_View):
 
     format_name = "bcolz carray"
 
-    def __init__(self, path, *, writable=False, label=None, cache=None, appendable=True):
+    def __init__(self, path, *, writable=False, label=None, cache=None, column=False):
         super().__init__(label or path, writable)
         self.path = path
         self.cache = cache or ChunkCache()
-        self.appendable = appendable  # (a ctable's columns grow together: not one alone)
+        self.appendable = not column  # (a ctable's columns grow together: not one alone)
         self._partial = bytearray()  # appended bytes short of a whole item
         self.version = 0  # counts reloads and stored chunks (meta.json follows it)
         self._load()
@@ -451,6 +466,8 @@ class Carray(_View):
         self._add("meta.json", _json_file(self.meta, lambda: self.version))
         self._add("chunks", _ChunkDir(self))
         self._add("raw", DirectorySource(path, recurse=False))
+        if not column:  # (a ctable locks its own rootdir)
+            self._lock_rootdir(path)
 
     def _real(self, *parts):
         return os.path.join(self.path, *parts)
@@ -744,7 +761,7 @@ class Ctable(_View):
                 try:
                     self.columns[name] = Carray(os.path.join(path, name), writable=writable,
                                                 label=f"{path}/{name}", cache=self.cache,
-                                                appendable=False)
+                                                column=True)
                 except FormatError as exc:
                     why = str(exc)
             if why:
@@ -766,6 +783,7 @@ class Ctable(_View):
         self._add("attrs.json", _json_file(lambda: self.attrs))
         for name, column in self.columns.items():
             self._add(name, column)
+        self._lock_rootdir(path)
 
     def rows(self):
         """The rows every column holds (bcolz may have grown the columns since opening)."""
