@@ -474,6 +474,7 @@ class Carray(_View):
 
     def _load(self):
         where = self.label
+        self.problems = []
         for folder in ("meta", "data"):
             if not _is_dir(self._real(folder)):
                 raise FormatError(f"{where}: {folder} is not a directory")
@@ -510,9 +511,7 @@ class Carray(_View):
             raise FormatError(f"{where}: meta/sizes says {self.shape[0]} items in {needed} "
                               f"chunks, but {needed - held} of data/__0.blp .. "
                               f"__{needed - 1}.blp are missing")
-        stale = len(present) - held
-        if stale:
-            self.problems.append(f"data: {stale} superchunks past the end (left by a trim)")
+        self.stale = len(present) - held  # superchunks past the end, as a trim leaves them
         if self.sizes.get("nbytes") != self.data_bytes():
             self.problems.append(f"meta/sizes: nbytes {self.sizes.get('nbytes')!r} is not "
                                  f"{self.data_bytes()} (shape x itemsize)")
@@ -734,8 +733,9 @@ class Carray(_View):
                 continue
             if bar is not None:
                 bar.update(len(data))
+        stale = f", {self.stale} superchunks past the end (left by a trim)" if self.stale else ""
         return problems, [f"{self.label}: {self.chunk_count()} chunks, "
-                          f"{self.shape[0]} items of {self.dtype}"]
+                          f"{self.shape[0]} items of {self.dtype}{stale}"]
 
 
 class Ctable(_View):
