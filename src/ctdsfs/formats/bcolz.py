@@ -25,8 +25,8 @@ Everything read is untrusted: JSON files are small or refused, every needed
 superchunk must exist before anything is shown (so no loop runs longer than
 the files present), and a chunk's Blosc header must promise exactly the bytes
 its place needs (never more than one chunk's worth, CHUNK_BYTES_MAX at most)
-before python-blosc decompresses it; a bad chunk is EIO for reads that touch
-it, with one log line naming its superchunk file and number.
+before python-blosc decompresses it (``blosc_chunk``); a bad chunk is EIO for
+reads that touch it, with one log line naming its superchunk file and number.
 
 With ``-o rw`` overwriting items of ``array.npy`` (or ``COLUMN.npy``)
 recompresses each touched chunk with the array's own cparams and replaces
@@ -36,7 +36,6 @@ first, ``meta/sizes`` last, so a crash leaves it never ahead of the data.
 Everything else is refused (EPERM) with a log line.
 """
 
-import hashlib
 import io
 import json
 import logging
@@ -53,35 +52,18 @@ import numpy as np
 
 from ..container import Container, Usage, name_problem
 from ..errors import BlockError, CtdsfsError, FormatError, NotPermitted, ReadOnlyError
+from .blosc_chunk import BLOSC_HEADER, CHECKSUMS, Chunk, ChunkCache, file_identity
 from .store import fsync_path, lock_for_writing
 
 log = logging.getLogger(__name__)
 
 MAGIC = b"blpk"
-BLOSC_HEADER = struct.Struct("<BBBBIII")  # (also Blosc's most overhead: a stored copy)
 SUPERCHUNK_HEADER = struct.Struct("<4sB3xq")  # bcolz: magic, version, chunk count
 BLOSCPACK_HEADER = struct.Struct("<4sBBBBiiqq")
 METADATA_HEADER = struct.Struct("<8sBBBBIII8s")
-CODECS = {0: "blosclz", 1: "lz4", 2: "snappy", 3: "zlib", 4: "zstd"}  # Blosc flags >> 5
-
-
-def _zlib_digest(func):
-    return lambda data: struct.pack("<I", func(data) & 0xFFFFFFFF)
-
-
-def _hashlib_digest(name):
-    return lambda data: hashlib.new(name, data).digest()
-
-
-# bloscpack's checksum kinds, by the index its header stores: (name, digest bytes, function)
-CHECKSUMS = (("None", 0, None), ("adler32", 4, _zlib_digest(zlib.adler32)),
-             ("crc32", 4, _zlib_digest(zlib.crc32))) + tuple(
-    (name, hashlib.new(name).digest_size, _hashlib_digest(name))
-    for name in ("md5", "sha1", "sha224", "sha256", "sha384", "sha512"))
 META_CODECS = ("None", "zlib")
 JSON_BYTES_MAX = 1 << 20  # meta/*, __attrs__, __rootdirs__, bloscpack metadata
 CHUNK_BYTES_MAX = 256 << 20  # one decompressed chunk (what a read may allocate)
-CACHE_BYTES = 64 << 20  # decompressed chunks kept per container
 BLOCK_SIZE = 4096
 SUPERCHUNK_NAME = re.compile(r"__(0|[1-9][0-9]{0,17})\.blp\Z")
 
@@ -148,101 +130,6 @@ def npy_header(descr, shape):
         out = io.BytesIO()
         np.lib.format.write_array_header_2_0(out, header)
     return out.getvalue()
-
-
-def blosc_header(raw):
-    """The fields of a 16-byte Blosc header, flags decoded."""
-    version, versionlz, flags, typesize, nbytes, blocksize, cbytes = BLOSC_HEADER.unpack(raw)
-    return {"version": version, "versionlz": versionlz, "flags": flags,
-            "compressor": CODECS.get(flags >> 5, f"unknown ({flags >> 5})"),
-            "shuffle": "bit" if flags & 4 else "byte" if flags & 1 else "none",
-            "memcpyed": bool(flags & 2), "typesize": typesize, "nbytes": nbytes,
-            "blocksize": blocksize, "cbytes": cbytes}
-
-
-class ChunkCache:
-    """Decompressed chunks, least recently used dropped first, at most CACHE_BYTES in all.
-
-    One entry per chunk, valid for one identity of its file (inode, mtime, size): an
-    entry of a file since replaced can never come back if the inode is reused.
-    """
-
-    def __init__(self, limit=CACHE_BYTES):
-        self.limit = limit
-        self._chunks = OrderedDict()
-        self._bytes = 0
-        self._lock = threading.Lock()
-
-    def get(self, key, identity):
-        with self._lock:
-            entry = self._chunks.get(key)
-            if entry is None or entry[0] != identity:
-                return None
-            self._chunks.move_to_end(key)
-            return entry[1]
-
-    def put(self, key, identity, data):
-        with self._lock:
-            old = self._chunks.pop(key, None)
-            if old is not None:
-                self._bytes -= len(old[1])
-            self._chunks[key] = (identity, data)
-            self._bytes += len(data)
-            while self._bytes > self.limit and len(self._chunks) > 1:
-                self._bytes -= len(self._chunks.popitem(last=False)[1][1])
-
-
-class Chunk:
-    """One Blosc chunk in a superchunk file: where it lies and what it must decompress to."""
-
-    def __init__(self, path, number, offset, room, nbytes_range, checksum=0):
-        self.path = path
-        self.number = number
-        self.offset = offset  # of its Blosc header
-        self.room = room  # bytes it may take from ``offset`` (its checksum excluded)
-        self.nbytes_range = nbytes_range  # (least, most) decompressed bytes its place needs
-        self.checksum = checksum  # index in CHECKSUMS; the digest follows the chunk
-        self.header = None  # its Blosc header, once read
-
-    def fail(self, why):
-        detail = f"{self.path}: chunk {self.number}: {why}"
-        return BlockError(detail, detail)
-
-    def read_header(self, fd):
-        if self.header is None:
-            raw = os.pread(fd, BLOSC_HEADER.size, self.offset)
-            if self.room < BLOSC_HEADER.size or len(raw) < BLOSC_HEADER.size:
-                raise self.fail("truncated Blosc header")
-            header = blosc_header(raw)
-            least, most = self.nbytes_range
-            if not least <= header["nbytes"] <= most:
-                want = least if least == most else f"{least} to {most}"
-                raise self.fail(f"Blosc header says {header['nbytes']} bytes, its place "
-                                f"holds {want}")
-            if not BLOSC_HEADER.size <= header["cbytes"] <= min(
-                    self.room, header["nbytes"] + BLOSC_HEADER.size):
-                raise self.fail(f"Blosc header says {header['cbytes']} compressed bytes, "
-                                f"{self.room} are there for {header['nbytes']} bytes")
-            self.header = header
-        return self.header
-
-    def decompress(self, fd):
-        """The chunk's bytes: header checked first, then the checksum, then python-blosc."""
-        header = self.read_header(fd)
-        _, digest_size, digest_of = CHECKSUMS[self.checksum]
-        raw = os.pread(fd, header["cbytes"] + digest_size, self.offset)
-        if len(raw) != header["cbytes"] + digest_size:
-            raise self.fail("truncated")
-        raw, digest = raw[:header["cbytes"]], raw[header["cbytes"]:]
-        if digest_size and digest_of(raw) != digest:
-            raise self.fail(f"{CHECKSUMS[self.checksum][0]} checksum mismatch")
-        try:
-            data = blosc.decompress(raw)
-        except Exception as exc:  # python-blosc raises RuntimeError, ValueError, ...
-            raise self.fail(f"does not decompress ({exc})") from None
-        if len(data) != header["nbytes"]:
-            raise self.fail(f"decompressed to {len(data)} bytes, not {header['nbytes']}")
-        return data
 
 
 # ---------------------------------------------------------------- views
@@ -479,7 +366,7 @@ class Carray(_View):
             if not _is_dir(self._real(folder)):
                 raise FormatError(f"{where}: {folder} is not a directory")
         try:
-            self._sizes_identity = _identity(os.lstat(self._real("meta", "sizes")))
+            self._sizes_identity = file_identity(os.lstat(self._real("meta", "sizes")))
         except OSError as exc:
             raise FormatError(f"{where}: meta/sizes: {exc.strerror}") from None
         self.version += 1
@@ -569,7 +456,7 @@ class Carray(_View):
         except FormatError as exc:
             raise BlockError(str(exc), str(exc)) from None
         try:
-            identity = _identity(os.fstat(fd))
+            identity = file_identity(os.fstat(fd))
             return use(self._chunk(number, fd, identity), fd, identity)
         finally:
             os.close(fd)
@@ -652,7 +539,7 @@ class Carray(_View):
                      nbytes=count * self.item_bytes)
         _replace_file(self._real("meta", "sizes"), json.dumps(sizes).encode())
         self.sizes, self.shape = sizes, (count, *self.shape[1:])
-        self._sizes_identity = _identity(os.lstat(self._real("meta", "sizes")))
+        self._sizes_identity = file_identity(os.lstat(self._real("meta", "sizes")))
 
     def _typesize(self):
         """The Blosc typesize bcolz gave the chunks (the first chunk's), else the dtype's."""
@@ -665,7 +552,7 @@ class Carray(_View):
         packed = blosc.compress(raw, typesize=self._typesize(), **self.cparams)
         path = self._superchunk(number)
         _replace_file(path, SUPERCHUNK_HEADER.pack(MAGIC, 1, 1) + packed)
-        self.cache.put((self.path, number), _identity(os.lstat(path)), raw)
+        self.cache.put((self.path, number), file_identity(os.lstat(path)), raw)
         self.version += 1
 
     def reload_if_changed(self):
@@ -673,7 +560,8 @@ class Carray(_View):
         If it cannot be read now (bcolz mid-write), the view stays as it was."""
         with self._lock:
             try:
-                same = _identity(os.lstat(self._real("meta", "sizes"))) == self._sizes_identity
+                now = file_identity(os.lstat(self._real("meta", "sizes")))
+                same = now == self._sizes_identity
             except OSError:
                 same = True  # (gone for a moment: bcolz replaces it)
             if same or self._partial:
@@ -1015,11 +903,6 @@ class BloscpackFile(_View):
     def close(self):
         super().close()
         os.close(self.fd)
-
-
-def _identity(st):
-    """What tells a file's content changed: inode (files are replaced), mtime, size."""
-    return st.st_ino, st.st_mtime_ns, st.st_size
 
 
 def _replace_file(path, data):
