@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import bcolz  # the ground truth writer and reader (PyPI bcolz-zipline)
-from ctdsfs.errors import BlockError, CtdsfsError, FormatError
+from ctdsfs.errors import BlockError, CtdsfsError, FormatError, NotPermitted
 from ctdsfs.formats import open_container
 from ctdsfs.formats.bcolz import CHUNK_BYTES_MAX
 
@@ -644,3 +644,24 @@ def test_second_writer_is_refused(damaged, name):
     open_container(root).close()  # (readers are welcome)
     first.close()
     open_container(root, writable=True).close()
+
+
+def test_write_edges_through_the_api(damaged):
+    """Pending bytes of an item read back; refused writes change nothing at all."""
+    root = damaged("trimmed")  # 27 int32 items, chunklen 8
+    c = open_container(root, writable=True)
+    header = c.entry_size("array.npy") - 27 * 4
+    c.write("array.npy", header + 27 * 4, b"\x05\x00")  # half an item: pending
+    assert c.read("array.npy", header + 26 * 4, 6) == struct.pack("<i", 26) + b"\x05\x00"
+    with pytest.raises(NotPermitted, match="appends continue at the end"):
+        c.write("array.npy", header + 29 * 4, bytes(4))  # (a gap)
+    c.write("array.npy", header + 27 * 4 + 2, b"\x00\x00" + struct.pack("<i", 6))
+    assert list(bcolz.open(str(root))[:]) == list(range(27)) + [5, 6]
+    c.close()
+    table = damaged("table")
+    before = (table / "price" / "data" / "__4.blp").read_bytes()
+    c = open_container(table, writable=True)
+    size = c.entry_size("price.npy")
+    with pytest.raises(NotPermitted, match="columns grow together"):
+        c.write("price.npy", size - 8, bytes(16))  # the last item, and one more
+    assert (table / "price" / "data" / "__4.blp").read_bytes() == before

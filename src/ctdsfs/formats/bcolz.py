@@ -479,13 +479,18 @@ class Carray(_View):
         return self._with_chunk(number, load)
 
     def read_data(self, start, end):
-        """Bytes ``start`` .. ``end`` of the items, decompressing only the chunks they touch."""
+        """Bytes ``start`` .. ``end`` of the items, decompressing only the chunks they touch
+        (then appended bytes still short of an item)."""
+        stored = self.shape[0] * self.item_bytes
         parts = []
-        while start < end:
-            number, within = divmod(start, self.chunk_bytes)
-            take = min(end - start, self.chunk_bytes - within)
+        at = start
+        while at < min(end, stored):
+            number, within = divmod(at, self.chunk_bytes)
+            take = min(min(end, stored) - at, self.chunk_bytes - within)
             parts.append(self.chunk_data(number)[within:within + take])
-            start += take
+            at += take
+        if end > stored:
+            parts.append(bytes(self._partial[max(start, stored) - stored:end - stored]))
         return b"".join(parts)
 
     # -- writing
@@ -495,16 +500,15 @@ class Carray(_View):
         if self.cparams is None:
             raise refuse(self.label, "meta/storage has no usable cparams to compress with")
         stored = self.shape[0] * self.item_bytes
-        end = start + len(data)
+        end, at = start + len(data), max(start, stored)
+        if end > stored and not self.appendable:
+            raise refuse(self.label, "a ctable's columns grow together (append with bcolz)")
+        if end > stored and at != stored + len(self._partial):
+            raise refuse(self.label, f"appends continue at the end ({stored} bytes, "
+                                     f"{len(self._partial)} pending), not at {at}")
         if start < stored:
             self._overwrite(start, data[:min(end, stored) - start])
         if end > stored:
-            if not self.appendable:
-                raise refuse(self.label, "a ctable's columns grow together (append with bcolz)")
-            at = max(start, stored)
-            if at != stored + len(self._partial):
-                raise refuse(self.label, f"appends continue at the end ({stored} bytes, "
-                                         f"{len(self._partial)} pending), not at {at}")
             self._partial += data[at - start:]
             whole = len(self._partial) // self.item_bytes * self.item_bytes
             if whole:
