@@ -470,13 +470,8 @@ class Carray(_View):
 
     def chunk_data(self, number):
         """Chunk ``number`` decompressed, from the cache while its file is unchanged."""
-        def load(chunk, fd, identity):
-            data = self.cache.get((self.path, number), identity)
-            if data is None:
-                data = chunk.decompress(fd)
-                self.cache.put((self.path, number), identity, data)
-            return data
-        return self._with_chunk(number, load)
+        return self._with_chunk(number, lambda chunk, fd, identity: self.cache.get_or_load(
+            (self.path, number), identity, lambda: chunk.decompress(fd)))
 
     def read_data(self, start, end):
         """Bytes ``start`` .. ``end`` of the items, decompressing only the chunks they touch
@@ -858,11 +853,8 @@ class BloscpackFile(_View):
         return self._chunks[number].nbytes_range[1]
 
     def chunk_data(self, number):
-        data = self.cache.get(number, None)
-        if data is None:
-            data = self._chunks[number].decompress(self.fd)
-            self.cache.put(number, None, data)  # (the file is open: it cannot be replaced)
-        return data
+        return self.cache.get_or_load(number, None,  # (the file is open, never replaced)
+                                      lambda: self._chunks[number].decompress(self.fd))
 
     def data_bytes(self):
         return sum(c.nbytes_range[1] for c in self._chunks)

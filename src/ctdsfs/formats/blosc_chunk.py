@@ -62,6 +62,7 @@ class ChunkCache:
         self._chunks = OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()
+        self._loading = {}  # key -> the lock of the one thread decompressing that chunk
 
     def get(self, key, identity):
         with self._lock:
@@ -70,6 +71,22 @@ class ChunkCache:
                 return None
             self._chunks.move_to_end(key)
             return entry[1]
+
+    def get_or_load(self, key, identity, load):
+        """The cached chunk, or ``load()``'s: reads of one chunk in parallel (the kernel's
+        readahead sends several) wait for one decompression instead of each doing it."""
+        data = self.get(key, identity)
+        if data is None:
+            with self._lock:
+                loading = self._loading.setdefault(key, threading.Lock())
+            with loading:
+                data = self.get(key, identity)
+                if data is None:
+                    data = load()
+                    self.put(key, identity, data)
+                with self._lock:
+                    self._loading.pop(key, None)
+        return data
 
     def put(self, key, identity, data):
         with self._lock:
