@@ -665,3 +665,35 @@ def test_write_edges_through_the_api(damaged):
     with pytest.raises(NotPermitted, match="columns grow together"):
         c.write("price.npy", size - 8, bytes(16))  # the last item, and one more
     assert (table / "price" / "data" / "__4.blp").read_bytes() == before
+
+
+def test_parallel_reads_of_a_chunk_decompress_it_once():
+    """The kernel's readahead sends several reads of one chunk at once: the first
+    decompresses, the others wait for it (they used to decompress it each)."""
+    import threading
+
+    from ctdsfs.formats.blosc_chunk import ChunkCache
+
+    cache = ChunkCache()
+    release = threading.Event()
+    loads = []
+
+    def load():
+        loads.append(1)
+        release.wait(10)
+        return b"chunk"
+
+    first = threading.Thread(target=cache.get_or_load, args=("k", 1, load))
+    first.start()
+    while "k" not in cache._loading:  # (the first reader is decompressing)
+        first.join(0.001)
+    others = [threading.Thread(target=cache.get_or_load, args=("k", 1, load))
+              for _ in range(3)]
+    for thread in others:
+        thread.start()
+    for thread in others:
+        thread.join(0.05)  # (a reader that does not wait would be done by now)
+    release.set()
+    for thread in [first] + others:
+        thread.join(10)
+    assert len(loads) == 1 and cache.get("k", 1) == b"chunk"
