@@ -17,10 +17,13 @@ the targets of the read-only milestone:
   remote (a SeaweedFS on loopback): cold sequential read of a 1 GiB virtual file
     through an s3:// mount / the best raw GET throughput of the object >= 0.8;
     every column of a MeasurementSet through an s3:// mount / a local mount
+  optional part "bcolz" (only when named in --parts): a float64 carray (lz4,
+    shuffle) read through array.npy, cache dropped / bcolz's own carr[:] >= 0.8,
+    and random single items through numpy.load(mmap_mode="r") against carr[i]
 
 Needs root (drop_caches, mounting). Usage:
   python3 scripts/benchmark.py [--size-mib 1024] [--block-size 65536] [--dir DIR]
-                               [--parts read,write,many,legacy,toolbox,remote]
+                               [--parts read,write,many,legacy,toolbox,remote[,bcolz]]
 """
 
 import argparse
@@ -382,6 +385,7 @@ def print_rows(rows):
 
 
 PARTS = ("read", "write", "many", "legacy", "toolbox", "remote")
+OPTIONAL_PARTS = ("bcolz",)  # run only when --parts names them
 
 
 def main():
@@ -395,14 +399,15 @@ def main():
     parser.add_argument("--tree-mib", type=int, default=1100,
                         help="directory tree size for pack/unpack (MiB)")
     parser.add_argument("--parts", default=",".join(PARTS),
-                        help=f"comma-separated subset of {','.join(PARTS)} (default: all)")
+                        help=f"comma-separated subset of {','.join(PARTS + OPTIONAL_PARTS)} "
+                             f"(default: {','.join(PARTS)})")
     parser.add_argument("--serve-passthrough", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve_passthrough:
         return serve_passthrough(*args.serve_passthrough)
     parts = set(args.parts.split(","))
-    if parts - set(PARTS):
-        parser.error(f"unknown parts: {', '.join(sorted(parts - set(PARTS)))}")
+    if parts - set(PARTS + OPTIONAL_PARTS):
+        parser.error(f"unknown parts: {', '.join(sorted(parts - set(PARTS + OPTIONAL_PARTS)))}")
 
     rows, lines = [], []
     with tempfile.TemporaryDirectory(dir=args.dir or "/var/tmp", prefix="ctdsfs-bench.") as tmp:
@@ -433,6 +438,10 @@ def main():
             remote_rows, remote_lines = remote_figures(tmp, pool, size, args.ms_mib)
             rows += remote_rows
             lines += remote_lines
+        if "bcolz" in parts:
+            more_rows, more_lines = bcolz_figures(tmp, size)
+            rows += more_rows
+            lines += more_lines
     print_rows(rows)
     if lines:
         print("\n" + "\n".join(lines))
@@ -648,6 +657,54 @@ def remote_figures(tmp, pool, size, ms_mib, rounds=2):
                      "target >= 0.8)")
     finally:
         server.close()
+    return rows, lines
+
+
+def bcolz_figures(tmp, size, reads=2000):
+    """Issue 13: a float64 carray of ``size`` bytes (lz4, shuffle; a random walk, as prices
+    are) read whole through ctdsfs's array.npy and by bcolz's own ``carr[:]``, page cache
+    dropped before each; then random single items through ``numpy.load(mmap_mode="r")``
+    on the mount against ``carr[i]``, each after the cache was dropped once."""
+    import bcolz
+
+    root, mnt = tmp / "carray", tmp / "m-bcolz"
+    count = size // 8
+    rng = np.random.default_rng(13)
+    print(f"writing a {size >> 20} MiB float64 carray with bcolz (lz4, shuffle) ...", flush=True)
+    carr = bcolz.carray(np.zeros(0), rootdir=str(root), mode="w", expectedlen=count,
+                        cparams=bcolz.cparams(clevel=5, cname="lz4", shuffle=1))
+    for start in range(0, count, 1 << 24):
+        carr.append(np.cumsum(rng.normal(size=min(1 << 24, count - start))).round(2))
+    carr.flush()
+    chunklen, stored = carr.chunklen, carr.cbytes
+    del carr
+    drop_caches()
+    start = time.perf_counter()
+    bcolz.open(str(root))[:]
+    native = size / (time.perf_counter() - start) / 1e9
+    indices = rng.integers(0, count, reads)
+    with Mounted(["mount.ctdsfs", "-f", str(root), str(mnt)], str(mnt)):
+        drop_caches()
+        through = read_through(mnt / "array.npy")
+        drop_caches()
+        mapped = np.load(mnt / "array.npy", mmap_mode="r")
+        start = time.perf_counter()
+        for i in indices:
+            float(mapped[i])
+        ours = (time.perf_counter() - start) / reads
+        del mapped
+    drop_caches()
+    carr = bcolz.open(str(root))
+    start = time.perf_counter()
+    for i in indices:
+        float(carr[i])
+    theirs = (time.perf_counter() - start) / reads
+    rows = [(f"bcolz carray {size >> 20} MiB through array.npy / bcolz carr[:], cold",
+             through, native, 0.8)]
+    lines = [f"bcolz carray: chunklen {chunklen}, {stored / size:.2f} of its size stored; "
+             f"bcolz carr[:] {native:.2f} GB/s; {reads} random single items, cache dropped "
+             f"once: {ours * 1e6:.0f} us each through numpy.load(mmap_mode='r'), "
+             f"{theirs * 1e6:.0f} us each by bcolz carr[i]"]
     return rows, lines
 
 

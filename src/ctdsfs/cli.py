@@ -21,6 +21,10 @@ Mount SOURCE on MOUNTPOINT. SOURCE may be:
   a MultiHDF5 (.mfh5)         the same (nested MultiHDF5 groups are
                               directories)
   a .pycauset file            payload, payload.npy, metadata.json, header.json
+  a bcolz carray rootdir      array.npy, attrs.json, meta.json, chunks/, raw/
+  a bcolz ctable rootdir      COLUMN.npy per column, table.npy, attrs.json,
+                              COLUMN/ (as a carray)
+  a bloscpack file (.blp)     data, header.json, chunks/
   a directory                 plain files and directories pass through,
                               container files inside it show as directories,
                               and every casacore table stored as a MultiFile
@@ -382,9 +386,45 @@ def _print_multihdf5_info(info, out):
     _print_lines(lines, out)
 
 
+def _bcolz_carray_lines(info, indent):
+    cparams = info["cparams"] if isinstance(info["cparams"], dict) else {}
+    return [f"{indent}dtype {info['dtype']}, shape {tuple(info['shape'])}, chunklen "
+            f"{info['chunklen']}, {info['chunks']} chunks, {cparams.get('cname')} clevel "
+            f"{cparams.get('clevel')} shuffle {cparams.get('shuffle')}"] + [
+        f"{indent}problem: {p}" for p in info["problems"]]
+
+
+def _print_bcolz_info(info, out):
+    lines = [f"{info['container']}: {info['format']}"]
+    if info["format"] == "bcolz carray":
+        lines += _bcolz_carray_lines(info, "  ")
+    elif info["format"] == "bcolz ctable":
+        lines.append(f"  columns          {len(info['columns'])}")
+        for column in info["columns"]:
+            lines.append(f"    {os.path.basename(column['container'])}")
+            lines += _bcolz_carray_lines(column, "      ")
+        lines += [f"  problem: {p}" for p in info["problems"]]
+    else:
+        header = info["header"]
+        lines.append("  header           " + ", ".join(
+            f"{k} {v}" for k, v in header.items() if k != "chunk_offsets"))
+        lines.append(f"  file size        {info['file_size']}")
+        lines += [f"    chunk {i}  " + (c.get("problem") or
+                                        f"{c['nbytes']} bytes from {c['cbytes']} at "
+                                        f"{c['offset']}, {c['compressor']}, shuffle "
+                                        f"{c['shuffle']}")
+                  for i, c in enumerate(info["chunks"])]
+        lines += [f"  problem: {p}" for p in info["problems"]]
+    lines.append(f"  attrs            {json.dumps(info.get('attrs', {}))}"
+                 if "attrs" in info else "  metadata         " + json.dumps(info["metadata"]))
+    _print_lines(lines, out)
+
+
 def _print_info(info, out):
     if info["format"] == "pycauset":
         return _print_pycauset_info(info, out)
+    if info["format"] in ("bcolz carray", "bcolz ctable", "bloscpack"):
+        return _print_bcolz_info(info, out)
     if info["format"] == "MultiHDF5":
         return _print_multihdf5_info(info, out)
     version = info["version"]

@@ -49,6 +49,8 @@ class Container(ABC):
     writable: bool
     checks_reads = False  # reads do real work (CRCs): worth a worker thread
     kernel_write_cache = False  # the kernel may gather writes and send them late
+    kernel_keeps_pages = True  # False: a write may change other bytes (a view's header),
+    # so the kernel must drop a file's cached pages when it is opened again
 
     # -- reading
 

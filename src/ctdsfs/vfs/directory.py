@@ -11,8 +11,8 @@ writes go to the real files). Inside it two translations apply:
   write comes back: storage manager files go into the container, and a new
   ``table.dat`` (written in place, or as ``table.dat_tmp`` renamed over it, as
   casacore does) is stored with the table's original storage option again;
-* any other container file (``.mf``, ``.mfh5``, ``.pycauset``) shows as a
-  directory of the same name, unless recursion is off.
+* any other container file (``.mf``, ``.mfh5``, ``.pycauset``, ``.blp``) shows as
+  a directory of the same name, unless recursion is off.
 
 Symbolic links are never followed: entries are examined with ``lstat`` and
 opened with ``O_NOFOLLOW``, a link shows as a link (``symlink_target``), and a
@@ -34,7 +34,7 @@ from .filesystem import FSError
 
 log = logging.getLogger(__name__)
 
-CONTAINER_SUFFIXES = (".mf", ".mfh5", ".pycauset")
+CONTAINER_SUFFIXES = (".mf", ".mfh5", ".pycauset", ".blp")
 TABLE_CONTAINERS = ("table.mf", "table.mfh5")
 OPEN_FILES = 64  # file descriptors kept open for reads and writes
 

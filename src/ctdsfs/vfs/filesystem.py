@@ -280,7 +280,7 @@ class ContainerFS:
         """Whether the kernel's cached pages of this file are still valid (no reload since)."""
         with self._lock:
             node = self._handle(fh).node
-            keep = node.generation == self.generation
+            keep = node.generation == self.generation and node.owner.kernel_keeps_pages
             node.generation = self.generation
             return keep
 

@@ -1,0 +1,157 @@
+"""One Blosc chunk, as bcolz superchunks and bloscpack files hold it, read without trust.
+
+A Blosc (1.x) chunk starts with a 16-byte header: version, versionlz, flags
+(bit 0 byte shuffle, bit 1 stored uncompressed, bit 2 bit shuffle, bits 5-7
+the compressor), typesize, then u32 nbytes (decompressed), blocksize and
+cbytes (the chunk's whole length). A bloscpack file may follow each chunk
+with a checksum of its bytes. Before python-blosc sees a chunk, its header
+must promise a size its place allows and a length its file holds, and its
+checksum must match; decompressed chunks are kept in a bounded cache.
+"""
+
+import hashlib
+import os
+import struct
+import threading
+import zlib
+from collections import OrderedDict
+
+import blosc
+
+from ..errors import BlockError
+
+BLOSC_HEADER = struct.Struct("<BBBBIII")  # (also Blosc's most overhead: a stored copy)
+CODECS = {0: "blosclz", 1: "lz4", 2: "snappy", 3: "zlib", 4: "zstd"}  # Blosc flags >> 5
+CACHE_BYTES = 64 << 20  # decompressed chunks kept per container
+
+
+def _zlib_digest(func):
+    return lambda data: struct.pack("<I", func(data) & 0xFFFFFFFF)
+
+
+def _hashlib_digest(name):
+    return lambda data: hashlib.new(name, data).digest()
+
+
+# bloscpack's checksum kinds, by the index its header stores: (name, digest bytes, function)
+CHECKSUMS = (("None", 0, None), ("adler32", 4, _zlib_digest(zlib.adler32)),
+             ("crc32", 4, _zlib_digest(zlib.crc32))) + tuple(
+    (name, hashlib.new(name).digest_size, _hashlib_digest(name))
+    for name in ("md5", "sha1", "sha224", "sha256", "sha384", "sha512"))
+
+
+def blosc_header(raw):
+    """The fields of a 16-byte Blosc header, flags decoded."""
+    version, versionlz, flags, typesize, nbytes, blocksize, cbytes = BLOSC_HEADER.unpack(raw)
+    return {"version": version, "versionlz": versionlz, "flags": flags,
+            "compressor": CODECS.get(flags >> 5, f"unknown ({flags >> 5})"),
+            "shuffle": "bit" if flags & 4 else "byte" if flags & 1 else "none",
+            "memcpyed": bool(flags & 2), "typesize": typesize, "nbytes": nbytes,
+            "blocksize": blocksize, "cbytes": cbytes}
+
+
+class ChunkCache:
+    """Decompressed chunks, least recently used dropped first, at most CACHE_BYTES in all.
+
+    One entry per chunk, valid for one identity of its file (inode, mtime, size): an
+    entry of a file since replaced can never come back if the inode is reused.
+    """
+
+    def __init__(self, limit=CACHE_BYTES):
+        self.limit = limit
+        self._chunks = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+        self._loading = {}  # key -> the lock of the one thread decompressing that chunk
+
+    def get(self, key, identity):
+        with self._lock:
+            entry = self._chunks.get(key)
+            if entry is None or entry[0] != identity:
+                return None
+            self._chunks.move_to_end(key)
+            return entry[1]
+
+    def get_or_load(self, key, identity, load):
+        """The cached chunk, or ``load()``'s: reads of one chunk in parallel (the kernel's
+        readahead sends several) wait for one decompression instead of each doing it."""
+        data = self.get(key, identity)
+        if data is None:
+            with self._lock:
+                loading = self._loading.setdefault(key, threading.Lock())
+            with loading:
+                data = self.get(key, identity)
+                if data is None:
+                    data = load()
+                    self.put(key, identity, data)
+                with self._lock:
+                    self._loading.pop(key, None)
+        return data
+
+    def put(self, key, identity, data):
+        with self._lock:
+            old = self._chunks.pop(key, None)
+            if old is not None:
+                self._bytes -= len(old[1])
+            self._chunks[key] = (identity, data)
+            self._bytes += len(data)
+            while self._bytes > self.limit and len(self._chunks) > 1:
+                self._bytes -= len(self._chunks.popitem(last=False)[1][1])
+
+
+class Chunk:
+    """One Blosc chunk in a superchunk file: where it lies and what it must decompress to."""
+
+    def __init__(self, path, number, offset, room, nbytes_range, checksum=0):
+        self.path = path
+        self.number = number
+        self.offset = offset  # of its Blosc header
+        self.room = room  # bytes it may take from ``offset`` (its checksum excluded)
+        self.nbytes_range = nbytes_range  # (least, most) decompressed bytes its place needs
+        self.checksum = checksum  # index in CHECKSUMS; the digest follows the chunk
+        self.header = None  # its Blosc header, once read
+
+    def fail(self, why):
+        detail = f"{self.path}: chunk {self.number}: {why}"
+        return BlockError(detail, detail)
+
+    def read_header(self, fd):
+        if self.header is None:
+            raw = os.pread(fd, BLOSC_HEADER.size, self.offset)
+            if self.room < BLOSC_HEADER.size or len(raw) < BLOSC_HEADER.size:
+                raise self.fail("truncated Blosc header")
+            header = blosc_header(raw)
+            least, most = self.nbytes_range
+            if not least <= header["nbytes"] <= most:
+                want = least if least == most else f"{least} to {most}"
+                raise self.fail(f"Blosc header says {header['nbytes']} bytes, its place "
+                                f"holds {want}")
+            if not BLOSC_HEADER.size <= header["cbytes"] <= min(
+                    self.room, header["nbytes"] + BLOSC_HEADER.size):
+                raise self.fail(f"Blosc header says {header['cbytes']} compressed bytes, "
+                                f"{self.room} are there for {header['nbytes']} bytes")
+            self.header = header
+        return self.header
+
+    def decompress(self, fd):
+        """The chunk's bytes: header checked first, then the checksum, then python-blosc."""
+        header = self.read_header(fd)
+        _, digest_size, digest_of = CHECKSUMS[self.checksum]
+        raw = os.pread(fd, header["cbytes"] + digest_size, self.offset)
+        if len(raw) != header["cbytes"] + digest_size:
+            raise self.fail("truncated")
+        raw, digest = raw[:header["cbytes"]], raw[header["cbytes"]:]
+        if digest_size and digest_of(raw) != digest:
+            raise self.fail(f"{CHECKSUMS[self.checksum][0]} checksum mismatch")
+        try:
+            data = blosc.decompress(raw)
+        except Exception as exc:  # python-blosc raises RuntimeError, ValueError, ...
+            raise self.fail(f"does not decompress ({exc})") from None
+        if len(data) != header["nbytes"]:
+            raise self.fail(f"decompressed to {len(data)} bytes, not {header['nbytes']}")
+        return data
+
+
+def file_identity(st):
+    """What tells a file's content changed: inode (files are replaced), mtime, size."""
+    return st.st_ino, st.st_mtime_ns, st.st_size
