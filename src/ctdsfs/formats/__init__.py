@@ -52,6 +52,7 @@ FORMATS = (  # in the order files are tried
     Format("MultiHDF5", "multihdf5", magic=b"\x89HDF\r\n\x1a\n", writes=("hdf5",)),
     Format(".pycauset", "pycauset", magic=b"PYCAUSET"),
     Format("casacore MultiFile", "multifile", writes=("mf2", "mf1")),
+    Format("TileDB array", "tiledb", markers=("__schema",)),
 )
 WRITTEN_FORMATS = tuple(v for f in FORMATS for v in f.writes)
 
