@@ -84,7 +84,7 @@ def write_filtered_sparse(uri, n=3000, capacity=500):
 def write_dense(uri, tile_order="row-major", cell_order="row-major"):
     """A dense 2-D array: tile-aligned and misaligned, overlapping fragments."""
     dom = tiledb.Domain(tiledb.Dim("r", domain=(1, 12), tile=4, dtype=np.int32),
-                        tiledb.Dim("c", domain=(0, 8), tile=3, dtype=np.uint64))
+                        tiledb.Dim("c", domain=(0, 8), tile=3, dtype=np.int32))
     schema = tiledb.ArraySchema(
         domain=dom, sparse=False, tile_order=tile_order, cell_order=cell_order,
         attrs=[tiledb.Attr("v", dtype=np.float64, filters=_filters(tiledb.ZstdFilter())),
