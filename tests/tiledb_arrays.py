@@ -60,15 +60,15 @@ def attribute_values(name, dtype, n, rng):
 def write_filtered_sparse(uri, n=3000, capacity=500):
     """A sparse array with one attribute per filter, two fragments; returns the data written."""
     rng = np.random.default_rng(RNG_SEED)
-    dom = tiledb.Domain(tiledb.Dim("x", domain=(0, 1 << 20), tile=1024, dtype=np.int64))
+    dom = tiledb.Domain(tiledb.Dim("x", domain=(0, 1 << 20), tile=1024, dtype=np.int64,
+                                   filters=_filters(tiledb.DoubleDeltaFilter(),
+                                                    tiledb.ZstdFilter())))
     attrs = [tiledb.Attr(name, dtype=dt, filters=fl) for name, (dt, fl) in
              FILTERED_ATTRIBUTES.items()]
     attrs += [tiledb.Attr("text", dtype=str, var=True, filters=_filters(tiledb.ZstdFilter())),
               tiledb.Attr("maybe", dtype=np.int32, nullable=True,
                           filters=_filters(tiledb.Bzip2Filter()))]
-    schema = tiledb.ArraySchema(domain=dom, sparse=True, attrs=attrs, capacity=capacity,
-                                coords_filters=_filters(tiledb.DoubleDeltaFilter(),
-                                                        tiledb.ZstdFilter()))
+    schema = tiledb.ArraySchema(domain=dom, sparse=True, attrs=attrs, capacity=capacity)
     tiledb.Array.create(uri, schema)
     for timestamp, start in ((10, 0), (20, n // 2)):
         x = np.sort(rng.choice(1 << 20, n, replace=False)).astype(np.int64)
@@ -76,7 +76,7 @@ def write_filtered_sparse(uri, n=3000, capacity=500):
                 for name, (dt, _) in FILTERED_ATTRIBUTES.items()}
         data["text"] = np.array([f"t{i}" * (i % 5) for i in range(start, start + n)],
                                 dtype=object)
-        data["maybe"] = np.ma.masked_array(np.arange(n, dtype=np.int32), mask=np.arange(n) % 4 == 0)
+        data["maybe"] = np.arange(n, dtype=np.int32)
         with tiledb.open(uri, "w", timestamp=timestamp) as A:
             A[x] = data
 
