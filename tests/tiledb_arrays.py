@@ -116,3 +116,23 @@ def fragment_read(uri, fragment_name, domain):
     t1, t2 = (int(p) for p in fragment_name.split("_")[2:4])
     with tiledb.open(uri, timestamp=(t1, t2)) as A:
         return A.multi_index[tuple(slice(lo, hi) for lo, hi in domain)]
+
+
+def write_var_strings(uri):
+    """Var-sized UTF-8 and ASCII strings under RLE and DICTIONARY (whose writer keeps the
+    cell offsets in the data tile), alone and stacked, several tiles."""
+    dom = tiledb.Domain(tiledb.Dim("x", domain=(0, 999), tile=100, dtype=np.int64))
+    pipelines = {"rle": [tiledb.RleFilter()],
+                 "dict": [tiledb.DictionaryFilter(), tiledb.ZstdFilter()],
+                 "rle_sum": [tiledb.RleFilter(), tiledb.ChecksumMD5Filter()]}
+    attrs = [tiledb.Attr(f"{name}_{kind}", dtype=dtype, var=True, filters=_filters(*fl))
+             for name, fl in pipelines.items() for kind, dtype in (("utf8", str),
+                                                                   ("ascii", "ascii"))]
+    tiledb.Array.create(uri, tiledb.ArraySchema(domain=dom, sparse=True, attrs=attrs,
+                                                capacity=64))
+    n = 300
+    words = np.array([["alpha", "beta", "", "gämma"][i // 5 % 4] for i in range(n)], dtype=object)
+    ascii_words = np.array([w.encode("ascii", "replace") for w in words], dtype=object)
+    with tiledb.open(uri, "w") as A:
+        A[np.arange(n)] = {a.name: ascii_words if a.name.endswith("ascii") else words
+                           for a in attrs}

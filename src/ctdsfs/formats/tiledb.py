@@ -19,6 +19,7 @@ EIO for that read, logged with the array, fragment, field and tile.
 
 import json
 import logging
+import math
 import os
 import struct
 import threading
@@ -306,6 +307,15 @@ class FragmentMetadata:
         self.footer_left = r.left()
         self.footer_offset = start
         self._cache = {}
+
+    def offsets_in_data(self, field):
+        """Whether a var string field's offsets are kept in its var tiles (RLE or DICTIONARY
+        since versions 12/13 for ASCII, 17 for UTF-8), its offsets tiles being empty."""
+        types = {f["type"] for f in field.filters["filters"]}
+        return field.var and (
+            (field.type == 11 and (self.version >= 12 and 4 in types
+                                   or self.version >= 13 and 14 in types))
+            or (field.type == 12 and self.version >= 17 and types & {4, 14}))
 
     def stores(self, field):
         """Whether the fragment has tiles of ``field`` (dense ones store no coordinates)."""
@@ -624,7 +634,7 @@ class Fragment(_Directory):
             return info, produced
         if not meta.stores(field):
             return info, produced
-        problem = tf.pipeline_problem(field.filters) or self._unsupported(field)
+        problem = tf.pipeline_problem(field.filters)
         if problem:
             info["problem"] = f"shown in raw/ only: {problem}"
             return info, produced
@@ -640,7 +650,8 @@ class Fragment(_Directory):
             if len(data_sizes) != len(counts):
                 info["problem"] = "var tile sizes do not match the tiles"
                 return info, produced
-            bases = np.concatenate(([0], np.cumsum(data_sizes, dtype=np.uint64)))
+            bases = np.concatenate((np.zeros(1, np.uint64),
+                                    np.cumsum(data_sizes, dtype=np.uint64)))
             produced[f"{field.name}.offsets.npy"] = _Lazy(
                 npy_header("<u8", (total + 1,), False),
                 [8 * c for c in counts[:-1]] + [8 * counts[-1] + 8] if counts else [8],
@@ -659,12 +670,6 @@ class Fragment(_Directory):
                 lambda i: self._tile(index, "validity", i, counts))
         return info, produced
 
-    def _unsupported(self, field):
-        if field.var and field.type in tf.STRING_TYPES and any(
-                f["type"] in (4, 14) for f in field.filters["filters"]):
-            return "RLE or DICTIONARY on var-sized strings is not undone by ctdsfs yet"
-        return None
-
     def _tile_statistics(self, index, info):
         meta = self.meta
         if meta.version < 11:
@@ -680,7 +685,8 @@ class Fragment(_Directory):
 
     def _offsets_piece(self, index, i, counts, bases):
         """Tile i's cell offsets made global (into FIELD.data); the last tile adds the end."""
-        local = np.frombuffer(self._tile(index, "data", i, counts), "<u8")
+        kind = "offsets" if self.meta.offsets_in_data(self.meta.fields[index]) else "data"
+        local = np.frombuffer(self._tile(index, kind, i, counts), "<u8")
         piece = local + np.uint64(bases[i])
         if i == len(counts) - 1:
             piece = np.concatenate((piece, [bases[-1]]))
@@ -693,16 +699,35 @@ class Fragment(_Directory):
             if key in self._tiles:
                 self._tiles.move_to_end(key)
                 return self._tiles[key]
-        data = self._decode(index, kind, i, counts)
+        if kind == "offsets":  # decoding the var tile gives them
+            self._tile(index, "var", i, counts)
+            with self._lock:
+                data = self._tiles.get(key)
+            if data is None:
+                data = self._decode(index, "var", i, counts, offsets_only=True)
+            return data
+        offsets = [] if kind == "var" and self.meta.offsets_in_data(self.meta.fields[index]) \
+            else None
+        data = self._decode(index, kind, i, counts, offsets)
         with self._lock:
             self._tiles[key] = data
+            if offsets:
+                self._tiles[(index, "offsets", i)] = b"".join(o.tobytes() for o in offsets)
             while len(self._tiles) > TILE_CACHE:
                 self._tiles.popitem(last=False)
         return data
 
-    def _decode(self, index, kind, i, counts):
+    def _decode(self, index, kind, i, counts, string_offsets=None, offsets_only=False):
+        """Tile i of field ``index`` unfiltered (BlockError if it cannot be); for strings
+        whose offsets are in the var tile, ``string_offsets`` receives them."""
         meta = self.meta
+        if offsets_only:
+            string_offsets = []
+            self._decode(index, kind, i, counts, string_offsets)
+            return b"".join(o.tobytes() for o in string_offsets)
         field = meta.fields[index]
+        if string_offsets is None and kind == "var" and meta.offsets_in_data(field):
+            string_offsets = []
         suffix = {"data": "", "var": "_var", "validity": "_validity"}[kind]
         file_name = f"{field.stem}{suffix}.tdb"
         where = f"tile {i} of {field.name} ({file_name})"
@@ -725,7 +750,11 @@ class Fragment(_Directory):
                 datatype = 10 if field.var else field.type
                 cell = 8 if field.var else field.cell_size
             raw = self._tile_bytes(file_name, offsets, i, file_size, where)
-            data = tf.unfilter_tile(raw, pipeline, datatype, cell, expected, where)
+            data = tf.unfilter_tile(raw, pipeline, datatype, cell, expected, where,
+                                    string_offsets)
+            if string_offsets is not None and sum(map(len, string_offsets)) != counts[i]:
+                raise FormatError(f"{where}: strings for {sum(map(len, string_offsets))} "
+                                  f"cells, not {counts[i]}")
         except tf.ChecksumMismatch as exc:
             raise BlockError(f"{self.label}: {exc}", str(exc)) from None
         except CtdsfsError as exc:
@@ -786,10 +815,11 @@ class Fragment(_Directory):
         for index, field in enumerate(meta.fields):
             if not meta.stores(field):
                 continue
-            if tf.pipeline_problem(field.filters) or self._unsupported(field):
+            if tf.pipeline_problem(field.filters):
                 notes.append(f"{self.label}: {field.name}: not decoded (raw/ only)")
                 continue
-            kinds = ["data"] + ["var"] * field.var + ["validity"] * field.nullable
+            kinds = ["data"] * (not meta.offsets_in_data(field)) + ["var"] * field.var + \
+                ["validity"] * field.nullable
             for kind in kinds:
                 problems += self._check_file(index, kind, counts, bar)
         notes.append(f"{self.label}: {len(counts)} tiles of {len(meta.fields)} fields checked")
@@ -956,7 +986,7 @@ class TileDBArray(_Directory):
             if field.var:
                 self.problems.append(f"dense/{attr['name']}.npy not shown: var-sized")
                 continue
-            size = int(np.prod(shape)) * field.cell_size
+            size = math.prod(shape) * field.cell_size
             if size > MAX_DENSE_BYTES:
                 self.problems.append(f"dense/{attr['name']}.npy not shown: {size} bytes is "
                                      f"more than ctdsfs builds in memory")
@@ -967,7 +997,7 @@ class TileDBArray(_Directory):
             tail = () if field.cell_val_num == 1 else (field.cell_val_num,)
             header = npy_header(field.dtype.str, tuple(shape) + tail,
                                 self.schema["cell_order"] == 1)
-            entries[name] = _Lazy(header, [size], lambda i, a=index: self._merged(a))
+            entries[name] = _Lazy(header, [size], lambda i, a=index: self._merged_or_eio(a))
         return entries
 
     def _dense_shape(self):
@@ -978,6 +1008,15 @@ class TileDBArray(_Directory):
                 return None
             shape.append(high - low + 1)
         return shape
+
+    def _merged_or_eio(self, attr_index):
+        """The merged attribute; a fragment that cannot be merged makes the read EIO."""
+        try:
+            return self._merged(attr_index)
+        except BlockError:
+            raise
+        except CtdsfsError as exc:
+            raise BlockError(f"{self.label}: dense view: {exc}", f"dense view: {exc}") from None
 
     def _merged(self, attr_index):
         """The attribute over the whole domain: fill values, then each fragment in
@@ -1019,11 +1058,13 @@ class TileDBArray(_Directory):
         grid = [b - a + 1 for a, b in zip(first, last)]
         order = "F" if schema["tile_order"] == 1 else "C"
         cell_order = "F" if schema["cell_order"] == 1 else "C"
-        per_tile = int(np.prod(extents))
-        if len(cells) != per_tile * int(np.prod(grid)):
-            raise BlockError(f"{self.label}: dense fragment tiles do not cover its domain",
-                             "dense fragment tiles do not cover its domain")
-        for t in range(int(np.prod(grid))):
+        per_tile = math.prod(extents)
+        inside = all(d["domain"][0] <= lo <= hi <= d["domain"][1]
+                     for (lo, hi), d in zip(domain, dims))
+        if not inside or len(cells) != per_tile * math.prod(grid):
+            raise FormatError("a fragment's tiles do not cover its non-empty domain "
+                              "inside the array's")
+        for t in range(math.prod(grid)):
             coords = np.unravel_index(t, grid, order=order)
             tile = cells[t * per_tile:(t + 1) * per_tile].reshape(tuple(extents) + tail,
                                                                   order=cell_order)

@@ -143,12 +143,14 @@ def _stage_types(pipeline, datatype):
     return types
 
 
-def unfilter_tile(data, pipeline, datatype, cell_size, expected, what):
+def unfilter_tile(data, pipeline, datatype, cell_size, expected, what, string_offsets=None):
     """The unfiltered bytes of one tile (``data``: its on-disk bytes, chunk count first).
 
     ``expected`` bounds the result (the tile's size as the schema and metadata
     declare it); a tile that claims more, or whose chunks do not add up, is a
-    FormatError, and a checksum that fails a ChecksumMismatch.
+    FormatError, and a checksum that fails a ChecksumMismatch. For var-sized
+    strings under RLE or DICTIONARY (whose offsets live in the data tile, not in
+    the offsets file) ``string_offsets`` is a list that receives the cell offsets.
     """
     reader = Reader(data, what)
     chunks = reader.count("Q", 12)
@@ -161,7 +163,10 @@ def unfilter_tile(data, pipeline, datatype, cell_size, expected, what):
         meta = bytes(reader.take(meta_len))
         body = bytes(reader.take(filtered))
         for f, dtype in reversed(list(zip(pipeline["filters"], types))):
-            meta, body = _reverse(f, dtype, cell_size, meta, body, original, what)
+            if string_offsets is not None and f["type"] in (4, 14):
+                meta, body = _strings_reverse(f, meta, body, string_offsets, what)
+            else:
+                meta, body = _reverse(f, dtype, cell_size, meta, body, original, what)
         if len(body) != original:
             raise FormatError(f"{what}: chunk {index} unfilters to {len(body)} bytes, "
                               f"not the {original} it declares")
@@ -205,6 +210,61 @@ def _reverse(f, datatype, cell_size, meta, body, limit, what):
     if ftype == 0:
         return meta, body
     raise FormatError(f"{what}: filter {name} cannot be undone")
+
+
+def _strings_reverse(f, meta, body, offsets_out, what):
+    """RLE or DICTIONARY on var-sized strings: runs (or ids) back to the strings, and the
+    cell offsets, which the writer kept here instead of in the offsets tile."""
+    md = Reader(meta, what)
+    md.unpack("II")  # metadata and data part counts (one data part)
+    size, compressed, offsets_bytes = md.unpack("III")
+    cells = offsets_bytes // 8
+    src = Reader(bytes(Reader(body, what).take(compressed)), what)
+    if f["type"] == 4:
+        run_width, length_width = md.unpack("BB")
+        pieces = _string_runs(src, run_width, length_width, cells, what)
+    else:
+        id_width, length_width = md.unpack("BB")
+        words = Reader(md.take(md.unpack("I")), what)
+        dictionary = []
+        while words.left():
+            dictionary.append(bytes(words.take(_be(words, length_width))))
+            if len(dictionary) > cells + 1:
+                raise FormatError(f"{what}: dictionary longer than the tile")
+        pieces = []
+        while src.left():
+            word = _be(src, id_width)
+            if word >= len(dictionary) or len(pieces) >= cells:
+                raise FormatError(f"{what}: dictionary id {word} is not in the dictionary")
+            pieces.append((1, dictionary[word]))
+    lengths = np.array([len(s) for _, s in pieces], np.uint64)
+    runs = np.array([n for n, _ in pieces], np.int64)
+    if int(runs.sum()) != cells or int((lengths * runs.astype(np.uint64)).sum()) != size:
+        raise FormatError(f"{what}: {f['name']} strings do not fill the tile")
+    starts = np.repeat(lengths, runs)
+    offsets_out.append(np.concatenate(([0], np.cumsum(starts)[:-1])).astype("<u8")
+                       if cells else np.zeros(0, "<u8"))
+    return bytes(md.take(md.left())), b"".join(s * n for n, s in pieces)
+
+
+def _be(reader, width):
+    """A big-endian unsigned integer of ``width`` bytes (1, 2, 4 or 8)."""
+    if width not in (1, 2, 4, 8):
+        raise FormatError(f"{reader.what}: integer width {width} is not 1, 2, 4 or 8")
+    return int.from_bytes(reader.take(width), "big")
+
+
+def _string_runs(src, run_width, length_width, cells, what):
+    """(run length, string) pairs, never more runs than cells."""
+    pieces = []
+    while src.left():
+        run = _be(src, run_width)
+        if run > cells:
+            raise FormatError(f"{what}: an RLE run longer than the tile")
+        pieces.append((run, bytes(src.take(_be(src, length_width)))))
+        if len(pieces) > cells:
+            raise FormatError(f"{what}: more RLE runs than cells")
+    return pieces
 
 
 def _decompress(ftype, f, datatype, cell_size, data, size, what):
