@@ -446,3 +446,21 @@ def test_info_and_check_json(arrays):
     assert check.returncode == 0, check.stdout + check.stderr
     text = subprocess.run(["ctdsfs", "info", uri], capture_output=True, text=True, check=True)
     assert "TileDB sparse array" in text.stdout
+
+
+def test_old_format_versions(data_dir):
+    """Arrays old libtiledb releases wrote (TileDB's own backward-compatibility inputs):
+    version 10 (fragments beside their .ok files, no tile statistics) and an empty v11."""
+    uri = str(data_dir / "tiledb" / "zero_var_chunks_v10")
+    (name, frag, meta), = fragments(uri)
+    assert meta["version"] == 10 and "fragment_statistics" not in meta
+    ref = fragment_read(uri, name, meta["non_empty_domain"])
+    assert load(frag, "a.npy").tolist() == ref["a"].tolist() == [1]
+    assert var_cells(frag, "d") == list(ref["d"]) == [b""]
+    assert frag.check()[0] == []
+    empty = open_container(str(data_dir / "tiledb" / "sparse_array_v11"))
+    schema = json.loads(empty.read("schema.json", 0, 1 << 20))
+    assert schema["version"] == 11 and empty.nested("fragments").names() == []
+    a3 = schema["attributes"][2]
+    assert (a3["type"], a3["cell_val_num"], a3["filters"]["filters"][0]["name"]) == \
+        ("FLOAT32", 2, "ZSTD")

@@ -299,10 +299,11 @@ class FragmentMetadata:
         self.file_var_sizes = r.unpack(f"{n}Q") if n else ()
         self.file_validity_sizes = r.unpack(f"{n}Q") if n else ()
         self.rtree_offset = r.unpack("Q")
-        names = ["tile_offsets", "tile_var_offsets", "tile_var_sizes", "tile_validity_offsets",
-                 "tile_mins", "tile_maxes", "tile_sums", "tile_null_counts"]
+        names = ["tile_offsets", "tile_var_offsets", "tile_var_sizes"] + \
+            ["tile_validity_offsets"] * (self.version >= 7) + \
+            ["tile_mins", "tile_maxes", "tile_sums", "tile_null_counts"] * (self.version >= 11)
         self.tile_offsets_at = {k: (r.unpack(f"{n}Q") if n else ()) for k in names}
-        self.fragment_stats_at = r.unpack("Q")
+        self.fragment_stats_at = r.unpack("Q") if self.version >= 11 else None
         self.processed_conditions_at = r.unpack("Q") if self.version >= 16 else None
         self.footer_left = r.left()
         self.footer_offset = start
@@ -544,7 +545,7 @@ class Fragment(_Directory):
         super().__init__(f"{array.label}/fragments/{name}")
         self.array = array
         self.name = name
-        self.path = os.path.join(array.path, "__fragments", name)
+        self.path = array.fragment_paths[name]
         self.meta = None
         self._tiles = OrderedDict()
 
@@ -791,8 +792,10 @@ class Fragment(_Directory):
                "sparse_tile_num": meta.sparse_tiles, "last_tile_cell_num": meta.last_tile_cells,
                "has_timestamps": meta.has_timestamps,
                "has_delete_meta": meta.has_delete_meta}
-        for key, call in (("rtree", meta.rtree), ("fragment_statistics", meta.fragment_stats),
-                          ("processed_conditions", meta.processed_conditions)):
+        calls = [("rtree", meta.rtree), ("processed_conditions", meta.processed_conditions)]
+        if meta.version >= 11:
+            calls.append(("fragment_statistics", meta.fragment_stats))
+        for key, call in calls:
             try:
                 out[key] = call()
             except CtdsfsError as exc:
@@ -804,7 +807,8 @@ class Fragment(_Directory):
         """Decode every tile of every field (checksums verified); problems and notes."""
         problems, notes = [], []
         self._all()
-        problems += [f"{self.label}: {p}" for p in self.problems]
+        problems += [p if p.startswith(self.label) else f"{self.label}: {p}"
+                     for p in self.problems]
         if self.meta is None:
             return problems, notes
         meta = self.meta
@@ -910,9 +914,16 @@ class TileDBArray(_Directory):
             return self._schemas[name]
 
     def _committed_fragments(self):
-        """Fragment folders with a commit (``__commits/NAME.wrt`` or in a ``.con`` file)."""
-        present = set(self._list("__fragments"))
+        """Fragment folders with a commit: ``__commits/NAME.wrt`` or a line of a ``.con``
+        file (version 12 on), or ``NAME.ok`` beside a folder in the array's own (before)."""
+        self.fragment_paths = {n: os.path.join(self.path, "__fragments", n)
+                               for n in self._list("__fragments")}
         committed = set()
+        for name in self._list("."):
+            if name.endswith(".ok") and name.startswith("__") and name[:-3] != "__":
+                self.fragment_paths.setdefault(name[:-3], os.path.join(self.path, name[:-3]))
+                committed.add(name[:-3])
+        present = set(self.fragment_paths)
         for name in self._list("__commits"):
             if name.endswith(".wrt"):
                 committed.add(name[:-4])
@@ -928,7 +939,8 @@ class TileDBArray(_Directory):
         shown = []
         for name in sorted(present & committed, key=lambda n: (_timestamps(n) or (0, 0), n)):
             why = name_problem(name)
-            if why or not os.path.isdir(os.path.join(self.path, "__fragments", name)):
+            path = self.fragment_paths[name]
+            if why or not os.path.isdir(path) or os.path.islink(path):
                 self.problems.append(f"fragment {name!r} not shown: {why or 'not a directory'}")
             else:
                 shown.append(name)
