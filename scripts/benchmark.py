@@ -14,6 +14,9 @@ the targets of the read-only milestone:
     table view / python-casacore 3.8 reading the MultiFile original >= 0.8
   pack and unpack of a >= 1 GiB tree / cp -r of the same tree >= 0.7
   check: CRC-verified blocks >= 1 GB/s
+  (--parts tiledb) a 1 GiB zstd float64 TileDB attribute through FIELD.npy, cache
+    dropped / tiledb-py reading the same fragment into NumPy >= 0.7; listing an
+    array of 1,000 fragments < 1 s
 
 Needs root (drop_caches, mounting). Usage:
   python3 scripts/benchmark.py [--size-mib 1024] [--block-size 65536] [--dir DIR]
@@ -379,6 +382,7 @@ def print_rows(rows):
 
 
 PARTS = ("read", "write", "many", "legacy", "toolbox")
+OPTIONAL_PARTS = ("tiledb",)  # run only when named in --parts
 
 
 def main():
@@ -392,14 +396,17 @@ def main():
     parser.add_argument("--tree-mib", type=int, default=1100,
                         help="directory tree size for pack/unpack (MiB)")
     parser.add_argument("--parts", default=",".join(PARTS),
-                        help=f"comma-separated subset of {','.join(PARTS)} (default: all)")
+                        help=f"comma-separated subset of {','.join(PARTS + OPTIONAL_PARTS)} "
+                             f"(default: {','.join(PARTS)})")
+    parser.add_argument("--tiledb-mib", type=int, default=1024,
+                        help="zstd-compressed float64 TileDB attribute size (MiB)")
     parser.add_argument("--serve-passthrough", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve_passthrough:
         return serve_passthrough(*args.serve_passthrough)
     parts = set(args.parts.split(","))
-    if parts - set(PARTS):
-        parser.error(f"unknown parts: {', '.join(sorted(parts - set(PARTS)))}")
+    if parts - set(PARTS + OPTIONAL_PARTS):
+        parser.error(f"unknown parts: {', '.join(sorted(parts - set(PARTS + OPTIONAL_PARTS)))}")
 
     rows, lines = [], []
     with tempfile.TemporaryDirectory(dir=args.dir or "/var/tmp", prefix="ctdsfs-bench.") as tmp:
@@ -426,6 +433,10 @@ def main():
             print(f"pack / unpack / check of a {args.tree_mib} MiB tree (2 rounds each, "
                   "alternating) ...", flush=True)
             rows += toolbox_figures(tmp, pool, args.tree_mib)
+        if "tiledb" in parts:
+            tiledb_rows, tiledb_lines = tiledb_figures(tmp, args.tiledb_mib)
+            rows += tiledb_rows
+            lines += tiledb_lines
     print_rows(rows)
     if lines:
         print("\n" + "\n".join(lines))
@@ -524,6 +535,61 @@ def many_files_figures(tmp):
             f"commit of that container after a change: {commit_seconds:.2f} s (target < 1 s)",
             f"1000 small random writes through a read-write mount: {small_write_us:.0f} us each, "
             f"{header_writes} header writes (target: none before the commit)"]
+
+
+def tiledb_figures(tmp, mib, fragment_count=1000):
+    """A zstd-compressed float64 attribute read as FIELD.npy through a mount, against
+    tiledb-py reading the same fragment into NumPy (caches dropped before each, best of 3
+    alternating); and listing fragments/ of an array with ``fragment_count`` fragments."""
+    import tiledb
+
+    cells = (mib << 20) // 8
+    tile = 1 << 20
+    uri = str(tmp / "big_tiledb")
+    print(f"writing a {mib} MiB zstd float64 TileDB attribute ...", flush=True)
+    schema = tiledb.ArraySchema(
+        domain=tiledb.Domain(tiledb.Dim("i", domain=(0, cells - 1), tile=tile, dtype=np.int64)),
+        attrs=[tiledb.Attr("v", dtype=np.float64, filters=tiledb.FilterList(
+            [tiledb.ZstdFilter(level=1)]))])
+    tiledb.Array.create(uri, schema)
+    step = 16 * tile
+    with tiledb.open(uri, "w") as A:
+        for start in range(0, cells, step):
+            n = min(step, cells - start)
+            x = np.arange(start, start + n, dtype=np.float64)
+            A[start:start + n] = np.round(np.sin(x * 1e-4) * 1000 + (x % 17), 3)
+    fragment = os.listdir(os.path.join(uri, "__fragments"))[0]
+    npy = tmp / "mt" / "fragments" / fragment / "v.npy"
+    native, mounted = [], []
+    for _ in range(3):
+        drop_caches()
+        start = time.perf_counter()
+        with tiledb.open(uri) as A:
+            values = A[:]["v"]
+        native.append(values.nbytes / (time.perf_counter() - start) / 1e9)
+        del values
+        with Mounted(["mount.ctdsfs", "-f", uri, str(tmp / "mt")], str(tmp / "mt")):
+            drop_caches()
+            mounted.append(read_through(npy))
+    rows = [("tiledb-py reads the attribute into NumPy, cold (best)", max(native), None, None),
+            ("ctdsfs FIELD.npy first read, cold (best, vs tiledb-py)", max(mounted),
+             max(native), 0.7)]
+
+    print(f"writing an array of {fragment_count} fragments ...", flush=True)
+    many = str(tmp / "many_tiledb")
+    tiledb.Array.create(many, tiledb.ArraySchema(
+        domain=tiledb.Domain(tiledb.Dim("i", domain=(0, 999), tile=10, dtype=np.int64)),
+        attrs=[tiledb.Attr("v", dtype=np.int32)], sparse=True))
+    for t in range(1, fragment_count + 1):
+        with tiledb.open(many, "w", timestamp=t) as A:
+            A[np.array([t % 1000])] = np.array([t], dtype=np.int32)
+    with Mounted(["mount.ctdsfs", "-f", many, str(tmp / "mf")], str(tmp / "mf")):
+        drop_caches()
+        start = time.perf_counter()
+        listed = [os.lstat(entry.path) for entry in os.scandir(tmp / "mf" / "fragments")]
+        list_seconds = time.perf_counter() - start
+    return rows, [f"listing fragments/ of an array of {len(listed)} fragments (ls -l, cache "
+                  f"dropped): {list_seconds:.2f} s (target < 1 s)"]
 
 
 if __name__ == "__main__":

@@ -513,33 +513,58 @@ class _Directory(Container):
 class _Lazy:
     """A file whose bytes are a header followed by the concatenation of pieces.
 
-    ``piece_sizes[i]`` is piece i's size; ``load(i)`` gives its bytes (a tile,
-    decoded when a read first touches it).
+    ``layout()`` gives the header and every piece's size, worked out when the
+    size or the bytes are first asked for; ``load(i)`` gives piece i (a tile,
+    decoded when a read first touches it). A layout that cannot be worked out
+    is EIO for that file.
     """
 
-    def __init__(self, header, piece_sizes, load):
-        self.header = header
-        self.ends = np.cumsum(np.asarray(piece_sizes, dtype=np.int64)) if len(piece_sizes) \
-            else np.zeros(0, np.int64)
-        self.size = len(header) + (int(self.ends[-1]) if len(self.ends) else 0)
+    def __init__(self, layout, load):
+        self._layout = layout
         self.load = load
+        self._ready = None
+        self._lock = threading.Lock()
+
+    def _parts(self):
+        with self._lock:
+            if self._ready is None:
+                try:
+                    header, sizes = self._layout()
+                except BlockError:
+                    raise
+                except CtdsfsError as exc:
+                    raise BlockError(str(exc), str(exc)) from None
+                ends = np.cumsum(np.asarray(sizes, dtype=np.int64)) if len(sizes) \
+                    else np.zeros(0, np.int64)
+                self._ready = header, ends, len(header) + (int(ends[-1]) if len(ends) else 0)
+            return self._ready
+
+    @property
+    def size(self):
+        return self._parts()[2]
 
     def read(self, offset, size):
-        end = min(offset + size, self.size)
-        out = bytearray(self.header[offset:end])
-        pos = max(offset, len(self.header)) - len(self.header)
-        stop = end - len(self.header)
+        header, ends, total = self._parts()
+        end = min(offset + size, total)
+        out = bytearray(header[offset:end])
+        pos = max(offset, len(header)) - len(header)
+        stop = end - len(header)
         while pos < stop:
-            i = int(np.searchsorted(self.ends, pos, side="right"))
-            start = int(self.ends[i - 1]) if i else 0
+            i = int(np.searchsorted(ends, pos, side="right"))
+            start = int(ends[i - 1]) if i else 0
             piece = self.load(i)
-            out += piece[pos - start:min(stop, int(self.ends[i])) - start]
-            pos = int(self.ends[i])
+            out += piece[pos - start:min(stop, int(ends[i])) - start]
+            pos = int(ends[i])
         return bytes(out)
 
 
 class Fragment(_Directory):
-    """One committed fragment: fragment.json, FIELD.npy and friends, raw/."""
+    """One committed fragment: fragment.json, FIELD.npy and friends, raw/.
+
+    Listing it reads only the footer: which files there are follows from the
+    schema; their sizes (tile counts, var sizes) and fragment.json are worked
+    out when first asked for, the tiles when first read.
+    """
 
     def __init__(self, array, name):
         super().__init__(f"{array.label}/fragments/{name}")
@@ -548,6 +573,8 @@ class Fragment(_Directory):
         self.path = array.fragment_paths[name]
         self.meta = None
         self._tiles = OrderedDict()
+        self._counts = None
+        self._hidden = {}  # field name -> files not shown, with the reason
 
     def _load_meta(self):
         if self.meta is None:
@@ -567,28 +594,28 @@ class Fragment(_Directory):
             entries["fragment.json"] = _json_bytes({"name": self.name, "problem": str(exc)})
             entries["raw"] = DirectorySource(self.path, recurse=False)
             return entries
-        fields_json = {}
+        entries["fragment.json"] = _Lazy(lambda: (_json_bytes(self._describe_fragment()), []),
+                                         None)
         files = OrderedDict()
         for index, field in enumerate(meta.fields):
-            if field.kind == "coords" and not meta.file_sizes[index]:
-                continue
-            info, produced = self._field_files(index, field)
-            fields_json[field.name] = info
-            for file_name, entry in produced.items():
+            for file_name, entry in self._field_files(index, field).items():
                 why = name_problem(file_name) or ("name used twice" if file_name in files
                                                   else None)
                 if why:
                     self.problems.append(f"{file_name!r} not shown: {why}")
-                    info.setdefault("problems", []).append(f"{file_name!r} not shown: {why}")
+                    self._hidden.setdefault(field.name, []).append(
+                        f"{file_name!r} not shown: {why}")
                 else:
                     files[file_name] = entry
-        entries["fragment.json"] = _json_bytes(self._describe_fragment(fields_json))
         entries.update(files)
         entries["raw"] = DirectorySource(self.path, recurse=False)
         return entries
 
     def cell_counts(self):
-        """Cells in each tile, from the schema and the footer (no tile read)."""
+        """Cells in each tile, from the schema, the footer and the first field's tile
+        offsets (no data tile read)."""
+        if self._counts is not None:
+            return self._counts
         meta = self._load_meta()
         tiles = len(meta.u64_list("tile_offsets", 0)) if meta.fields else 0
         if meta.dense:
@@ -601,26 +628,80 @@ class Fragment(_Directory):
                 per_tile *= extent
             counts = [per_tile] * tiles
         else:
-            capacity = meta.schema["capacity"]
-            counts = [capacity] * tiles
+            counts = [meta.schema["capacity"]] * tiles
             if tiles:
                 counts[-1] = meta.last_tile_cells
         if any(c * 8 > MAX_TILE_BYTES for c in counts[:1] + counts[-1:]):
             raise FormatError(f"{self.label}: tiles of {counts[0]} cells are larger "
                               f"than ctdsfs reads")
+        self._counts = counts
         return counts
 
     def _field_files(self, index, field):
-        """(fragment.json part, {file name: _Lazy}) of one field."""
+        """{file name: _Lazy} of one field (none if it has no tiles or cannot be undone)."""
+        meta = self.meta
+        if not meta.stores(field) or tf.pipeline_problem(field.filters):
+            return {}
+        name = field.name
+        if field.var:
+            files = {f"{name}.offsets.npy": _Lazy(lambda: self._offsets_layout(index),
+                                                  lambda i: self._offsets_piece(index, i)),
+                     f"{name}.data": _Lazy(lambda: (b"", self._var_sizes(index)),
+                                           lambda i: self._tile(index, "var", i))}
+        else:
+            def layout():
+                counts = self.cell_counts()
+                tail = () if field.cell_val_num == 1 else (field.cell_val_num,)
+                return (npy_header(field.dtype.str, (sum(counts),) + tail, False),
+                        [c * field.cell_size for c in counts])
+            files = {f"{name}.npy": _Lazy(layout, lambda i: self._tile(index, "data", i))}
+        if field.nullable:
+            files[f"{name}.validity.npy"] = _Lazy(
+                lambda: (npy_header("|u1", (sum(self.cell_counts()),), False),
+                         self.cell_counts()),
+                lambda i: self._tile(index, "validity", i))
+        return files
+
+    def _var_sizes(self, index):
+        sizes = self.meta.u64_list("tile_var_sizes", index)
+        if len(sizes) != len(self.cell_counts()):
+            raise FormatError(f"{self.label}: {len(sizes)} var tile sizes for "
+                              f"{len(self.cell_counts())} tiles")
+        return sizes.tolist()
+
+    def _offsets_layout(self, index):
+        """FIELD.offsets.npy: every cell's start in FIELD.data, then its end."""
+        counts = self.cell_counts()
+        sizes = [8 * c for c in counts] or [0]
+        sizes[-1] += 8
+        return npy_header("<u8", (sum(counts) + 1,), False), sizes
+
+    def _offsets_piece(self, index, i):
+        """Tile i's cell offsets made global (into FIELD.data); the last tile adds the end."""
+        bases = np.concatenate((np.zeros(1, np.uint64),
+                                np.cumsum(self._var_sizes(index), dtype=np.uint64)))
+        counts = self.cell_counts()
+        if not counts:
+            return bases[-1:].astype("<u8").tobytes()
+        kind = "offsets" if self.meta.offsets_in_data(self.meta.fields[index]) else "data"
+        piece = np.frombuffer(self._tile(index, kind, i), "<u8") + bases[i]
+        if i == len(counts) - 1:
+            piece = np.concatenate((piece, bases[-1:]))
+        return piece.astype("<u8").tobytes()
+
+    def _field_json(self, index, field):
+        """fragment.json's part for one field: files, tile offsets and statistics."""
         meta = self.meta
         info = {"file": field.stem + ".tdb", "type": tf.datatype_name(field.type),
                 "cell_val_num": "var" if field.var else field.cell_val_num,
-                "nullable": field.nullable,
-                "file_size": meta.file_sizes[index]}
-        produced = {}
+                "nullable": field.nullable, "file_size": meta.file_sizes[index]}
+        problem = tf.pipeline_problem(field.filters) if meta.stores(field) else None
+        if problem:
+            info["problem"] = f"shown in raw/ only: {problem}"
+        if field.name in self._hidden:
+            info["problems"] = self._hidden[field.name]
         try:
-            offsets = meta.u64_list("tile_offsets", index)
-            info["tile_offsets"] = offsets.tolist()
+            info["tile_offsets"] = meta.u64_list("tile_offsets", index).tolist()
             if field.var:
                 info["file_var_size"] = meta.file_var_sizes[index]
                 info["tile_var_offsets"] = meta.u64_list("tile_var_offsets", index).tolist()
@@ -629,141 +710,90 @@ class Fragment(_Directory):
                 info["file_validity_size"] = meta.file_validity_sizes[index]
                 info["tile_validity_offsets"] = \
                     meta.u64_list("tile_validity_offsets", index).tolist()
-            self._tile_statistics(index, info)
         except CtdsfsError as exc:
             info["problem"] = str(exc)
-            return info, produced
-        if not meta.stores(field):
-            return info, produced
-        problem = tf.pipeline_problem(field.filters)
-        if problem:
-            info["problem"] = f"shown in raw/ only: {problem}"
-            return info, produced
-        try:
-            counts = self.cell_counts()
-        except CtdsfsError as exc:
-            info["problem"] = str(exc)
-            return info, produced
-        shape_tail = () if field.var or field.cell_val_num == 1 else (field.cell_val_num,)
-        total = sum(counts)
-        if field.var:
-            data_sizes = meta.u64_list("tile_var_sizes", index)
-            if len(data_sizes) != len(counts):
-                info["problem"] = "var tile sizes do not match the tiles"
-                return info, produced
-            bases = np.concatenate((np.zeros(1, np.uint64),
-                                    np.cumsum(data_sizes, dtype=np.uint64)))
-            produced[f"{field.name}.offsets.npy"] = _Lazy(
-                npy_header("<u8", (total + 1,), False),
-                [8 * c for c in counts[:-1]] + [8 * counts[-1] + 8] if counts else [8],
-                lambda i: self._offsets_piece(index, i, counts, bases))
-            produced[f"{field.name}.data"] = _Lazy(
-                b"", data_sizes.tolist(), lambda i: self._tile(index, "var", i, counts))
-        else:
-            descr = "|S1" if field.dtype.str == "|S1" else field.dtype.str
-            produced[f"{field.name}.npy"] = _Lazy(
-                npy_header(descr, (total,) + shape_tail, False),
-                [c * field.cell_size for c in counts],
-                lambda i: self._tile(index, "data", i, counts))
-        if field.nullable:
-            produced[f"{field.name}.validity.npy"] = _Lazy(
-                npy_header("|u1", (total,), False), counts,
-                lambda i: self._tile(index, "validity", i, counts))
-        return info, produced
+            return info
+        if meta.version >= 11:
+            try:
+                info["tile_sums"] = _sums(meta.u64_list("tile_sums", index), field.type)
+                info["tile_null_counts"] = meta.u64_list("tile_null_counts", index).tolist()
+                info["tile_mins"] = meta.min_max("tile_mins", index)
+                info["tile_maxes"] = meta.min_max("tile_maxes", index)
+            except CtdsfsError as exc:
+                info["statistics_problem"] = str(exc)
+        return info
 
-    def _tile_statistics(self, index, info):
-        meta = self.meta
-        if meta.version < 11:
-            return
-        field = meta.fields[index]
-        try:
-            info["tile_sums"] = _sums(meta.u64_list("tile_sums", index), field.type)
-            info["tile_null_counts"] = meta.u64_list("tile_null_counts", index).tolist()
-            info["tile_mins"] = meta.min_max("tile_mins", index)
-            info["tile_maxes"] = meta.min_max("tile_maxes", index)
-        except CtdsfsError as exc:
-            info["statistics_problem"] = str(exc)
-
-    def _offsets_piece(self, index, i, counts, bases):
-        """Tile i's cell offsets made global (into FIELD.data); the last tile adds the end."""
-        kind = "offsets" if self.meta.offsets_in_data(self.meta.fields[index]) else "data"
-        local = np.frombuffer(self._tile(index, kind, i, counts), "<u8")
-        piece = local + np.uint64(bases[i])
-        if i == len(counts) - 1:
-            piece = np.concatenate((piece, [bases[-1]]))
-        return piece.astype("<u8").tobytes()
-
-    def _tile(self, index, kind, i, counts):
-        """Decoded tile i of field ``index`` (kind: data, var or validity), cached."""
+    def _tile(self, index, kind, i):
+        """Decoded tile i of field ``index`` (kind: data, var, validity, or offsets for
+        strings that keep them in the var tile), cached."""
         key = (index, kind, i)
         with self._lock:
             if key in self._tiles:
                 self._tiles.move_to_end(key)
                 return self._tiles[key]
         if kind == "offsets":  # decoding the var tile gives them
-            self._tile(index, "var", i, counts)
+            self._tile(index, "var", i)
             with self._lock:
                 data = self._tiles.get(key)
-            if data is None:
-                data = self._decode(index, "var", i, counts, offsets_only=True)
-            return data
-        offsets = [] if kind == "var" and self.meta.offsets_in_data(self.meta.fields[index]) \
-            else None
-        data = self._decode(index, kind, i, counts, offsets)
+            return data if data is not None else self._decode(index, "var", i, [])[1]
+        data, offsets = self._decode(index, kind, i)
         with self._lock:
             self._tiles[key] = data
-            if offsets:
-                self._tiles[(index, "offsets", i)] = b"".join(o.tobytes() for o in offsets)
+            if offsets is not None:
+                self._tiles[(index, "offsets", i)] = offsets
             while len(self._tiles) > TILE_CACHE:
                 self._tiles.popitem(last=False)
         return data
 
-    def _decode(self, index, kind, i, counts, string_offsets=None, offsets_only=False):
-        """Tile i of field ``index`` unfiltered (BlockError if it cannot be); for strings
-        whose offsets are in the var tile, ``string_offsets`` receives them."""
+    def _decode(self, index, kind, i, string_offsets=None):
+        """Tile i of field ``index`` unfiltered, and for strings whose offsets are in the
+        var tile those offsets (else None); BlockError if it cannot be decoded."""
         meta = self.meta
-        if offsets_only:
-            string_offsets = []
-            self._decode(index, kind, i, counts, string_offsets)
-            return b"".join(o.tobytes() for o in string_offsets)
         field = meta.fields[index]
-        if string_offsets is None and kind == "var" and meta.offsets_in_data(field):
+        schema = meta.schema
+        if kind == "var" and meta.offsets_in_data(field):
             string_offsets = []
         suffix = {"data": "", "var": "_var", "validity": "_validity"}[kind]
         file_name = f"{field.stem}{suffix}.tdb"
         where = f"tile {i} of {field.name} ({file_name})"
         try:
+            counts = self.cell_counts()
+            if i >= len(counts):
+                raise FormatError(f"{where}: the fragment has {len(counts)} tiles")
             if kind == "var":
                 offsets = meta.u64_list("tile_var_offsets", index)
                 file_size = meta.file_var_sizes[index]
-                expected = int(meta.u64_list("tile_var_sizes", index)[i])
+                expected = self._var_sizes(index)[i]
                 pipeline, datatype, cell = field.filters, field.type, field.dtype.itemsize
             elif kind == "validity":
                 offsets = meta.u64_list("tile_validity_offsets", index)
                 file_size = meta.file_validity_sizes[index]
                 expected = counts[i]
-                pipeline, datatype, cell = self.array.schema["validity_filters"], 6, 1
+                pipeline, datatype, cell = schema["validity_filters"], 6, 1
             else:
                 offsets = meta.u64_list("tile_offsets", index)
                 file_size = meta.file_sizes[index]
                 expected = counts[i] * field.cell_size
-                pipeline = self.array.schema["offsets_filters"] if field.var else field.filters
+                pipeline = schema["offsets_filters"] if field.var else field.filters
                 datatype = 10 if field.var else field.type
                 cell = 8 if field.var else field.cell_size
+            if expected > MAX_TILE_BYTES:
+                raise FormatError(f"{where}: {expected} bytes is more than ctdsfs decodes")
             raw = self._tile_bytes(file_name, offsets, i, file_size, where)
             data = tf.unfilter_tile(raw, pipeline, datatype, cell, expected, where,
                                     string_offsets)
-            if string_offsets is not None and sum(map(len, string_offsets)) != counts[i]:
-                raise FormatError(f"{where}: strings for {sum(map(len, string_offsets))} "
-                                  f"cells, not {counts[i]}")
-        except tf.ChecksumMismatch as exc:
-            raise BlockError(f"{self.label}: {exc}", str(exc)) from None
+            if len(data) != expected:
+                raise FormatError(f"{where}: {len(data)} bytes, not the {expected} the "
+                                  f"metadata declares")
+            if string_offsets is not None:
+                cells = sum(map(len, string_offsets))
+                if cells != counts[i]:
+                    raise FormatError(f"{where}: strings for {cells} cells, not {counts[i]}")
+                string_offsets = b"".join(o.tobytes() for o in string_offsets)
         except CtdsfsError as exc:
-            raise BlockError(f"{self.label}: {exc}", str(exc)) from None
-        if len(data) != expected:
-            detail = f"{where}: {len(data)} bytes, not the {expected} the metadata declares"
-            raise BlockError(f"{self.label}: {detail}", detail)
-        return data
+            detail = str(exc)
+            raise BlockError(f"{self.label}: {detail}", detail) from None
+        return data, string_offsets
 
     def _tile_bytes(self, file_name, offsets, i, file_size, where):
         """The on-disk bytes of tile i: from its offset to the next (or the file's end)."""
@@ -783,7 +813,7 @@ class Fragment(_Directory):
             raise FormatError(f"{where}: bytes {start}..{end} run past the end of the file")
         return raw
 
-    def _describe_fragment(self, fields_json):
+    def _describe_fragment(self):
         meta = self.meta
         stamps = _timestamps(self.name)
         out = {"name": self.name, "timestamps": list(stamps[:2]) if stamps else None,
@@ -800,7 +830,9 @@ class Fragment(_Directory):
                 out[key] = call()
             except CtdsfsError as exc:
                 out[key] = {"problem": str(exc)}
-        out["fields"] = fields_json
+        out["fields"] = {field.name: self._field_json(index, field)
+                         for index, field in enumerate(meta.fields)
+                         if field.kind != "coords" or meta.file_sizes[index]}
         return out
 
     def check(self, bar=None):
@@ -825,11 +857,11 @@ class Fragment(_Directory):
             kinds = ["data"] * (not meta.offsets_in_data(field)) + ["var"] * field.var + \
                 ["validity"] * field.nullable
             for kind in kinds:
-                problems += self._check_file(index, kind, counts, bar)
+                problems += self._check_file(index, kind, len(counts), bar)
         notes.append(f"{self.label}: {len(counts)} tiles of {len(meta.fields)} fields checked")
         return problems, notes
 
-    def _check_file(self, index, kind, counts, bar):
+    def _check_file(self, index, kind, tiles, bar):
         meta = self.meta
         field = meta.fields[index]
         suffix = {"data": "", "var": "_var", "validity": "_validity"}[kind]
@@ -845,18 +877,18 @@ class Fragment(_Directory):
             kind_offsets = {"data": "tile_offsets", "var": "tile_var_offsets",
                             "validity": "tile_validity_offsets"}[kind]
             offsets = meta.u64_list(kind_offsets, index)
-            if len(offsets) != len(counts):
+            if len(offsets) != tiles:
                 problems.append(f"{self.label}: {file_name}: {len(offsets)} tile offsets for "
-                                f"{len(counts)} tiles")
+                                f"{tiles} tiles")
             if len(offsets) and (np.any(np.diff(offsets.astype(np.int64)) < 0)
                                  or int(offsets[-1]) > declared or int(offsets[0]) != 0):
                 problems.append(f"{self.label}: {file_name}: tile offsets not inside the file "
                                 f"in order")
         except (OSError, CtdsfsError) as exc:
             return problems + [f"{self.label}: {file_name}: {exc}"]
-        for i in range(min(len(counts), len(offsets))):
+        for i in range(min(tiles, len(offsets))):
             try:
-                data = self._decode(index, kind, i, counts)
+                data = self._decode(index, kind, i)[0]
                 if bar is not None:
                     bar.update(len(data))
             except BlockError as exc:
@@ -1009,7 +1041,8 @@ class TileDBArray(_Directory):
             tail = () if field.cell_val_num == 1 else (field.cell_val_num,)
             header = npy_header(field.dtype.str, tuple(shape) + tail,
                                 self.schema["cell_order"] == 1)
-            entries[name] = _Lazy(header, [size], lambda i, a=index: self._merged_or_eio(a))
+            entries[name] = _Lazy(lambda h=header, n=size: (h, [n]),
+                                  lambda i, a=index: self._merged_or_eio(a))
         return entries
 
     def _dense_shape(self):
@@ -1055,7 +1088,7 @@ class TileDBArray(_Directory):
             if meta.fields[attr_index].name != field.name:
                 continue
             counts = frag.cell_counts()
-            cells = np.frombuffer(b"".join(frag._tile(attr_index, "data", i, counts)
+            cells = np.frombuffer(b"".join(frag._tile(attr_index, "data", i)
                                            for i in range(len(counts))), field.dtype)
             self._place(result, cells.reshape((-1,) + tail), meta.non_empty_domain, dims, tail)
         return result.tobytes(order="F" if schema["cell_order"] == 1 else "C")
