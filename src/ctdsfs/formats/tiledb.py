@@ -553,7 +553,7 @@ class _Lazy:
             i = int(np.searchsorted(ends, pos, side="right"))
             start = int(ends[i - 1]) if i else 0
             piece = self.load(i)
-            out += piece[pos - start:min(stop, int(ends[i])) - start]
+            out += memoryview(piece)[pos - start:min(stop, int(ends[i])) - start]
             pos = int(ends[i])
         return bytes(out)
 
@@ -735,7 +735,7 @@ class Fragment(_Directory):
             self._tile(index, "var", i)
             with self._lock:
                 data = self._tiles.get(key)
-            return data if data is not None else self._decode(index, "var", i, [])[1]
+            return data if data is not None else self._decode(index, "var", i)[1]
         data, offsets = self._decode(index, kind, i)
         with self._lock:
             self._tiles[key] = data
@@ -745,14 +745,13 @@ class Fragment(_Directory):
                 self._tiles.popitem(last=False)
         return data
 
-    def _decode(self, index, kind, i, string_offsets=None):
+    def _decode(self, index, kind, i):
         """Tile i of field ``index`` unfiltered, and for strings whose offsets are in the
         var tile those offsets (else None); BlockError if it cannot be decoded."""
         meta = self.meta
         field = meta.fields[index]
         schema = meta.schema
-        if kind == "var" and meta.offsets_in_data(field):
-            string_offsets = []
+        string_offsets = [] if kind == "var" and meta.offsets_in_data(field) else None
         suffix = {"data": "", "var": "_var", "validity": "_validity"}[kind]
         file_name = f"{field.stem}{suffix}.tdb"
         where = f"tile {i} of {field.name} ({file_name})"

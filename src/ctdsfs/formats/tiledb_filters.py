@@ -12,8 +12,11 @@ there, and no output grows past the size the chunk declares.
 
 import bz2
 import hashlib
+import os
 import struct
+import threading
 import zlib
+from concurrent.futures import ThreadPoolExecutor
 
 import lz4.block
 import numpy as np
@@ -47,6 +50,9 @@ FILTER_NAMES = {0: "NONE", 1: "GZIP", 2: "ZSTD", 3: "LZ4", 4: "RLE", 5: "BZIP2",
 COMPRESSORS = {1, 2, 3, 4, 5, 6, 14, 19}  # options: u8 compressor, i32 level (+ u8 type)
 UNDONE = set(FILTER_NAMES) - {18}  # every filter but WEBP (lossy images) is undone here
 BITSHUFFLE_BLOCK = 8192  # bytes shuffled at a time (TileDB's bitshuffle target block)
+PARALLEL_CHUNKS = 8  # a tile of this many chunks or more is unfiltered by several threads
+_POOL = None
+_POOL_LOCK = threading.Lock()
 
 
 class ChecksumMismatch(FormatError):
@@ -153,16 +159,21 @@ def unfilter_tile(data, pipeline, datatype, cell_size, expected, what, string_of
     the offsets file) ``string_offsets`` is a list that receives the cell offsets.
     """
     reader = Reader(data, what)
-    chunks = reader.count("Q", 12)
-    types = _stage_types(pipeline, datatype)
-    out = bytearray()
-    for index in range(chunks):
+    count = reader.count("Q", 12)
+    chunks, total = [], 0
+    for _ in range(count):
         original, filtered, meta_len = reader.unpack("III")
-        if len(out) + original > expected:
+        total += original
+        if total > expected:
             raise FormatError(f"{what}: chunks declare more than the tile's {expected} bytes")
-        meta = bytes(reader.take(meta_len))
-        body = bytes(reader.take(filtered))
-        for f, dtype in reversed(list(zip(pipeline["filters"], types))):
+        chunks.append((original, bytes(reader.take(meta_len)), reader.take(filtered)))
+    if reader.left():
+        raise FormatError(f"{what}: {reader.left()} bytes after the last chunk")
+    stages = list(reversed(list(zip(pipeline["filters"], _stage_types(pipeline, datatype)))))
+
+    def unfilter(index):
+        original, meta, body = chunks[index]
+        for f, dtype in stages:
             if string_offsets is not None and f["type"] in (4, 14):
                 meta, body = _strings_reverse(f, meta, body, string_offsets, what)
             else:
@@ -170,10 +181,22 @@ def unfilter_tile(data, pipeline, datatype, cell_size, expected, what, string_of
         if len(body) != original:
             raise FormatError(f"{what}: chunk {index} unfilters to {len(body)} bytes, "
                               f"not the {original} it declares")
-        out += body
-    if reader.left():
-        raise FormatError(f"{what}: {reader.left()} bytes after the last chunk")
-    return bytes(out)
+        return body
+
+    if string_offsets is None and len(chunks) >= PARALLEL_CHUNKS and stages:
+        return b"".join(_pool().map(unfilter, range(len(chunks))))
+    return b"".join(map(unfilter, range(len(chunks))))
+
+
+def _pool():
+    """Threads that unfilter the chunks of a large tile side by side (the codecs and
+    NumPy release the GIL)."""
+    global _POOL
+    with _POOL_LOCK:
+        if _POOL is None:
+            _POOL = ThreadPoolExecutor(max_workers=os.cpu_count() or 2,
+                                       thread_name_prefix="tiledb-chunks")
+        return _POOL
 
 
 def _reverse(f, datatype, cell_size, meta, body, limit, what):
@@ -187,7 +210,7 @@ def _reverse(f, datatype, cell_size, meta, body, limit, what):
         if sum(u for u, _ in sizes) > limit + len(meta) + (1 << 16):
             raise FormatError(f"{what}: {name} parts declare more than the chunk holds")
         src = Reader(body, what)
-        decoded = [_decompress(ftype, f, datatype, cell_size, bytes(src.take(c)), u, what)
+        decoded = [_decompress(ftype, f, datatype, cell_size, src.take(c), u, what)
                    for u, c in sizes]
         return b"".join(decoded[:parts_meta]), b"".join(decoded[parts_meta:])
     if ftype in (12, 13):
@@ -342,7 +365,7 @@ def _unshuffle(ftype, f, datatype, part, what):
     if ftype == 9:
         n = len(part) // width
         body = np.frombuffer(part, np.uint8, n * width).reshape(width, n).T.tobytes()
-        return body + part[n * width:]
+        return body + bytes(part[n * width:])
     if ftype == 8:
         if len(part) % width or len(part) % 8:
             return part
