@@ -374,13 +374,17 @@ def lying_footer(uri):
     meta.write_bytes(bytes(data))
 
 
-DAMAGE = {
-    "truncated data file": lambda uri: truncate(data_file(uri, "zstd"), 1000),
-    "empty data file": lambda uri: truncate(data_file(uri, "gzip"), 0),
-    "decompression bomb": lambda uri: bomb(data_file(uri, "zstd")),
-    "lying footer": lying_footer,
-    "truncated fragment metadata": lambda uri: truncate(
+DAMAGE = {  # what is done, and what ``ctdsfs check`` must say about it
+    "truncated data file": (lambda uri: truncate(data_file(uri, "zstd"), 1000),
+                            "run past the end of the file"),
+    "empty data file": (lambda uri: truncate(data_file(uri, "gzip"), 0),
+                        "run past the end of the file"),
+    "decompression bomb": (lambda uri: bomb(data_file(uri, "zstd")),
+                           "chunks declare more than the tile's"),
+    "lying footer": (lying_footer, "bytes, the footer says 1099511627776"),
+    "truncated fragment metadata": (lambda uri: truncate(
         sorted((uri / "__fragments").iterdir())[0] / "__fragment_metadata.tdb", 500),
+        "__fragment_metadata.tdb"),
 }
 
 
@@ -388,15 +392,17 @@ DAMAGE = {
 def test_damage_is_eio_or_a_problem_never_a_traceback(arrays, tmp_path, damage):
     uri = tmp_path / "a"
     shutil.copytree(arrays / "sparse", uri)
-    DAMAGE[damage](uri)
+    spoil, said = DAMAGE[damage]
+    spoil(uri)
     array = open_container(str(uri))
     bad = walk(array)
     problems = [p for _, frag, _ in fragments(str(uri)) for p in frag.problems]
     assert bad or problems
-    for command in (["info"], ["info", "--json"], ["check"], ["check", "--json"]):
+    for command in (["info"], ["info", "--json"], ["check", "--json"]):
         result = subprocess.run(["ctdsfs", *command, str(uri)], capture_output=True, text=True)
         assert "Traceback" not in result.stderr and result.returncode in (0, 1), result.stderr
-    assert subprocess.run(["ctdsfs", "check", str(uri)], capture_output=True).returncode == 1
+    check = subprocess.run(["ctdsfs", "check", str(uri)], capture_output=True, text=True)
+    assert check.returncode == 1 and said in check.stdout, check.stdout + check.stderr
 
 
 def test_damaged_schema_is_one_line(arrays, tmp_path):
