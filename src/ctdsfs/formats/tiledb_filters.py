@@ -50,7 +50,8 @@ FILTER_NAMES = {0: "NONE", 1: "GZIP", 2: "ZSTD", 3: "LZ4", 4: "RLE", 5: "BZIP2",
 COMPRESSORS = {1, 2, 3, 4, 5, 6, 14, 19}  # options: u8 compressor, i32 level (+ u8 type)
 UNDONE = set(FILTER_NAMES) - {18}  # every filter but WEBP (lossy images) is undone here
 BITSHUFFLE_BLOCK = 8192  # bytes shuffled at a time (TileDB's bitshuffle target block)
-PARALLEL_CHUNKS = 8  # a tile of this many chunks or more is unfiltered by several threads
+PARALLEL_CHUNKS = 8  # a tile of this many chunks or more is unfiltered by several threads,
+# each taking a run of consecutive chunks
 _POOL = None
 _POOL_LOCK = threading.Lock()
 
@@ -183,9 +184,15 @@ def unfilter_tile(data, pipeline, datatype, cell_size, expected, what, string_of
                               f"not the {original} it declares")
         return body
 
+    def unfilter_run(run):
+        return b"".join(map(unfilter, run))
+
     if string_offsets is None and len(chunks) >= PARALLEL_CHUNKS and stages:
-        return b"".join(_pool().map(unfilter, range(len(chunks))))
-    return b"".join(map(unfilter, range(len(chunks))))
+        workers = os.cpu_count() or 2
+        step = -(-len(chunks) // workers)
+        runs = [range(i, min(i + step, len(chunks))) for i in range(0, len(chunks), step)]
+        return b"".join(_pool().map(unfilter_run, runs))
+    return unfilter_run(range(len(chunks)))
 
 
 def _pool():
