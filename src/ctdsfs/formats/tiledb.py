@@ -28,7 +28,7 @@ from collections import OrderedDict
 import numpy as np
 
 from ..container import Container, Usage, name_problem
-from ..errors import BlockError, CtdsfsError, FormatError, NotPermitted, ReadOnlyError
+from ..errors import BlockError, CtdsfsError, FormatError, ReadOnlyError
 from . import tiledb_filters as tf
 from .pycauset import npy_header
 from .tiledb_filters import Reader
@@ -505,9 +505,9 @@ class _Directory(Container):
         return False
 
     def close(self):
-        for child in list(self._nested.values()):
-            if child is not None:
-                child.close()
+        for entry in list((self._entries_cache or {}).values()):
+            if isinstance(entry, Container):
+                entry.close()
 
 
 class _Lazy:
@@ -1142,15 +1142,14 @@ class TileDBArray(_Directory):
         return info
 
     def check(self, bar=None):
-        problems = [f"{self.label}: {p}" for p in self.problems]
-        notes = []
+        """Every fragment's tiles decoded and checked, then what the array itself lacks."""
+        problems, notes = [], []
         for name in self.fragment_names:
             p, n = self.fragment(name).check(bar)
             problems += p
             notes += n
-        problems += [f"{self.label}: {p}" for p in self.problems if
-                     f"{self.label}: {p}" not in problems]
-        return problems, notes
+        self.metadata()
+        return problems + [f"{self.label}: {p}" for p in dict.fromkeys(self.problems)], notes
 
 
 def looks_like_directory(path):
@@ -1160,7 +1159,6 @@ def looks_like_directory(path):
 
 
 def open_file(path, *, verify_crc=True, writable=False):
-    """The TileDB array folder at ``path``, read-only (checksums are always verified)."""
-    if writable:
-        raise NotPermitted(f"{os.fspath(path)}: TileDB arrays are shown read-only")
+    """The TileDB array folder at ``path``, always read-only (a read-write mount shows it
+    too, refusing changes); checksums are always verified."""
     return TileDBArray(path)
