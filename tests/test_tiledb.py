@@ -257,10 +257,13 @@ def test_mounted_array_and_directory_source(arrays, mount):
     assert np.array_equal(np.load(frag / "stacked.npy", mmap_mode="r"), ref["stacked"])
     assert (frag / "raw" / "a0.tdb").read_bytes() == \
         (arrays / "sparse" / "__fragments" / frag.name / "a0.tdb").read_bytes()
-    tree = mount(arrays)  # arrays found inside a directory source
+    tree = mount(arrays, options=["rw"])  # arrays inside a directory source, read-only
     with tiledb.open(str(arrays / "dense_row")) as A:
         assert np.array_equal(np.load(tree.mountpoint / "dense_row" / "dense" / "k.npy"),
                               A[:]["k"])
+    with pytest.raises(OSError) as err:
+        (tree.mountpoint / "dense_row" / "schema.json").write_text("{}")
+    assert err.value.errno == errno.EROFS
 
 
 def flip_in_tile(path, tile_start=0, at=-3):
@@ -470,3 +473,21 @@ def test_old_format_versions(data_dir):
     a3 = schema["attributes"][2]
     assert (a3["type"], a3["cell_val_num"], a3["filters"]["filters"][0]["name"]) == \
         ("FLOAT32", 2, "ZSTD")
+
+
+def test_consolidated_fragment_metadata(arrays, tmp_path):
+    """__fragment_meta/NAME.meta (the footers of every fragment in one generic tile) reads
+    as fragment_meta/NAME.meta.json, each footer equal to the fragment's own."""
+    uri = tmp_path / "a"
+    shutil.copytree(arrays / "dense_row", uri)
+    tiledb.consolidate(str(uri), config=tiledb.Config(
+        {"sm.consolidation.mode": "fragment_meta"}))
+    folder = open_container(str(uri)).nested("fragment_meta")
+    (name,) = folder.names()
+    footers = json.loads(folder.read(name, 0, 1 << 20))["fragments"]
+    own = {n: meta for n, _, meta in fragments(str(uri))}
+    assert [f["fragment"] for f in footers] == list(own)
+    for footer in footers:
+        meta = own[footer["fragment"]]
+        assert footer["non_empty_domain"] == meta["non_empty_domain"]
+        assert footer["file_sizes"]["v"] == meta["fields"]["v"]["file_size"]

@@ -271,16 +271,19 @@ def _timestamps(name):
 class FragmentMetadata:
     """The footer and the per-field tiles of ``__fragment_metadata.tdb`` (version >= 10)."""
 
-    def __init__(self, data, schema, fields_of, what):
+    def __init__(self, data, schema, what, footer=None):
+        """``data``: the metadata file; its footer is at its end, unless ``footer`` (a
+        footer from a consolidated metadata file, whose tiles are not at hand) is given."""
         self.what = what
         self.data = data
-        if len(data) < 12:
-            raise FormatError(f"{what}: too short for a footer")
-        footer_len = struct.unpack("<Q", data[-8:])[0]
-        if footer_len > len(data) - 8:
-            raise FormatError(f"{what}: footer length {footer_len} exceeds the file")
-        start = len(data) - 8 - footer_len
-        r = Reader(data[start:-8], what + " footer")
+        if footer is None:
+            if len(data) < 12:
+                raise FormatError(f"{what}: too short for a footer")
+            footer_len = struct.unpack("<Q", data[-8:])[0]
+            if footer_len > len(data) - 8:
+                raise FormatError(f"{what}: footer length {footer_len} exceeds the file")
+            footer = data[len(data) - 8 - footer_len:-8]
+        r = Reader(footer, what + " footer")
         self.version = r.unpack("I")
         if self.version < 10:
             raise FormatError(f"{what}: fragment format version {self.version} "
@@ -305,9 +308,23 @@ class FragmentMetadata:
         self.tile_offsets_at = {k: (r.unpack(f"{n}Q") if n else ()) for k in names}
         self.fragment_stats_at = r.unpack("Q") if self.version >= 11 else None
         self.processed_conditions_at = r.unpack("Q") if self.version >= 16 else None
-        self.footer_left = r.left()
-        self.footer_offset = start
         self._cache = {}
+
+    def footer_json(self):
+        """The footer as JSON: what a consolidated metadata file keeps of each fragment."""
+        names = [f.name for f in self.fields]
+        out = {"version": self.version, "array_schema_name": self.schema_name,
+               "dense": self.dense, "non_empty_domain": self.non_empty_domain,
+               "sparse_tile_num": self.sparse_tiles,
+               "last_tile_cell_num": self.last_tile_cells,
+               "has_timestamps": self.has_timestamps, "has_delete_meta": self.has_delete_meta,
+               "file_sizes": dict(zip(names, self.file_sizes)),
+               "file_var_sizes": dict(zip(names, self.file_var_sizes)),
+               "file_validity_sizes": dict(zip(names, self.file_validity_sizes)),
+               "rtree_offset": self.rtree_offset}
+        out.update({f"{kind}_at": dict(zip(names, at))
+                    for kind, at in self.tile_offsets_at.items()})
+        return out
 
     def offsets_in_data(self, field):
         """Whether a var string field's offsets are kept in its var tiles (RLE or DICTIONARY
@@ -580,7 +597,7 @@ class Fragment(_Directory):
         if self.meta is None:
             what = f"{self.label}: __fragment_metadata.tdb"
             data = _read_small(os.path.join(self.path, "__fragment_metadata.tdb"), what)
-            self.meta = FragmentMetadata(data, self.array.schema_named, fields_of, what)
+            self.meta = FragmentMetadata(data, self.array.schema_named, what)
         return self.meta
 
     def _build(self):
@@ -1015,7 +1032,38 @@ class TileDBArray(_Directory):
             (name, self.fragment(name)) for name in self.fragment_names))
         if self.schema["array_type"] == 0:
             entries["dense"] = _Folder(f"{self.label}/dense", self._dense_folder)
+        if self._list("__fragment_meta", files_only=True):
+            entries["fragment_meta"] = _Folder(f"{self.label}/fragment_meta",
+                                               self._consolidated_metadata)
         return entries
+
+    def _consolidated_metadata(self):
+        """``__fragment_meta/NAME.meta`` (footers of several fragments, kept together so
+        that opening reads one file) as NAME.json."""
+        entries = OrderedDict()
+        for name in self._list("__fragment_meta", files_only=True):
+            what = f"{self.label}: __fragment_meta/{name}"
+            try:
+                data = _read_small(os.path.join(self.path, "__fragment_meta", name), what)
+                entries[name + ".json"] = _json_bytes(self._footers(data, what))
+            except CtdsfsError as exc:
+                self.problems.append(str(exc))
+                log.warning("%s", exc)
+        return entries
+
+    def _footers(self, data, what):
+        body, _ = read_generic_tile(data, 0, what)
+        r = Reader(body, what)
+        listed = [(_read_name(r, "Q"), r.unpack("Q")) for _ in range(r.count("I", 16))]
+        ends = [offset for _, offset in listed[1:]] + [len(body)]
+        footers = []
+        for (name, start), end in zip(listed, ends):
+            if not start <= end <= len(body):
+                raise FormatError(f"{what}: footer of {name!r} at {start}..{end} is not inside")
+            meta = FragmentMetadata(None, self.schema_named, f"{what}: {name}",
+                                    footer=body[start:end])
+            footers.append({"fragment": name, **meta.footer_json()})
+        return {"fragments": footers}
 
     # -- the merged dense view
 
