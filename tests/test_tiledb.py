@@ -491,3 +491,55 @@ def test_consolidated_fragment_metadata(arrays, tmp_path):
         meta = own[footer["fragment"]]
         assert footer["non_empty_domain"] == meta["non_empty_domain"]
         assert footer["file_sizes"]["v"] == meta["fields"]["v"]["file_size"]
+
+
+HOSTILE_SCHEMA_EDITS = {  # (old bytes, new bytes) in dense_row's schema tile
+    "cells of 0 values": (b"\x01\x00\x00\x00v\x03\x01\x00\x00\x00",
+                          b"\x01\x00\x00\x00v\x03\x00\x00\x00\x00"),
+    "unknown datatype": (b"\x01\x00\x00\x00v\x03", b"\x01\x00\x00\x00v\xbd"),
+    "fill value of the wrong size": (b"\x02\x00\x00\x00\x00\x00\x00\x00\xf9\xff",
+                                     b"\x01\x00\x00\x00\x00\x00\x00\x00\xf9"),
+    "domain of the wrong size": (b"\x08\x00\x00\x00\x00\x00\x00\x00\x01\x00\x00\x00",
+                                 b"\x07\x00\x00\x00\x00\x00\x00\x00\x01\x00\x00\x00"),
+}
+
+
+@pytest.mark.parametrize("edit", HOSTILE_SCHEMA_EDITS)
+def test_hostile_schema_values(arrays, tmp_path, edit):
+    """Values inside the schema (behind its zlib checksum in real files) that no writer
+    makes: a one-line refusal, or the array with EIO where it cannot be read."""
+    uri = tmp_path / "a"
+    shutil.copytree(arrays / "dense_row", uri)
+    old, new = HOSTILE_SCHEMA_EDITS[edit]
+
+    def spoil(body):
+        assert old in body
+        return body.replace(old, new, 1)
+    edit_schema(uri, spoil)
+    try:
+        walk(open_container(str(uri)))
+    except CtdsfsError as exc:
+        assert "__schema" in str(exc) and "\n" not in str(exc)
+
+
+def test_fuzzed_schema_values_never_escape(arrays, tmp_path):
+    """Random bytes of the decoded schema (written back unfiltered, so no codec check
+    stops them) and of fragment footers: only one-line errors and EIO."""
+    rng = random.Random(11)
+    for round_ in range(40):
+        uri = tmp_path / f"f{round_}"
+        shutil.copytree(arrays / "dense_row", uri)
+
+        def flip(body):
+            body = bytearray(body)
+            for _ in range(rng.choice((1, 2, 4))):
+                body[rng.randrange(len(body))] = rng.randrange(256)
+            return bytes(body)
+        edit_schema(uri, flip)
+        try:
+            array = open_container(str(uri))
+            walk(array)
+            array.check()
+        except CtdsfsError as exc:
+            assert "\n" not in str(exc)
+        shutil.rmtree(uri)

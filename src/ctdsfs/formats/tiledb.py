@@ -111,19 +111,32 @@ def _read_dimension(r, version, domain_type):
         raw = r.take(r.unpack("Q"))
     else:
         dim["type"], dim["cell_val_num"], dim["filters"] = domain_type, 1, None
-        raw = r.take(2 * tf.dtype_of(domain_type).itemsize)
-    dtype = tf.dtype_of(dim["type"])
-    dim["domain"] = None if dim["cell_val_num"] == VAR or not raw else \
-        np.frombuffer(bytes(raw), dtype, 2).tolist()
+        raw = r.take(2 * tf.dtype_of(domain_type, r.what).itemsize)
+    dtype = tf.dtype_of(dim["type"], r.what)
+    _check_field_type(dim, r.what)
+    if dim["cell_val_num"] == VAR or not raw:
+        dim["domain"] = None
+    elif len(raw) == 2 * dtype.itemsize:
+        dim["domain"] = np.frombuffer(bytes(raw), dtype).tolist()
+    else:
+        raise FormatError(f"{r.what}: domain of {dim['name']!r} is {len(raw)} bytes")
     null_extent = r.unpack("B")
     dim["tile_extent"] = None if null_extent else \
         np.frombuffer(bytes(r.take(dtype.itemsize)), dtype)[0].item()
     return dim
 
 
+def _check_field_type(field, what):
+    """A known datatype, and at least one value a cell."""
+    tf.dtype_of(field["type"], what)
+    if field["cell_val_num"] == 0:
+        raise FormatError(f"{what}: {field['name']!r} has cells of 0 values")
+
+
 def _read_attribute(r, version):
     attr = {"name": _read_name(r, "I")}
     attr["type"], attr["cell_val_num"] = r.unpack("BI")
+    _check_field_type(attr, r.what)
     attr["filters"] = tf.parse_pipeline(r)
     attr["fill"] = bytes(r.take(r.unpack("Q"))) if version >= 6 else None
     attr["nullable"], attr["fill_validity"] = r.unpack("BB") if version >= 7 else (0, 1)
@@ -225,7 +238,7 @@ def parse_metadata(data, what, into):
             into.pop(key, None)
             continue
         datatype, count = r.unpack("BI")
-        size = tf.dtype_of(datatype).itemsize
+        size = tf.dtype_of(datatype, what).itemsize
         if count * size > r.left():
             raise FormatError(f"{what}: value of {key!r} runs past the end")
         into[key] = {"type": tf.datatype_name(datatype),
@@ -1118,8 +1131,10 @@ class TileDBArray(_Directory):
         dims = schema["dimensions"]
         shape = self._dense_shape()
         tail = () if field.cell_val_num == 1 else (field.cell_val_num,)
-        fill = np.frombuffer(schema["attributes"][attr_index]["fill"] or
-                             bytes(field.cell_size), field.dtype)
+        fill = schema["attributes"][attr_index]["fill"]
+        if fill is None or len(fill) != field.cell_size:
+            fill = bytes(field.cell_size)  # (libtiledb always stores one cell)
+        fill = np.frombuffer(fill, field.dtype)
         result = np.empty(tuple(shape) + tail, field.dtype)
         result[...] = fill.reshape(tail) if tail else fill[0]
         ranges = {n: _timestamps(n)[:2] for n in self.fragment_names if _timestamps(n)}

@@ -60,11 +60,12 @@ class ChecksumMismatch(FormatError):
     """A checksum filter's digest does not match the bytes it guards."""
 
 
-def dtype_of(datatype):
+def dtype_of(datatype, what="TileDB"):
+    """The NumPy dtype of a TileDB datatype id (``what`` names the place for the error)."""
     try:
         return np.dtype(DATATYPES[datatype][1])
     except KeyError:
-        raise FormatError(f"unknown datatype {datatype}") from None
+        raise FormatError(f"{what}: unknown datatype {datatype}") from None
 
 
 def datatype_name(datatype):
@@ -314,7 +315,8 @@ def _decompress(ftype, f, datatype, cell_size, data, size, what):
             out = _un_rle(data, cell_size, size, what)
         else:
             kind = f.get("reinterpret_type", 17)
-            out = _undelta(ftype, dtype_of(datatype if kind == 17 else kind), data, size, what)
+            out = _undelta(ftype, dtype_of(datatype if kind == 17 else kind, what), data, size,
+                           what)
     except (zlib.error, zstandard.ZstdError, lz4.block.LZ4BlockError, OSError, EOFError,
             ValueError) as exc:
         raise FormatError(f"{what}: {f['name']} does not decompress: {exc}") from None
@@ -367,7 +369,7 @@ def _undelta(ftype, dtype, data, size, what):
 
 def _unshuffle(ftype, f, datatype, part, what):
     """BITSHUFFLE, BYTESHUFFLE, XOR and SCALE_FLOAT on one part."""
-    dtype = dtype_of(datatype)
+    dtype = dtype_of(datatype, what)
     width = dtype.itemsize
     if ftype == 9:
         n = len(part) // width
@@ -403,7 +405,7 @@ def _bitunshuffle(block, width):
 
 def _unwindow(ftype, datatype, md, body, what):
     """BIT_WIDTH_REDUCTION and POSITIVE_DELTA: windows of values relative to an offset."""
-    dtype = dtype_of(datatype)
+    dtype = dtype_of(datatype, what)
     if datatype not in INTEGER_TYPES or (ftype == 7 and dtype.itemsize == 1):
         return bytes(md.data[md.pos:]), body  # these types pass through unchanged
     total = md.unpack("I") if ftype == 7 else None
