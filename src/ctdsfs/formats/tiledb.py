@@ -11,9 +11,10 @@ An array folder holds ``__schema/`` (generic tiles), ``__fragments/NAME/``
                   FIELD.validity.npy  raw/ (the fragment's own files)
     dense/ATTR.npy  (dense arrays: every fragment merged, as libtiledb reads it)
 
-Listing is cheap (names come from ``__commits``); a fragment's metadata is
-read when its directory is first looked into, and a tile is decoded when a
-read touches it. A tile that cannot be decoded, or whose checksum fails, is
+Listing is cheap: fragment names come from ``__commits``, a fragment's files
+from its footer alone (read when its directory is first listed); the metadata
+tiles are read when sizes or fragment.json are asked for, and a data tile is
+decoded when a read touches it. A tile that cannot be decoded, or whose checksum fails, is
 EIO for that read, logged with the array, fragment, field and tile.
 """
 
@@ -39,6 +40,8 @@ MAX_TILE_BYTES = 256 << 20  # a tile (or generic tile) declaring more is refused
 MAX_SMALL_FILE = 64 << 20  # schema, metadata, fragment metadata files read whole
 MAX_DENSE_BYTES = 256 << 20  # dense/ATTR.npy is built in memory up to this size
 VAR = 0xFFFFFFFF  # cell_val_num of a var-sized field
+GENERIC_HEAD = struct.Struct("<IQQBQBI")  # version, persisted and tile size, datatype,
+# cell size, encryption, filter pipeline size
 TILE_CACHE = 16  # decoded tiles kept per fragment
 LAYOUTS = {0: "row-major", 1: "col-major", 2: "global", 3: "unordered", 4: "hilbert"}
 EXTRA_FIELDS = (("__timestamps", "t"), ("__delete_timestamps", "dt"),
@@ -72,7 +75,8 @@ def read_generic_tile(data, offset, what):
     """The unfiltered content of the generic tile at ``offset`` of ``data``, and its end."""
     head = Reader(data, what)
     head.take(offset)
-    version, persisted, size, datatype, cell_size, encryption, plen = head.unpack("IQQBQBI")
+    version, persisted, size, datatype, cell_size, encryption, plen = \
+        head.unpack(GENERIC_HEAD.format[1:])
     if encryption:
         raise FormatError(f"{what}: encrypted (ctdsfs has no key)")
     if size > MAX_TILE_BYTES:
@@ -83,6 +87,23 @@ def read_generic_tile(data, offset, what):
         raise FormatError(f"{what}: {problem}")
     body = head.take(persisted)
     return tf.unfilter_tile(body, pipeline, datatype, max(cell_size, 1), size, what), head.pos
+
+
+def _file_size(path, what):
+    try:
+        return os.stat(path).st_size
+    except OSError as exc:
+        raise FormatError(f"{what}: {exc.strerror}") from None
+
+
+def _pread(path, offset, size, what):
+    """Up to ``size`` bytes of ``path`` from ``offset``."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            return f.read(size)
+    except OSError as exc:
+        raise FormatError(f"{what}: {exc.strerror}") from None
 
 
 def _read_small(path, what):
@@ -284,18 +305,20 @@ def _timestamps(name):
 class FragmentMetadata:
     """The footer and the per-field tiles of ``__fragment_metadata.tdb`` (version >= 10)."""
 
-    def __init__(self, data, schema, what, footer=None):
-        """``data``: the metadata file; its footer is at its end, unless ``footer`` (a
-        footer from a consolidated metadata file, whose tiles are not at hand) is given."""
+    def __init__(self, path, schema, what, footer=None):
+        """``path``: the metadata file, whose footer is at its end (only the footer is read
+        now, the tiles when asked for), unless ``footer`` (a footer from a consolidated
+        metadata file, whose tiles are not at hand) is given."""
         self.what = what
-        self.data = data
+        self.path = path
         if footer is None:
-            if len(data) < 12:
+            size = _file_size(path, what)
+            if size < 12:
                 raise FormatError(f"{what}: too short for a footer")
-            footer_len = struct.unpack("<Q", data[-8:])[0]
-            if footer_len > len(data) - 8:
+            footer_len = struct.unpack("<Q", _pread(path, size - 8, 8, what))[0]
+            if footer_len > min(size - 8, MAX_SMALL_FILE):
                 raise FormatError(f"{what}: footer length {footer_len} exceeds the file")
-            footer = data[len(data) - 8 - footer_len:-8]
+            footer = _pread(path, size - 8 - footer_len, footer_len, what)
         r = Reader(footer, what + " footer")
         self.version = r.unpack("I")
         if self.version < 10:
@@ -370,7 +393,16 @@ class FragmentMetadata:
     def tile(self, offset, label):
         """A generic tile of this file (cached)."""
         if offset not in self._cache:
-            self._cache[offset] = read_generic_tile(self.data, offset, f"{self.what}: {label}")[0]
+            what = f"{self.what}: {label}"
+            head = _pread(self.path, offset, GENERIC_HEAD.size, what)
+            if len(head) < GENERIC_HEAD.size:
+                raise FormatError(f"{what}: no generic tile at {offset}")
+            fields = GENERIC_HEAD.unpack(head)
+            length = GENERIC_HEAD.size + fields[-1] + fields[1]
+            if length > MAX_SMALL_FILE:
+                raise FormatError(f"{what}: generic tile of {length} bytes")
+            self._cache[offset] = read_generic_tile(_pread(self.path, offset, length, what), 0,
+                                                    what)[0]
         return self._cache[offset]
 
     def u64_list(self, kind, index):
@@ -609,8 +641,8 @@ class Fragment(_Directory):
     def _load_meta(self):
         if self.meta is None:
             what = f"{self.label}: __fragment_metadata.tdb"
-            data = _read_small(os.path.join(self.path, "__fragment_metadata.tdb"), what)
-            self.meta = FragmentMetadata(data, self.array.schema_named, what)
+            self.meta = FragmentMetadata(os.path.join(self.path, "__fragment_metadata.tdb"),
+                                         self.array.schema_named, what)
         return self.meta
 
     def _build(self):
