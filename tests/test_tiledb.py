@@ -366,15 +366,18 @@ def bomb(path):
     path.write_bytes(bytes(data))
 
 
-def lying_footer(uri):
-    """The footer's first file size says 1 TiB."""
+def set_footer_u64(uri, index, value):
+    """Set u64 number ``index`` after the footer's fixed part (file sizes first)."""
     meta = sorted((uri / "__fragments").iterdir())[0] / "__fragment_metadata.tdb"
     data = bytearray(meta.read_bytes())
     footer = len(data) - 8 - struct.unpack("<Q", data[-8:])[0]
     name_len = struct.unpack_from("<Q", data, footer + 4)[0]
-    at = footer + 4 + 8 + name_len + 1 + 1 + 16 + 16 + 2  # 1-D int64 domain
-    data[at:at + 8] = struct.pack("<Q", 1 << 40)
+    at = footer + 4 + 8 + name_len + 1 + 1 + 16 + 16 + 2 + 8 * index  # 1-D int64 domain
+    data[at:at + 8] = struct.pack("<Q", value)
     meta.write_bytes(bytes(data))
+
+
+FIELDS = len(FILTERED_ATTRIBUTES) + 4  # + text, maybe, the legacy coordinates slot, x
 
 
 DAMAGE = {  # what is done, and what ``ctdsfs check`` must say about it
@@ -384,7 +387,10 @@ DAMAGE = {  # what is done, and what ``ctdsfs check`` must say about it
                         "run past the end of the file"),
     "decompression bomb": (lambda uri: bomb(data_file(uri, "zstd")),
                            "chunks declare more than the tile's"),
-    "lying footer": (lying_footer, "bytes, the footer says 1099511627776"),
+    "lying footer": (lambda uri: set_footer_u64(uri, 0, 1 << 40),
+                     "bytes, the footer says 1099511627776"),
+    "tile offsets past any file": (lambda uri: set_footer_u64(uri, 3 * FIELDS + 1, 1 << 63),
+                                   "past any file"),
     "truncated fragment metadata": (lambda uri: truncate(
         sorted((uri / "__fragments").iterdir())[0] / "__fragment_metadata.tdb", 500),
         "__fragment_metadata.tdb"),
@@ -499,6 +505,8 @@ HOSTILE_SCHEMA_EDITS = {  # (old bytes, new bytes) in dense_row's schema tile
     "unknown datatype": (b"\x01\x00\x00\x00v\x03", b"\x01\x00\x00\x00v\xbd"),
     "fill value of the wrong size": (b"\x02\x00\x00\x00\x00\x00\x00\x00\xf9\xff",
                                      b"\x01\x00\x00\x00\x00\x00\x00\x00\xf9"),
+    "no dimensions": (b"\x02\x00\x00\x00\x01\x00\x00\x00r",
+                      b"\x00\x00\x00\x00\x01\x00\x00\x00r"),
     "domain of the wrong size": (b"\x08\x00\x00\x00\x00\x00\x00\x00\x01\x00\x00\x00",
                                  b"\x07\x00\x00\x00\x00\x00\x00\x00\x01\x00\x00\x00"),
 }

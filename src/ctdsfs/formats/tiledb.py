@@ -98,6 +98,8 @@ def _file_size(path, what):
 
 def _pread(path, offset, size, what):
     """Up to ``size`` bytes of ``path`` from ``offset``."""
+    if not 0 <= offset < 1 << 62:
+        raise FormatError(f"{what}: offset {offset} is past any file")
     try:
         with open(path, "rb") as f:
             f.seek(offset)
@@ -181,6 +183,8 @@ def parse_schema(data, what):
     domain_type = r.unpack("B") if version < 5 else None
     s["dimensions"] = [_read_dimension(r, version, domain_type)
                        for _ in range(r.count("I", 6))]
+    if not s["dimensions"]:
+        raise FormatError(f"{what}: a domain without dimensions")
     s["attributes"] = [_read_attribute(r, version) for _ in range(r.count("I", 13))]
     if version >= 18 and r.unpack("I"):
         s["dimension_labels"] = "present (not decoded)"
@@ -864,12 +868,7 @@ class Fragment(_Directory):
         end = int(offsets[i + 1]) if i + 1 < len(offsets) else int(file_size)
         if end < start or end - start > MAX_TILE_BYTES:
             raise FormatError(f"{where}: tile offsets {start}..{end} are not a tile")
-        try:
-            with open(os.path.join(self.path, file_name), "rb") as f:
-                f.seek(start)
-                raw = f.read(end - start)
-        except OSError as exc:
-            raise FormatError(f"{where}: {exc.strerror}") from None
+        raw = _pread(os.path.join(self.path, file_name), start, end - start, where)
         if len(raw) != end - start:
             raise FormatError(f"{where}: bytes {start}..{end} run past the end of the file")
         return raw
