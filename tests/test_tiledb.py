@@ -499,16 +499,30 @@ def test_consolidated_fragment_metadata(arrays, tmp_path):
         assert footer["file_sizes"]["v"] == meta["fields"]["v"]["file_size"]
 
 
-HOSTILE_SCHEMA_EDITS = {  # (old bytes, new bytes) in dense_row's schema tile
-    "cells of 0 values": (b"\x01\x00\x00\x00v\x03\x01\x00\x00\x00",
-                          b"\x01\x00\x00\x00v\x03\x00\x00\x00\x00"),
-    "unknown datatype": (b"\x01\x00\x00\x00v\x03", b"\x01\x00\x00\x00v\xbd"),
-    "fill value of the wrong size": (b"\x02\x00\x00\x00\x00\x00\x00\x00\xf9\xff",
-                                     b"\x01\x00\x00\x00\x00\x00\x00\x00\xf9"),
-    "no dimensions": (b"\x02\x00\x00\x00\x01\x00\x00\x00r",
-                      b"\x00\x00\x00\x00\x01\x00\x00\x00r"),
-    "domain of the wrong size": (b"\x08\x00\x00\x00\x00\x00\x00\x00\x01\x00\x00\x00",
-                                 b"\x07\x00\x00\x00\x00\x00\x00\x00\x01\x00\x00\x00"),
+def swap(old, new):
+    """An edit of the decoded schema: ``old`` (which must be there) becomes ``new``."""
+    def edit(body):
+        assert old in body
+        return body.replace(old, new, 1)
+    return edit
+
+
+def without_dimensions(body):
+    """The domain's two dimensions cut out, the count set to 0 (the rest still parses)."""
+    start = body.index(b"\x02\x00\x00\x00\x01\x00\x00\x00r")
+    end = body.index(b"\x04\x00\x00\x00\x01\x00\x00\x00v")  # four attributes, v first
+    return body[:start] + b"\x00\x00\x00\x00" + body[end:]
+
+
+HOSTILE_SCHEMA_EDITS = {  # edits of dense_row's decoded schema
+    "cells of 0 values": swap(b"\x01\x00\x00\x00v\x03\x01\x00\x00\x00",
+                              b"\x01\x00\x00\x00v\x03\x00\x00\x00\x00"),
+    "unknown datatype": swap(b"\x01\x00\x00\x00v\x03", b"\x01\x00\x00\x00v\xbd"),
+    "fill value of the wrong size": swap(b"\x02\x00\x00\x00\x00\x00\x00\x00\xf9\xff",
+                                         b"\x01\x00\x00\x00\x00\x00\x00\x00\xf9"),
+    "domain of the wrong size": swap(b"\x08\x00\x00\x00\x00\x00\x00\x00\x01\x00\x00\x00",
+                                     b"\x07\x00\x00\x00\x00\x00\x00\x00\x01\x00\x00\x00"),
+    "no dimensions": without_dimensions,
 }
 
 
@@ -518,12 +532,7 @@ def test_hostile_schema_values(arrays, tmp_path, edit):
     makes: a one-line refusal, or the array with EIO where it cannot be read."""
     uri = tmp_path / "a"
     shutil.copytree(arrays / "dense_row", uri)
-    old, new = HOSTILE_SCHEMA_EDITS[edit]
-
-    def spoil(body):
-        assert old in body
-        return body.replace(old, new, 1)
-    edit_schema(uri, spoil)
+    edit_schema(uri, HOSTILE_SCHEMA_EDITS[edit])
     try:
         walk(open_container(str(uri)))
     except CtdsfsError as exc:
