@@ -612,6 +612,12 @@ class _Lazy:
     def read(self, offset, size):
         header, ends, total = self._parts()
         end = min(offset + size, total)
+        if offset >= len(header) and offset < end:  # within one piece: one copy
+            pos, stop = offset - len(header), end - len(header)
+            i = int(np.searchsorted(ends, pos, side="right"))
+            start = int(ends[i - 1]) if i else 0
+            if stop <= int(ends[i]):
+                return self.load(i)[pos - start:stop - start]
         out = bytearray(header[offset:end])
         pos = max(offset, len(header)) - len(header)
         stop = end - len(header)
