@@ -25,6 +25,7 @@ import os
 import struct
 import threading
 from collections import OrderedDict
+from concurrent.futures import Future
 
 import numpy as np
 
@@ -646,6 +647,7 @@ class Fragment(_Directory):
         self.meta = None
         self._tiles = OrderedDict()
         self._counts = None
+        self._decoding = {}  # tiles being decoded: key -> Future of the bytes
         self._hidden = {}  # field name -> files not shown, with the reason
 
     def _load_meta(self):
@@ -797,24 +799,41 @@ class Fragment(_Directory):
 
     def _tile(self, index, kind, i):
         """Decoded tile i of field ``index`` (kind: data, var, validity, or offsets for
-        strings that keep them in the var tile), cached."""
+        strings that keep them in the var tile), cached. Readers that want a tile another
+        is decoding wait for it (the kernel reads ahead in parallel)."""
         key = (index, kind, i)
-        with self._lock:
-            if key in self._tiles:
-                self._tiles.move_to_end(key)
-                return self._tiles[key]
         if kind == "offsets":  # decoding the var tile gives them
             self._tile(index, "var", i)
             with self._lock:
                 data = self._tiles.get(key)
             return data if data is not None else self._decode(index, "var", i)[1]
-        data, offsets = self._decode(index, kind, i)
         with self._lock:
+            if key in self._tiles:
+                self._tiles.move_to_end(key)
+                return self._tiles[key]
+            decoding = self._decoding.get(key)
+            if decoding is None:
+                decoding = self._decoding[key] = Future()
+                mine = True
+            else:
+                mine = False
+        if not mine:
+            return decoding.result()
+        try:
+            data, offsets = self._decode(index, kind, i)
+        except BaseException as exc:
+            with self._lock:
+                del self._decoding[key]
+            decoding.set_exception(exc)
+            raise
+        with self._lock:
+            del self._decoding[key]
             self._tiles[key] = data
             if offsets is not None:
                 self._tiles[(index, "offsets", i)] = offsets
             while len(self._tiles) > TILE_CACHE:
                 self._tiles.popitem(last=False)
+        decoding.set_result(data)
         return data
 
     def _decode(self, index, kind, i):
