@@ -25,7 +25,7 @@ import os
 import struct
 import threading
 from collections import OrderedDict
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 
@@ -47,6 +47,19 @@ TILE_CACHE = 16  # decoded tiles kept per fragment
 LAYOUTS = {0: "row-major", 1: "col-major", 2: "global", 3: "unordered", 4: "hilbert"}
 EXTRA_FIELDS = (("__timestamps", "t"), ("__delete_timestamps", "dt"),
                 ("__delete_condition_index", "dci"))  # uint64 fields of consolidated fragments
+
+
+_AHEAD = None
+_AHEAD_LOCK = threading.Lock()
+
+
+def _ahead():
+    """The one thread that decodes, ahead of the readers, the tile after one they read."""
+    global _AHEAD
+    with _AHEAD_LOCK:
+        if _AHEAD is None:
+            _AHEAD = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tiledb-ahead")
+        return _AHEAD
 
 
 def _json_bytes(obj):
@@ -834,7 +847,19 @@ class Fragment(_Directory):
             while len(self._tiles) > TILE_CACHE:
                 self._tiles.popitem(last=False)
         decoding.set_result(data)
+        if i + 1 < len(self._counts or ()):
+            _ahead().submit(self._tile_ahead, (index, kind, i + 1))
         return data
+
+    def _tile_ahead(self, key):
+        """Decode the tile after the one a read needed (sequential readers want it next)."""
+        with self._lock:
+            if key in self._tiles or key in self._decoding:
+                return
+        try:
+            self._tile(*key)
+        except BlockError:
+            pass  # the read that wants it gets the error
 
     def _decode(self, index, kind, i):
         """Tile i of field ``index`` unfiltered, and for strings whose offsets are in the
