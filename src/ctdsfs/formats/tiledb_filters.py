@@ -186,14 +186,14 @@ def unfilter_tile(data, pipeline, datatype, cell_size, expected, what, string_of
         return body
 
     def unfilter_run(run):
-        return b"".join(map(unfilter, run))
+        return [unfilter(index) for index in run]
 
     if string_offsets is None and len(chunks) >= PARALLEL_CHUNKS and stages:
         workers = os.cpu_count() or 2
         step = -(-len(chunks) // workers)
         runs = [range(i, min(i + step, len(chunks))) for i in range(0, len(chunks), step)]
-        return b"".join(_pool().map(unfilter_run, runs))
-    return unfilter_run(range(len(chunks)))
+        return b"".join(body for run in _pool().map(unfilter_run, runs) for body in run)
+    return b"".join(unfilter_run(range(len(chunks))))
 
 
 def _pool():
