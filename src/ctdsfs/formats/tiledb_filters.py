@@ -54,6 +54,7 @@ PARALLEL_CHUNKS = 8  # a tile of this many chunks or more is unfiltered by sever
 # each taking a run of consecutive chunks
 _POOL = None
 _POOL_LOCK = threading.Lock()
+_THREAD = threading.local()
 
 
 class ChecksumMismatch(FormatError):
@@ -305,8 +306,7 @@ def _decompress(ftype, f, datatype, cell_size, data, size, what):
             d = zlib.decompressobj()
             out = d.decompress(data, size)
         elif ftype == 2:
-            out = zstandard.ZstdDecompressor().decompress(data, max_output_size=size) \
-                if size else b""
+            out = _zstd().decompress(data, max_output_size=size) if size else b""
         elif ftype == 3:
             out = lz4.block.decompress(data, uncompressed_size=size) if size else b""
         elif ftype == 5:
@@ -323,6 +323,15 @@ def _decompress(ftype, f, datatype, cell_size, data, size, what):
     if len(out) != size:
         raise FormatError(f"{what}: {f['name']} gave {len(out)} bytes, not {size}")
     return out
+
+
+def _zstd():
+    """This thread's zstd decompressor (making one per chunk costs as much as decoding)."""
+    try:
+        return _THREAD.zstd
+    except AttributeError:
+        _THREAD.zstd = zstandard.ZstdDecompressor()
+        return _THREAD.zstd
 
 
 def _un_rle(data, value_size, size, what):
