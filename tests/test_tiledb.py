@@ -560,3 +560,17 @@ def test_fuzzed_schema_values_never_escape(arrays, tmp_path):
         except CtdsfsError as exc:
             assert "\n" not in str(exc)
         shutil.rmtree(uri)
+
+
+def test_timestamped_names_are_ordered_as_numbers(tmp_path):
+    """__meta/__9_9_... is older than __10_10_...: the later put wins, as in libtiledb."""
+    uri = str(tmp_path / "a")
+    tiledb.Array.create(uri, tiledb.ArraySchema(
+        domain=tiledb.Domain(tiledb.Dim("i", domain=(0, 9), tile=5, dtype=np.int64)),
+        attrs=[tiledb.Attr("v", dtype=np.int32)], sparse=True))
+    for t, value in ((9, "older"), (10, "newer")):
+        with tiledb.open(uri, "w", timestamp=t) as A:
+            A.meta["key"] = value
+    meta = json.loads(open_container(uri).read("metadata.json", 0, 1 << 20))
+    with tiledb.open(uri) as A:
+        assert meta["key"]["value"] == A.meta["key"] == "newer"

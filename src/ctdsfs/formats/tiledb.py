@@ -309,15 +309,19 @@ class Field:
 
 
 def _timestamps(name):
-    """(t1, t2, version) from a fragment name ``__t1_t2_uuid[_version]``, or None."""
+    """(t1, t2) from a timestamped name ``__t1_t2_uuid[_version][.ext]``, or None."""
     parts = name.split("_")
     try:
         if name.startswith("__") and len(parts) >= 5:
-            version = int(parts[5]) if len(parts) > 5 else None
-            return int(parts[2]), int(parts[3]), version
+            return int(parts[2]), int(parts[3])
     except ValueError:
         pass
     return None
+
+
+def _by_time(names):
+    """Timestamped names oldest first (as numbers: ``__9_9_...`` before ``__10_10_...``)."""
+    return sorted(names, key=lambda n: (_timestamps(n) or (0, 0), n))
 
 
 class FragmentMetadata:
@@ -926,7 +930,7 @@ class Fragment(_Directory):
     def _describe_fragment(self):
         meta = self.meta
         stamps = _timestamps(self.name)
-        out = {"name": self.name, "timestamps": list(stamps[:2]) if stamps else None,
+        out = {"name": self.name, "timestamps": list(stamps) if stamps else None,
                "version": meta.version, "array_schema_name": meta.schema_name,
                "dense": meta.dense, "non_empty_domain": meta.non_empty_domain,
                "sparse_tile_num": meta.sparse_tiles, "last_tile_cell_num": meta.last_tile_cells,
@@ -1024,7 +1028,7 @@ class TileDBArray(_Directory):
         super().__init__(os.fspath(path))
         self.path = os.fspath(path)
         self._schemas = {}
-        self.schema_names = self._list("__schema", files_only=True)
+        self.schema_names = _by_time(self._list("__schema", files_only=True))
         if not self.schema_names:
             raise FormatError(f"{self.label}: no array schema in __schema")
         self.schema = self.schema_named(self.schema_names[-1])
@@ -1079,7 +1083,7 @@ class TileDBArray(_Directory):
         for name in sorted(present - committed):
             self.problems.append(f"fragment {name!r} not shown: no commit file")
         shown = []
-        for name in sorted(present & committed, key=lambda n: (_timestamps(n) or (0, 0), n)):
+        for name in _by_time(present & committed):
             why = name_problem(name)
             path = self.fragment_paths[name]
             if why or not os.path.isdir(path) or os.path.islink(path):
@@ -1096,7 +1100,7 @@ class TileDBArray(_Directory):
 
     def metadata(self):
         values = {}
-        for name in self._list("__meta", files_only=True):
+        for name in _by_time(self._list("__meta", files_only=True)):
             if name.endswith(".vac"):
                 continue
             what = f"{self.label}: __meta/{name}"
@@ -1218,7 +1222,7 @@ class TileDBArray(_Directory):
         fill = np.frombuffer(fill, field.dtype)
         result = np.empty(tuple(shape) + tail, field.dtype)
         result[...] = fill.reshape(tail) if tail else fill[0]
-        ranges = {n: _timestamps(n)[:2] for n in self.fragment_names if _timestamps(n)}
+        ranges = {n: _timestamps(n) for n in self.fragment_names if _timestamps(n)}
         for name in self.fragment_names:
             t = ranges.get(name)
             if t and any(o != t and o[0] <= t[0] and t[1] <= o[1] for o in ranges.values()):
@@ -1272,7 +1276,7 @@ class TileDBArray(_Directory):
                 "metadata": self.metadata(), "fragments": []}
         for name in self.fragment_names:
             frag = self.fragment(name)
-            entry = {"name": name, "timestamps": list((_timestamps(name) or (0, 0))[:2])}
+            entry = {"name": name, "timestamps": list(_timestamps(name) or (0, 0))}
             try:
                 meta = frag._load_meta()
                 entry.update({"version": meta.version, "dense": meta.dense,
