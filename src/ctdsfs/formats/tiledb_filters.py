@@ -50,6 +50,7 @@ FILTER_NAMES = {0: "NONE", 1: "GZIP", 2: "ZSTD", 3: "LZ4", 4: "RLE", 5: "BZIP2",
 COMPRESSORS = {1, 2, 3, 4, 5, 6, 14, 19}  # options: u8 compressor, i32 level (+ u8 type)
 UNDONE = set(FILTER_NAMES) - {18}  # every filter but WEBP (lossy images) is undone here
 BITSHUFFLE_BLOCK = 8192  # bytes shuffled at a time (TileDB's bitshuffle target block)
+LZ4_MAX_RATIO = 255  # an LZ4 block never expands more than this
 PARALLEL_CHUNKS = 8  # a tile of this many chunks or more is unfiltered by several threads,
 # each taking a run of consecutive chunks
 _POOL = None
@@ -308,6 +309,8 @@ def _decompress(ftype, f, datatype, cell_size, data, size, what):
         elif ftype == 2:
             out = _zstd().decompress(data, max_output_size=size) if size else b""
         elif ftype == 3:
+            if size > LZ4_MAX_RATIO * len(data) + 16:  # (the block would be allocated first)
+                raise FormatError(f"{what}: LZ4 part of {len(data)} bytes cannot give {size}")
             out = lz4.block.decompress(data, uncompressed_size=size) if size else b""
         elif ftype == 5:
             out = bz2.BZ2Decompressor().decompress(data, size) if size else b""
