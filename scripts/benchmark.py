@@ -20,10 +20,13 @@ the targets of the read-only milestone:
   optional part "bcolz" (only when named in --parts): a float64 carray (lz4,
     shuffle) read through array.npy, cache dropped / bcolz's own carr[:] >= 0.8,
     and random single items through numpy.load(mmap_mode="r") against carr[i]
+  optional part "tiledb": a 1 GiB zstd float64 TileDB attribute through FIELD.npy, cache
+    dropped / tiledb-py reading the same fragment into NumPy >= 0.7; listing an
+    array of 1,000 fragments < 1 s
 
 Needs root (drop_caches, mounting). Usage:
   python3 scripts/benchmark.py [--size-mib 1024] [--block-size 65536] [--dir DIR]
-                               [--parts read,write,many,legacy,toolbox,remote[,bcolz]]
+                               [--parts read,write,many,legacy,toolbox,remote[,bcolz,tiledb]]
 """
 
 import argparse
@@ -385,7 +388,7 @@ def print_rows(rows):
 
 
 PARTS = ("read", "write", "many", "legacy", "toolbox", "remote")
-OPTIONAL_PARTS = ("bcolz",)  # run only when --parts names them
+OPTIONAL_PARTS = ("bcolz", "tiledb")  # run only when --parts names them
 
 
 def main():
@@ -401,6 +404,8 @@ def main():
     parser.add_argument("--parts", default=",".join(PARTS),
                         help=f"comma-separated subset of {','.join(PARTS + OPTIONAL_PARTS)} "
                              f"(default: {','.join(PARTS)})")
+    parser.add_argument("--tiledb-mib", type=int, default=1024,
+                        help="zstd-compressed float64 TileDB attribute size (MiB)")
     parser.add_argument("--serve-passthrough", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve_passthrough:
@@ -442,6 +447,10 @@ def main():
             more_rows, more_lines = bcolz_figures(tmp, size)
             rows += more_rows
             lines += more_lines
+        if "tiledb" in parts:
+            tiledb_rows, tiledb_lines = tiledb_figures(tmp, args.tiledb_mib)
+            rows += tiledb_rows
+            lines += tiledb_lines
     print_rows(rows)
     if lines:
         print("\n" + "\n".join(lines))
@@ -706,6 +715,61 @@ def bcolz_figures(tmp, size, reads=2000):
              f"once: {ours * 1e6:.0f} us each through numpy.load(mmap_mode='r'), "
              f"{theirs * 1e6:.0f} us each by bcolz carr[i]"]
     return rows, lines
+
+
+def tiledb_figures(tmp, mib, fragment_count=1000):
+    """A zstd-compressed float64 attribute read as FIELD.npy through a mount, against
+    tiledb-py reading the same fragment into NumPy (caches dropped before each, best of 3
+    alternating); and listing fragments/ of an array with ``fragment_count`` fragments."""
+    import tiledb
+
+    cells = (mib << 20) // 8
+    tile = 1 << 20
+    uri = str(tmp / "big_tiledb")
+    print(f"writing a {mib} MiB zstd float64 TileDB attribute ...", flush=True)
+    schema = tiledb.ArraySchema(
+        domain=tiledb.Domain(tiledb.Dim("i", domain=(0, cells - 1), tile=tile, dtype=np.int64)),
+        attrs=[tiledb.Attr("v", dtype=np.float64, filters=tiledb.FilterList(
+            [tiledb.ZstdFilter(level=1)]))])
+    tiledb.Array.create(uri, schema)
+    step = 16 * tile
+    with tiledb.open(uri, "w") as A:
+        for start in range(0, cells, step):
+            n = min(step, cells - start)
+            x = np.arange(start, start + n, dtype=np.float64)
+            A[start:start + n] = np.round(np.sin(x * 1e-4) * 1000 + (x % 17), 3)
+    fragment = os.listdir(os.path.join(uri, "__fragments"))[0]
+    npy = tmp / "mt" / "fragments" / fragment / "v.npy"
+    native, mounted = [], []
+    for _ in range(3):
+        drop_caches()
+        start = time.perf_counter()
+        with tiledb.open(uri) as A:
+            values = A[:]["v"]
+        native.append(values.nbytes / (time.perf_counter() - start) / 1e9)
+        del values
+        with Mounted(["mount.ctdsfs", "-f", uri, str(tmp / "mt")], str(tmp / "mt")):
+            drop_caches()
+            mounted.append(read_through(npy))
+    rows = [("tiledb-py reads the attribute into NumPy, cold (best)", max(native), None, None),
+            ("ctdsfs FIELD.npy first read, cold (best, vs tiledb-py)", max(mounted),
+             max(native), 0.7)]
+
+    print(f"writing an array of {fragment_count} fragments ...", flush=True)
+    many = str(tmp / "many_tiledb")
+    tiledb.Array.create(many, tiledb.ArraySchema(
+        domain=tiledb.Domain(tiledb.Dim("i", domain=(0, 999), tile=10, dtype=np.int64)),
+        attrs=[tiledb.Attr("v", dtype=np.int32)], sparse=True))
+    for t in range(1, fragment_count + 1):
+        with tiledb.open(many, "w", timestamp=t) as A:
+            A[np.array([t % 1000])] = np.array([t], dtype=np.int32)
+    with Mounted(["mount.ctdsfs", "-f", many, str(tmp / "mf")], str(tmp / "mf")):
+        drop_caches()
+        start = time.perf_counter()
+        listed = [os.lstat(entry.path) for entry in os.scandir(tmp / "mf" / "fragments")]
+        list_seconds = time.perf_counter() - start
+    return rows, [f"listing fragments/ of an array of {len(listed)} fragments (ls -l, cache "
+                  f"dropped): {list_seconds:.2f} s (target < 1 s)"]
 
 
 if __name__ == "__main__":

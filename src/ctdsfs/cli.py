@@ -368,6 +368,31 @@ def _print_pycauset_info(info, out):
     print("\n".join(lines), file=out)  # the metadata is JSON, escaped already
 
 
+def _print_tiledb_info(info, out):
+    schema = info["schema"]
+    lines = [f"{info['container']}: TileDB {schema['array_type']} array, schema version "
+             f"{schema['version']}, {len(info['schemas'])} schema(s), "
+             f"{len(info['fragments'])} fragment(s)",
+             f"  order            tiles {schema['tile_order']}, cells {schema['cell_order']}, "
+             f"capacity {schema['capacity']}"]
+    for kind, fields in (("dimension", schema["dimensions"]), ("attribute", schema["attributes"])):
+        for f in fields:
+            filters = "+".join(g["name"] for g in (f["filters"] or {"filters": []})["filters"])
+            extra = f" domain {f['domain']} tile {f['tile_extent']}" if kind == "dimension" else ""
+            lines.append(f"  {kind:<16} {f['name']}: {f['type']} x {f['cell_val_num']}"
+                         f"{extra}{' nullable' if f.get('nullable') else ''}"
+                         f" [{filters or 'no filters'}]")
+    lines.append(f"  metadata keys    {', '.join(info['metadata']) or 'none'}")
+    for frag in info["fragments"]:
+        if "problem" in frag:
+            lines.append(f"  fragment {frag['name']}: {frag['problem']}")
+        else:
+            lines.append(f"  fragment {frag['name']}: v{frag['version']}, {frag['tiles']} tiles, "
+                         f"{frag['cells']} cells, non-empty domain {frag['non_empty_domain']}")
+    lines += [f"  problem: {p}" for p in info["problems"]]
+    _print_lines(lines, out)
+
+
 def _print_lines(lines, out):
     """Print lines holding container-derived text (names, labels, problems): each goes
     through :func:`printable`, so no name can put control bytes or undecodable bytes
@@ -427,6 +452,8 @@ def _print_info(info, out):
         return _print_bcolz_info(info, out)
     if info["format"] == "MultiHDF5":
         return _print_multihdf5_info(info, out)
+    if info["format"] == "TileDB":
+        return _print_tiledb_info(info, out)
     version = info["version"]
     lines = [f"{info['container']}: {info['format']} version {version}",
              f"  block size       {info['block_size']}",

@@ -1,0 +1,446 @@
+"""TileDB filter pipelines: parsing, and undoing them on one chunk of a tile.
+
+A pipeline (``format_spec/filter_pipeline.md``) is a maximum chunk size and a
+list of filters; a tile is a run of chunks, each with the filters' metadata
+and the filtered bytes. Reading runs the filters backwards: every filter takes
+its own header from the front of the chunk metadata and hands the rest on
+(compressors hand on the metadata they decompress). Codecs come from their
+libraries (zlib, zstandard, lz4, bz2); TileDB's own transforms are done here
+with NumPy. Everything is untrusted: every length is checked against what is
+there, and no output grows past the size the chunk declares.
+"""
+
+import bz2
+import hashlib
+import os
+import struct
+import threading
+import zlib
+from concurrent.futures import ThreadPoolExecutor
+
+import lz4.block
+import numpy as np
+import zstandard
+
+from ..errors import FormatError
+
+# datatype id -> (name, NumPy dtype string); sizes follow from the dtype
+DATATYPES = {
+    0: ("INT32", "<i4"), 1: ("INT64", "<i8"), 2: ("FLOAT32", "<f4"), 3: ("FLOAT64", "<f8"),
+    4: ("CHAR", "|S1"), 5: ("INT8", "|i1"), 6: ("UINT8", "|u1"), 7: ("INT16", "<i2"),
+    8: ("UINT16", "<u2"), 9: ("UINT32", "<u4"), 10: ("UINT64", "<u8"),
+    11: ("STRING_ASCII", "|S1"), 12: ("STRING_UTF8", "|u1"), 13: ("STRING_UTF16", "<u2"),
+    14: ("STRING_UTF32", "<u4"), 15: ("STRING_UCS2", "<u2"), 16: ("STRING_UCS4", "<u4"),
+    17: ("ANY", "|u1"), 40: ("BLOB", "|u1"), 41: ("BOOL", "|u1"), 42: ("GEOM_WKB", "|u1"),
+    43: ("GEOM_WKT", "|u1"),
+}
+DATATYPES.update({i: (name, "<i8") for i, name in enumerate(
+    ("DATETIME_YEAR", "DATETIME_MONTH", "DATETIME_WEEK", "DATETIME_DAY", "DATETIME_HR",
+     "DATETIME_MIN", "DATETIME_SEC", "DATETIME_MS", "DATETIME_US", "DATETIME_NS",
+     "DATETIME_PS", "DATETIME_FS", "DATETIME_AS", "TIME_HR", "TIME_MIN", "TIME_SEC",
+     "TIME_MS", "TIME_US", "TIME_NS", "TIME_PS", "TIME_FS", "TIME_AS"), start=18)})
+STRING_TYPES = {4, 11, 12, 13, 14, 15, 16}
+TIME_TYPES = set(range(18, 40))
+INTEGER_TYPES = {0, 1, 5, 6, 7, 8, 9, 10} | TIME_TYPES
+
+FILTER_NAMES = {0: "NONE", 1: "GZIP", 2: "ZSTD", 3: "LZ4", 4: "RLE", 5: "BZIP2",
+                6: "DOUBLE_DELTA", 7: "BIT_WIDTH_REDUCTION", 8: "BITSHUFFLE", 9: "BYTESHUFFLE",
+                10: "POSITIVE_DELTA", 12: "CHECKSUM_MD5", 13: "CHECKSUM_SHA256",
+                14: "DICTIONARY", 15: "SCALE_FLOAT", 16: "XOR", 18: "WEBP", 19: "DELTA"}
+COMPRESSORS = {1, 2, 3, 4, 5, 6, 14, 19}  # options: u8 compressor, i32 level (+ u8 type)
+UNDONE = set(FILTER_NAMES) - {18}  # every filter but WEBP (lossy images) is undone here
+BITSHUFFLE_BLOCK = 8192  # bytes shuffled at a time (TileDB's bitshuffle target block)
+LZ4_MAX_RATIO = 255  # an LZ4 block never expands more than this
+PARALLEL_CHUNKS = 8  # a tile of this many chunks or more is unfiltered by several threads,
+# each taking a run of consecutive chunks
+_POOL = None
+_POOL_LOCK = threading.Lock()
+_THREAD = threading.local()
+
+
+class ChecksumMismatch(FormatError):
+    """A checksum filter's digest does not match the bytes it guards."""
+
+
+def dtype_of(datatype, what="TileDB"):
+    """The NumPy dtype of a TileDB datatype id (``what`` names the place for the error)."""
+    try:
+        return np.dtype(DATATYPES[datatype][1])
+    except KeyError:
+        raise FormatError(f"{what}: unknown datatype {datatype}") from None
+
+
+def datatype_name(datatype):
+    return DATATYPES.get(datatype, (f"unknown({datatype})",))[0]
+
+
+class Reader:
+    """Little-endian fields from an untrusted byte string; running off its end is a FormatError."""
+
+    def __init__(self, data, what):
+        self.data = memoryview(data)
+        self.pos = 0
+        self.what = what
+
+    def left(self):
+        return len(self.data) - self.pos
+
+    def take(self, n):
+        if n < 0 or n > self.left():
+            raise FormatError(f"{self.what}: truncated (wanted {n} bytes, {self.left()} left)")
+        self.pos += n
+        return self.data[self.pos - n:self.pos]
+
+    def unpack(self, fmt):
+        st = struct.Struct("<" + fmt)
+        values = st.unpack(self.take(st.size))
+        return values[0] if len(values) == 1 else values
+
+    def count(self, fmt, item_bytes):
+        """A count read as ``fmt``, refused if that many items of ``item_bytes`` cannot be left."""
+        n = self.unpack(fmt)
+        if n * item_bytes > self.left():
+            raise FormatError(f"{self.what}: count {n} exceeds the {self.left()} bytes left")
+        return n
+
+
+def parse_pipeline(reader):
+    """A filter pipeline: {"max_chunk_size", "filters": [{"type", "name", options...}]}."""
+    max_chunk, count = reader.unpack("I"), reader.count("I", 5)
+    filters = []
+    for _ in range(count):
+        ftype, size = reader.unpack("B"), reader.unpack("I")
+        options = Reader(reader.take(size), reader.what)
+        f = {"type": ftype, "name": FILTER_NAMES.get(ftype, f"unknown({ftype})")}
+        try:
+            if ftype in COMPRESSORS:
+                f["compressor"], f["level"] = options.unpack("Bi")
+                if ftype in (6, 19) and options.left():
+                    f["reinterpret_type"] = options.unpack("B")
+            elif ftype in (7, 10):
+                f["max_window_size"] = options.unpack("I")
+            elif ftype == 15:
+                f["scale"], f["offset"], f["byte_width"] = options.unpack("ddQ")
+            elif ftype == 18 and options.left() >= 1:
+                f["options"] = bytes(options.take(options.left())).hex()
+        except FormatError:
+            f["problem"] = "options truncated"
+        filters.append(f)
+    return {"max_chunk_size": max_chunk, "filters": filters}
+
+
+def pipeline_problem(pipeline):
+    """Why ctdsfs cannot undo ``pipeline``, or None."""
+    for f in pipeline["filters"]:
+        if f["type"] not in UNDONE:
+            return f"filter {f['name']} cannot be undone by ctdsfs"
+        if "problem" in f:
+            return f"filter {f['name']}: {f['problem']}"
+        if f["type"] == 15 and f["byte_width"] not in (1, 2, 4, 8):
+            return f"SCALE_FLOAT byte width {f['byte_width']} is not 1, 2, 4 or 8"
+    return None
+
+
+def _stage_types(pipeline, datatype):
+    """The datatype each filter receives when the tile's is ``datatype``."""
+    types = []
+    for f in pipeline["filters"]:
+        types.append(datatype)
+        if f["type"] in (6, 19) and f.get("reinterpret_type", 17) != 17:
+            datatype = f["reinterpret_type"]
+        elif f["type"] == 15:
+            datatype = {1: 5, 2: 7, 4: 0, 8: 1}[f["byte_width"]]
+    return types
+
+
+def unfilter_tile(data, pipeline, datatype, cell_size, expected, what, string_offsets=None):
+    """The unfiltered bytes of one tile (``data``: its on-disk bytes, chunk count first).
+
+    ``expected`` bounds the result (the tile's size as the schema and metadata
+    declare it); a tile that claims more, or whose chunks do not add up, is a
+    FormatError, and a checksum that fails a ChecksumMismatch. For var-sized
+    strings under RLE or DICTIONARY (whose offsets live in the data tile, not in
+    the offsets file) ``string_offsets`` is a list that receives the cell offsets.
+    """
+    reader = Reader(data, what)
+    count = reader.count("Q", 12)
+    chunks, total = [], 0
+    for _ in range(count):
+        original, filtered, meta_len = reader.unpack("III")
+        total += original
+        if total > expected:
+            raise FormatError(f"{what}: chunks declare more than the tile's {expected} bytes")
+        chunks.append((original, bytes(reader.take(meta_len)), reader.take(filtered)))
+    if reader.left():
+        raise FormatError(f"{what}: {reader.left()} bytes after the last chunk")
+    stages = list(reversed(list(zip(pipeline["filters"], _stage_types(pipeline, datatype)))))
+
+    def unfilter(index):
+        original, meta, body = chunks[index]
+        for f, dtype in stages:
+            if string_offsets is not None and f["type"] in (4, 14):
+                meta, body = _strings_reverse(f, meta, body, string_offsets, what)
+            else:
+                meta, body = _reverse(f, dtype, cell_size, meta, body, original, what)
+        if len(body) != original:
+            raise FormatError(f"{what}: chunk {index} unfilters to {len(body)} bytes, "
+                              f"not the {original} it declares")
+        return body
+
+    def unfilter_run(run):
+        return [unfilter(index) for index in run]
+
+    if string_offsets is None and len(chunks) >= PARALLEL_CHUNKS and stages:
+        workers = os.cpu_count() or 2
+        step = -(-len(chunks) // workers)
+        runs = [range(i, min(i + step, len(chunks))) for i in range(0, len(chunks), step)]
+        return b"".join(body for run in _pool().map(unfilter_run, runs) for body in run)
+    return b"".join(unfilter_run(range(len(chunks))))
+
+
+def _pool():
+    """Threads that unfilter the chunks of a large tile side by side (the codecs and
+    NumPy release the GIL)."""
+    global _POOL
+    with _POOL_LOCK:
+        if _POOL is None:
+            _POOL = ThreadPoolExecutor(max_workers=os.cpu_count() or 2,
+                                       thread_name_prefix="tiledb-chunks")
+        return _POOL
+
+
+def _reverse(f, datatype, cell_size, meta, body, limit, what):
+    """Undo one filter on (chunk metadata, chunk data): the metadata left and the data."""
+    md = Reader(meta, what)
+    ftype = f["type"]
+    name = f["name"]
+    if ftype in (1, 2, 3, 4, 5, 6, 19):
+        parts_meta, parts_data = md.count("I", 8), md.count("I", 8)
+        sizes = [md.unpack("II") for _ in range(parts_meta + parts_data)]
+        if sum(u for u, _ in sizes) > limit + len(meta) + (1 << 16):
+            raise FormatError(f"{what}: {name} parts declare more than the chunk holds")
+        src = Reader(body, what)
+        decoded = [_decompress(ftype, f, datatype, cell_size, src.take(c), u, what)
+                   for u, c in sizes]
+        return b"".join(decoded[:parts_meta]), b"".join(decoded[parts_meta:])
+    if ftype in (12, 13):
+        algorithm, width = (hashlib.md5, 16) if ftype == 12 else (hashlib.sha256, 32)
+        parts_meta, parts_data = md.count("I", 8 + width), md.count("I", 8 + width)
+        sums = [(md.unpack("Q"), bytes(md.take(width))) for _ in range(parts_meta + parts_data)]
+        rest = bytes(md.take(md.left()))
+        for (n, digest), source in zip(sums, [rest] * parts_meta + [body] * parts_data):
+            if n > len(source) or algorithm(source[:n]).digest() != digest:
+                raise ChecksumMismatch(f"{what}: {name} checksum mismatch")
+        return rest, body
+    if ftype in (8, 9, 16, 15):
+        parts = md.count("I", 4)
+        sizes = [md.unpack("I") for _ in range(parts)]
+        src = Reader(body, what)
+        out = [_unshuffle(ftype, f, datatype, bytes(src.take(n)), what) for n in sizes]
+        return bytes(md.take(md.left())), b"".join(out)
+    if ftype in (7, 10):
+        return _unwindow(ftype, datatype, md, body, what)
+    if ftype == 0:
+        return meta, body
+    raise FormatError(f"{what}: filter {name} cannot be undone")
+
+
+def _strings_reverse(f, meta, body, offsets_out, what):
+    """RLE or DICTIONARY on var-sized strings: runs (or ids) back to the strings, and the
+    cell offsets, which the writer kept here instead of in the offsets tile."""
+    md = Reader(meta, what)
+    md.unpack("II")  # metadata and data part counts (one data part)
+    size, compressed, offsets_bytes = md.unpack("III")
+    cells = offsets_bytes // 8
+    src = Reader(bytes(Reader(body, what).take(compressed)), what)
+    if f["type"] == 4:
+        run_width, length_width = md.unpack("BB")
+        pieces = _string_runs(src, run_width, length_width, cells, what)
+    else:
+        id_width, length_width = md.unpack("BB")
+        words = Reader(md.take(md.unpack("I")), what)
+        dictionary = []
+        while words.left():
+            dictionary.append(bytes(words.take(_be(words, length_width))))
+            if len(dictionary) > cells + 1:
+                raise FormatError(f"{what}: dictionary longer than the tile")
+        pieces = []
+        while src.left():
+            word = _be(src, id_width)
+            if word >= len(dictionary) or len(pieces) >= cells:
+                raise FormatError(f"{what}: dictionary id {word} is not in the dictionary")
+            pieces.append((1, dictionary[word]))
+    lengths = np.array([len(s) for _, s in pieces], np.uint64)
+    runs = np.array([n for n, _ in pieces], np.int64)
+    if int(runs.sum()) != cells or int((lengths * runs.astype(np.uint64)).sum()) != size:
+        raise FormatError(f"{what}: {f['name']} strings do not fill the tile")
+    starts = np.repeat(lengths, runs)
+    offsets_out.append(np.concatenate(([0], np.cumsum(starts)[:-1])).astype("<u8")
+                       if cells else np.zeros(0, "<u8"))
+    return bytes(md.take(md.left())), b"".join(s * n for n, s in pieces)
+
+
+def _be(reader, width):
+    """A big-endian unsigned integer of ``width`` bytes (1, 2, 4 or 8)."""
+    if width not in (1, 2, 4, 8):
+        raise FormatError(f"{reader.what}: integer width {width} is not 1, 2, 4 or 8")
+    return int.from_bytes(reader.take(width), "big")
+
+
+def _string_runs(src, run_width, length_width, cells, what):
+    """(run length, string) pairs, never more runs than cells."""
+    pieces = []
+    while src.left():
+        run = _be(src, run_width)
+        if run > cells:
+            raise FormatError(f"{what}: an RLE run longer than the tile")
+        pieces.append((run, bytes(src.take(_be(src, length_width)))))
+        if len(pieces) > cells:
+            raise FormatError(f"{what}: more RLE runs than cells")
+    return pieces
+
+
+def _decompress(ftype, f, datatype, cell_size, data, size, what):
+    """One compressed part back to its ``size`` bytes (never more)."""
+    try:
+        if ftype == 1:
+            d = zlib.decompressobj()
+            out = d.decompress(data, size)
+        elif ftype == 2:
+            out = _zstd().decompress(data, max_output_size=size) if size else b""
+        elif ftype == 3:
+            if size > LZ4_MAX_RATIO * len(data) + 16:  # (the block would be allocated first)
+                raise FormatError(f"{what}: LZ4 part of {len(data)} bytes cannot give {size}")
+            out = lz4.block.decompress(data, uncompressed_size=size) if size else b""
+        elif ftype == 5:
+            out = bz2.BZ2Decompressor().decompress(data, size) if size else b""
+        elif ftype == 4:
+            out = _un_rle(data, cell_size, size, what)
+        else:
+            kind = f.get("reinterpret_type", 17)
+            out = _undelta(ftype, dtype_of(datatype if kind == 17 else kind, what), data, size,
+                           what)
+    except (zlib.error, zstandard.ZstdError, lz4.block.LZ4BlockError, OSError, EOFError,
+            ValueError) as exc:
+        raise FormatError(f"{what}: {f['name']} does not decompress: {exc}") from None
+    if len(out) != size:
+        raise FormatError(f"{what}: {f['name']} gave {len(out)} bytes, not {size}")
+    return out
+
+
+def _zstd():
+    """This thread's zstd decompressor (making one per chunk costs as much as decoding)."""
+    try:
+        return _THREAD.zstd
+    except AttributeError:
+        _THREAD.zstd = zstandard.ZstdDecompressor()
+        return _THREAD.zstd
+
+
+def _un_rle(data, value_size, size, what):
+    """Runs of (value, big-endian u16 length) back to the values."""
+    run = value_size + 2
+    if not value_size or len(data) % run:
+        raise FormatError(f"{what}: RLE data is not whole runs")
+    runs = np.frombuffer(data, np.uint8).reshape(-1, run)
+    lengths = runs[:, value_size].astype(np.int64) * 256 + runs[:, value_size + 1]
+    if int(lengths.sum()) * value_size != size:
+        raise FormatError(f"{what}: RLE runs do not add up to {size} bytes")
+    return np.repeat(runs[:, :value_size], lengths, axis=0).tobytes()
+
+
+def _undelta(ftype, dtype, data, size, what):
+    """DELTA and DOUBLE_DELTA back to values of ``dtype`` (wrapping arithmetic)."""
+    src = Reader(data, what)
+    if ftype == 6:
+        bits = src.unpack("B")
+    count = src.unpack("Q")
+    if count * dtype.itemsize != size:
+        raise FormatError(f"{what}: delta count {count} does not fill {size} bytes")
+    if ftype == 19:
+        values = np.frombuffer(src.take(size), dtype).astype(np.int64)
+        return np.cumsum(values, dtype=np.int64).astype(dtype).tobytes()
+    if bits >= dtype.itemsize * 8 - 1:
+        return bytes(src.take(size))
+    first = np.frombuffer(src.take(min(count, 2) * dtype.itemsize), dtype).astype(np.int64)
+    if count <= 2:
+        return first.astype(dtype).tobytes()
+    needed = (count - 2) * (bits + 1)
+    words = src.left() // 8
+    if words * 64 < needed:
+        raise FormatError(f"{what}: DOUBLE_DELTA bit stream is short")
+    stream = np.unpackbits(np.frombuffer(src.take(words * 8), "<u8").astype(">u8")
+                           .view(np.uint8))[:needed].reshape(count - 2, bits + 1)
+    weights = (np.uint64(1) << np.arange(bits - 1, -1, -1, dtype=np.uint64))
+    magnitude = (stream[:, 1:].astype(np.uint64) * weights).sum(axis=1, dtype=np.uint64)
+    dd = np.where(stream[:, 0] == 1, -magnitude.astype(np.int64), magnitude.astype(np.int64))
+    deltas = np.cumsum(np.concatenate(([first[1] - first[0]], dd)), dtype=np.int64)
+    values = np.concatenate(([first[0]], first[0] + np.cumsum(deltas, dtype=np.int64)))
+    return values.astype(dtype).tobytes()
+
+
+def _unshuffle(ftype, f, datatype, part, what):
+    """BITSHUFFLE, BYTESHUFFLE, XOR and SCALE_FLOAT on one part."""
+    dtype = dtype_of(datatype, what)
+    width = dtype.itemsize
+    if ftype == 9:
+        n = len(part) // width
+        body = np.frombuffer(part, np.uint8, n * width).reshape(width, n).T.tobytes()
+        return body + bytes(part[n * width:])
+    if ftype == 8:
+        if len(part) % width or len(part) % 8:
+            return part
+        return b"".join(_bitunshuffle(part[i:i + BITSHUFFLE_BLOCK], width)
+                        for i in range(0, len(part), BITSHUFFLE_BLOCK))
+    if ftype == 16:
+        if len(part) % width:
+            raise FormatError(f"{what}: XOR part is not whole values")
+        ints = np.frombuffer(part, f"<u{width}" if width > 1 else "u1")
+        return np.bitwise_xor.accumulate(ints).tobytes() if len(ints) else b""
+    stored = np.frombuffer(part, {1: "i1", 2: "<i2", 4: "<i4", 8: "<i8"}[f["byte_width"]],
+                           len(part) // f["byte_width"])
+    return (stored.astype(dtype).astype(np.float64) * f["scale"] + f["offset"]) \
+        .astype(dtype).tobytes()
+
+
+def _bitunshuffle(block, width):
+    """Undo bitshuffle on ``block`` (bytes); elements past a multiple of 8 are copied."""
+    count = len(block) // width
+    shuffled = count - count % 8
+    if not shuffled:
+        return block
+    bits = np.unpackbits(np.frombuffer(block, np.uint8, shuffled * width),
+                         bitorder="little").reshape(width * 8, shuffled)
+    out = np.packbits(bits.T.reshape(shuffled, width, 8), axis=-1, bitorder="little")
+    return out.tobytes() + block[shuffled * width:]
+
+
+def _unwindow(ftype, datatype, md, body, what):
+    """BIT_WIDTH_REDUCTION and POSITIVE_DELTA: windows of values relative to an offset."""
+    dtype = dtype_of(datatype, what)
+    if datatype not in INTEGER_TYPES or (ftype == 7 and dtype.itemsize == 1):
+        return bytes(md.data[md.pos:]), body  # these types pass through unchanged
+    total = md.unpack("I") if ftype == 7 else None
+    windows = md.count("I", dtype.itemsize + 4)
+    src = Reader(body, what)
+    out = []
+    for _ in range(windows):
+        base = np.frombuffer(md.take(dtype.itemsize), dtype)[0]
+        bits = md.unpack("B") if ftype == 7 else dtype.itemsize * 8
+        nbytes = md.unpack("I")
+        if nbytes % dtype.itemsize or (ftype == 7 and bits >= dtype.itemsize * 8):
+            out.append(bytes(src.take(nbytes)))
+            continue
+        count = nbytes // dtype.itemsize
+        if ftype == 7:
+            if bits not in (8, 16, 32):
+                raise FormatError(f"{what}: bit width {bits} is not 8, 16 or 32")
+            stored = np.frombuffer(src.take(count * bits // 8), f"<u{bits // 8}")
+            values = stored.astype(dtype) + base
+        else:
+            values = np.cumsum(np.frombuffer(src.take(nbytes), dtype), dtype=dtype) + base
+        out.append(values.astype(dtype).tobytes())
+    data = b"".join(out)
+    if total is not None and len(data) != total:
+        raise FormatError(f"{what}: BIT_WIDTH_REDUCTION gave {len(data)} bytes, not {total}")
+    return bytes(md.take(md.left())), data
