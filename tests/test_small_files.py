@@ -124,3 +124,4 @@ def test_a_read_waiting_for_its_disk_holds_up_no_other_request(mount, tmp_path):
         assert reader.poll() is None  # the read was still waiting all along
     assert reader.wait(20) == 0
     assert answered
+    inner.close()  # before the mount it reads from
