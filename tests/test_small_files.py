@@ -42,6 +42,8 @@ def answers_without_waiting(code, *args):
 
 
 STAT_ALL = "import os, sys; [os.lstat(path) for path in sys.argv[1:]]"
+HOLD_OPEN = ("import os, sys; held = [os.open(p, os.O_RDONLY) for p in sys.argv[1:]]; "
+             "print('held', flush=True); sys.stdin.read()")
 
 
 def small_tree_container(path, dirs=3, files=20):
@@ -63,9 +65,17 @@ def test_the_kernel_keeps_names_and_attributes_and_forgets_them_on_a_change(moun
     seen = sorted(os.path.join(top, n) for top, dirs, files in os.walk(m.mountpoint)
                   for n in dirs + files)
     assert len(seen) == 3 + 3 * 20
-    time.sleep(OLD_CACHE_SECONDS + 0.5)  # past the old timeouts: the kernel would ask again
-    with stopped(m.proc):
-        assert answers_without_waiting(STAT_ALL, *seen)
+    # Open in a process of their own, so memory pressure evicts none of them (a child
+    # forked from here would inherit the files and flush them, asking the daemon).
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_OPEN, *seen], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE)
+    try:
+        assert holder.stdout.readline() == b"held\n"
+        time.sleep(OLD_CACHE_SECONDS + 0.5)  # past the old timeouts: the kernel would ask again
+        with stopped(m.proc):
+            assert answers_without_waiting(STAT_ALL, *seen)
+    finally:
+        holder.communicate(b"", timeout=20)
     assert os.stat(m.mountpoint / "d1" / "f3").st_size == 100 + 37 * 3
     # Another process commits: the kernel's copies are invalidated, without an open.
     writer = open_container(container, writable=True)
