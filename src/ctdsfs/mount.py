@@ -197,7 +197,7 @@ def mount(source, mountpoint, opts, foreground=False):
                     "fsname=" + source.replace(",", "\\,")}
     fuse_options |= opts.kernel
     operations = FuseOperations(
-        fs, threaded_reads=not opts.writable,
+        fs, threaded_reads=not opts.writable and container.checks_reads,
         write_cache=write_cache, commit_interval=opts.commit_seconds if opts.writable else None)
 
     if foreground:
