@@ -562,7 +562,7 @@ def fio_iops(path, block, jobs, seconds):
     out = subprocess.run(
         ["fio", "--name=r", f"--filename={path}", "--rw=randread", f"--bs={block}",
          f"--numjobs={jobs}", "--ioengine=psync", "--time_based", f"--runtime={seconds}",
-         "--group_reporting", "--output-format=json"],
+         "--group_reporting", "--invalidate=0", "--output-format=json"],
         check=True, capture_output=True, text=True).stdout
     return json.loads(out)["jobs"][0]["read"]["iops"]
 
