@@ -14,6 +14,11 @@ the targets of the read-only milestone:
     table view / python-casacore 3.8 reading the MultiFile original >= 0.8
   pack and unpack of a >= 1 GiB tree / cp -r of the same tree >= 0.7
   check: CRC-verified blocks >= 1 GB/s
+  small files (20,000 of 1-16 KiB in 200 directories and a 1 GiB file), the same
+    bytes through ctdsfs (a packed container), ratarmount (a tar), squashfuse_ll
+    (a squashfs image) and directly: find, ls -lR, tar of every file and fio random
+    reads at least as fast as ratarmount and within 2x of squashfuse_ll (4 KiB
+    reads >= 0.5x its IOPS), mount < 0.2 s, daemon RSS after the tar < 40 MB
   remote (a SeaweedFS on loopback): cold sequential read of a 1 GiB virtual file
     through an s3:// mount / the best raw GET throughput of the object >= 0.8;
     every column of a MeasurementSet through an s3:// mount / a local mount
@@ -25,8 +30,8 @@ the targets of the read-only milestone:
     array of 1,000 fragments < 1 s
 
 Needs root (drop_caches, mounting). Usage:
-  python3 scripts/benchmark.py [--size-mib 1024] [--block-size 65536] [--dir DIR]
-                               [--parts read,write,many,legacy,toolbox,remote[,bcolz,tiledb]]
+  python3 scripts/benchmark.py [--size-mib 1024] [--block-size 65536] [--dir DIR] [--quick]
+                               [--parts read,write,many,legacy,toolbox,small,remote[,bcolz,tiledb]]
 """
 
 import argparse
@@ -387,7 +392,7 @@ def print_rows(rows):
         print(f"{name:<56} {value:6.2f} {ratio:>6} {goal:>7}")
 
 
-PARTS = ("read", "write", "many", "legacy", "toolbox", "remote")
+PARTS = ("read", "write", "many", "legacy", "toolbox", "small", "remote")
 OPTIONAL_PARTS = ("bcolz", "tiledb")  # run only when --parts names them
 
 
@@ -406,8 +411,13 @@ def main():
                              f"(default: {','.join(PARTS)})")
     parser.add_argument("--tiledb-mib", type=int, default=1024,
                         help="zstd-compressed float64 TileDB attribute size (MiB)")
+    parser.add_argument("--quick", action="store_true",
+                        help="small-files part only, reduced (2,000 files, 64 MiB file, "
+                             "one round): under 2 minutes")
     parser.add_argument("--serve-passthrough", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.quick:
+        args.parts = "small"
     if args.serve_passthrough:
         return serve_passthrough(*args.serve_passthrough)
     parts = set(args.parts.split(","))
@@ -435,6 +445,8 @@ def main():
                          f"python-casacore 3.8 natively {native_seconds:.2f} s, casacore 3.5 "
                          f"through the view {legacy_seconds:.2f} s, ratio "
                          f"{native_seconds / legacy_seconds:.2f} (target >= 0.8)")
+        if "small" in parts:
+            lines += small_files_figures(tmp, pool, quick=args.quick)
         if "toolbox" in parts:
             print(f"pack / unpack / check of a {args.tree_mib} MiB tree (2 rounds each, "
                   "alternating) ...", flush=True)
@@ -770,6 +782,126 @@ def tiledb_figures(tmp, mib, fragment_count=1000):
         list_seconds = time.perf_counter() - start
     return rows, [f"listing fragments/ of an array of {len(listed)} fragments (ls -l, cache "
                   f"dropped): {list_seconds:.2f} s (target < 1 s)"]
+
+
+
+# ---------------------------------------------------------------- small files
+
+def make_small_tree(root, pool, files, dirs, big_bytes):
+    """``files`` files of 1-16 KiB spread over ``dirs`` directories, and one big file."""
+    rng = np.random.default_rng(1)
+    sizes = rng.integers(1024, 16 * 1024 + 1, files)
+    for d in range(dirs):
+        (root / f"d{d:03}").mkdir(parents=True)
+    for i, size in enumerate(sizes):
+        start = int(rng.integers(0, len(pool) - size))
+        (root / f"d{i % dirs:03}" / f"f{i:05}.bin").write_bytes(pool[start:start + size])
+    with open(root / "big.bin", "wb") as f:
+        for off in range(0, big_bytes, len(pool)):
+            f.write(pool[:min(len(pool), big_bytes - off)])
+    return int(sizes.sum()) + big_bytes
+
+
+def fio_iops(path, block, jobs, seconds):
+    """Random-read IOPS of ``jobs`` fio jobs on ``path`` (page cache as it is)."""
+    import json
+    out = subprocess.run(
+        ["fio", "--name=r", f"--filename={path}", "--rw=randread", f"--bs={block}",
+         f"--numjobs={jobs}", "--ioengine=psync", "--time_based", f"--runtime={seconds}",
+         "--group_reporting", "--invalidate=0", "--output-format=json"],
+        check=True, capture_output=True, text=True).stdout
+    return json.loads(out)["jobs"][0]["read"]["iops"]
+
+
+def process_rss_mb(pid):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def _shell_seconds(command, cwd):
+    start = time.perf_counter()
+    subprocess.run(command, shell=True, check=True, cwd=cwd, stdout=subprocess.DEVNULL)
+    return time.perf_counter() - start
+
+
+SMALL_WORKLOADS = (  # (row, shell command run inside the mount, cache dropped first)
+    ("find MNT -type f (cold mount)", "find . -type f"),
+    ("ls -lR MNT", "ls -lR ."),
+    ("tar of every file to a pipe", "tar cf - . | cat > /dev/null"),
+)
+
+
+def small_files_figures(tmp, pool, quick=False):
+    """find, ls -lR, tar and fio through ctdsfs, ratarmount and squashfuse_ll, and
+    directly, on the same tree; best of 3 fresh mounts with the page cache dropped."""
+    files, dirs, big = (2000, 20, 64 << 20) if quick else (20_000, 200, 1 << 30)
+    rounds, fio_seconds = (1, 2) if quick else (3, 5)
+    tree = tmp / "small"
+    print(f"building {files} files of 1-16 KiB in {dirs} directories and a "
+          f"{big >> 20} MiB file; packing, tar, mksquashfs ...", flush=True)
+    total = make_small_tree(tree, pool, files, dirs, big)
+    packed = subprocess.run(["ctdsfs", "pack", "--quiet", str(tree), str(tmp / "small.mf")],
+                            check=True, capture_output=True, text=True)
+    subprocess.run(["tar", "cf", str(tmp / "small.tar"), "-C", str(tree), "."], check=True)
+    subprocess.run(["mksquashfs", str(tree), str(tmp / "small.sqfs"), "-noappend", "-quiet",
+                    "-no-progress"], check=True, stdout=subprocess.DEVNULL)
+    systems = {
+        "ctdsfs": (["mount.ctdsfs", "-f", str(tmp / "small.mf")], tmp / "small.mf"),
+        "ratarmount": (["ratarmount", "-f", str(tmp / "small.tar")], tmp / "small.tar"),
+        "squashfuse_ll": (["squashfuse_ll", "-f", str(tmp / "small.sqfs")], tmp / "small.sqfs"),
+    }
+    with Mounted(systems["ratarmount"][0] + [str(tmp / "mr")], str(tmp / "mr")):
+        pass  # ratarmount writes its index on the first mount: not part of the figures
+    best = {}  # (row, system) -> best value
+
+    def keep(row, system, value, larger_is_better=False):
+        old = best.get((row, system))
+        better = old is None or (value > old if larger_is_better else value < old)
+        best[row, system] = value if better else old
+
+    for _ in range(rounds):
+        for system, (cmd, _) in systems.items():
+            mnt = tmp / f"m-{system}"
+            for row, command in SMALL_WORKLOADS:
+                drop_caches()
+                with Mounted(cmd + [str(mnt)], str(mnt)) as m:
+                    keep("mount of the tree's container, cold", system, m.mount_seconds)
+                    keep(row, system, _shell_seconds(command, mnt))
+                    if command.startswith("tar"):
+                        keep("daemon RSS after the tar (MB)", system, process_rss_mb(m.proc.pid))
+            with Mounted(cmd + [str(mnt)], str(mnt)):
+                read_through(mnt / "big.bin")  # random reads from the page cache, as direct
+                for block, jobs in (("4k", 1), ("4k", 4), ("64k", 4)):
+                    keep(f"fio randread {block}, {jobs} job(s) (IOPS)", system,
+                         fio_iops(mnt / "big.bin", block, jobs, fio_seconds), True)
+        for row, command in SMALL_WORKLOADS:
+            drop_caches()
+            keep(row, "direct", _shell_seconds(command, tree))
+        read_through(tree / "big.bin")
+        for block, jobs in (("4k", 1), ("4k", 4), ("64k", 4)):
+            keep(f"fio randread {block}, {jobs} job(s) (IOPS)", "direct",
+                 fio_iops(tree / "big.bin", block, jobs, fio_seconds), True)
+    for system, (_, image) in systems.items():
+        best["container size (MB)", system] = image.stat().st_size / 1e6
+    best["container size (MB)", "direct"] = total / 1e6
+    columns = ("ctdsfs", "ratarmount", "squashfuse_ll", "direct")
+    rows = dict.fromkeys(row for row, _ in best)
+    lines = [f"small files: {files} files of 1-16 KiB in {dirs} directories and a "
+             f"{big >> 20} MiB file, best of {rounds}; {packed.stdout.strip()}",
+             f"{'workload':<42}" + "".join(f"{c:>14}" for c in columns)
+             + f"{'vs ratar':>10}{'vs squash':>10}"]
+    for row in rows:
+        values = [best.get((row, c)) for c in columns]
+        cells = "".join(f"{v:14.3f}" if v is not None else f"{'':>14}" for v in values)
+        ours, ratar, squash = values[:3]
+        faster = "IOPS" in row  # larger is better: ours / theirs, else theirs / ours
+        ratios = "".join(f"{(ours / v if faster else v / ours):10.2f}" for v in (ratar, squash))
+        lines.append(f"{row:<42}{cells}{ratios}")
+    lines.append("(ratios > 1: ctdsfs better; goals: >= 1 vs ratarmount, >= 0.5 vs squashfuse_ll)")
+    return lines
 
 
 if __name__ == "__main__":

@@ -307,3 +307,38 @@ def test_every_command_refuses_an_existing_output_in_the_same_words(tmp_path):
         assert (result.returncode, result.stderr) == (1, f"mount.ctdsfs: {link}: File exists\n")
     assert mf.read_bytes() == mfh5.read_bytes() == b"keep"
     assert os.listdir(directory) == [] and not os.path.exists(dangling)
+
+
+def tree_bytes_total(root):
+    return sum(os.lstat(os.path.join(top, f)).st_size
+               for top, _, files in os.walk(root) for f in files)
+
+
+def test_chosen_block_size_follows_the_files():
+    from ctdsfs.toolbox import choose_block_size
+    assert choose_block_size([1 << 30]) == 4 << 20  # one big file: casacore's default
+    small = [1024 + (i * 7919) % (15 * 1024) for i in range(20_000)]  # 1-16 KiB
+    chosen = choose_block_size(small, directories=200)
+    padded = sum(-(-s // chosen) * chosen for s in small) + 2 * 200 * chosen
+    assert chosen >= 512 and padded <= 1.05 * sum(small)
+    assert choose_block_size(small + [1 << 30], directories=200) > chosen  # the big file pays
+
+
+def test_pack_and_to_multifile_keep_a_measurement_set_small(tmp_path):
+    """Without --block-size the size is chosen (and printed) so that the container holds a
+    MeasurementSet in at most 1.1x its bytes; casacore reads it at any block size."""
+    ms = tmp_path / "obs.ms"
+    subprocess.run([sys.executable, "-c", MAKE_MS.replace("addrows(20)", "addrows(2000)")
+                    .replace("arange(60.).reshape(20", "arange(6000.).reshape(2000")
+                    .replace("arange(20)", "arange(2000)")], check=True, cwd=tmp_path)
+    values, tree = dump_values(ms), tree_bytes_total(ms)
+    packed = ctdsfs("pack", ms, tmp_path / "obs.mf")
+    assert "block size" in packed.stdout and "chosen" in packed.stdout
+    assert (tmp_path / "obs.mf").stat().st_size <= 1.1 * tree
+    ctdsfs("unpack", tmp_path / "obs.mf", tmp_path / "back.ms")
+    same_tree(ms, tmp_path / "back.ms")
+    converted = ctdsfs("to-multifile", ms)
+    assert converted.stdout.count("chosen for this table") == 1 + len(
+        [d for d in os.listdir(ms) if (ms / d / "table.dat").exists()])
+    assert tree_bytes_total(ms) <= 1.1 * tree
+    assert dump_values(ms) == values  # python-casacore 3.8 reads the chosen block sizes

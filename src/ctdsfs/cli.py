@@ -184,7 +184,10 @@ def _add_mount_arguments(parser):
     parser.add_argument("-t", "-N", dest="ignored_value", help=argparse.SUPPRESS)
 
 
-def _standard(parser, *names, block_size=4 << 20, format_required=False):
+CHOSEN = "chosen"  # the block size default of commands that pick one from their input
+
+
+def _standard(parser, *names, block_size=CHOSEN, format_required=False):
     """Options several commands share, worded once."""
     for name in names:
         if name == "json":
@@ -202,9 +205,13 @@ def _standard(parser, *names, block_size=4 << 20, format_required=False):
                                      + ("" if format_required else
                                         " (default: hdf5 if OUT ends in .mfh5, else mf2)"))
         elif name == "block-size":
-            default = "the input's" if block_size is None else f"{block_size}"
-            parser.add_argument("--block-size", type=int, default=block_size, metavar="N",
-                                help=f"block size in bytes (default {default})")
+            default = {None: "the input's", CHOSEN: "the largest power of two from 512 to "
+                       "4194304 that makes the container at most 5%% larger than the files "
+                       "it holds (to-multifile: per table), printed"}.get(block_size,
+                                                                        block_size)
+            parser.add_argument("--block-size", type=int, metavar="N",
+                                default=None if block_size == CHOSEN else block_size,
+                                help=f"block size in bytes (default: {default})")
 
 
 def _mount_parser(prog):
@@ -696,8 +703,10 @@ def main(argv=None):
     if args.command == "pack":
         def do_pack():
             from .toolbox import pack
-            pack(args.directory, args.output, format=_output_format(args),
-                 block_size=args.block_size, use_crc=args.crc, quiet=args.quiet)
+            block_size = pack(args.directory, args.output, format=_output_format(args),
+                              block_size=args.block_size, use_crc=args.crc, quiet=args.quiet)
+            if args.block_size is None:
+                print(f"{args.output}: block size {block_size} (chosen for this tree)")
             return 0
         return _run(do_pack, "ctdsfs")
     if args.command == "unpack":
@@ -712,8 +721,11 @@ def main(argv=None):
             if args.command == "to-sepfile":
                 to_sepfile(args.table, quiet=args.quiet)
             else:
-                to_multifile(args.table, block_size=args.block_size, use_crc=args.crc,
-                             quiet=args.quiet)
+                chosen = to_multifile(args.table, block_size=args.block_size,
+                                      use_crc=args.crc, quiet=args.quiet)
+                if args.block_size is None:
+                    for table, block_size in chosen:
+                        print(f"{table}: block size {block_size} (chosen for this table)")
             return 0
         return _run(do_storage, "ctdsfs")
     if args.command == "convert":

@@ -1,9 +1,20 @@
 """The only module that knows pyfuse3 and trio: kernel requests to ContainerFS calls.
 
 Metadata operations are cheap and run on the trio loop. Reads of a
-CRC-protected container (block reads plus checksums) run in worker threads so
-the loop keeps answering other requests; plain reads are a single ``pread``
-and stay on the loop, where a thread hop would cost more than it saves.
+CRC-protected container, and large reads (THREADED_READ_MIN) of a read-only
+mount, run in worker threads: a read that waits for the disk must not hold up
+every other request. Small reads stay on the loop, where the thread hop would
+cost more than the read (it doubles the time to read 20,000 small files); a
+read the page cache could answer never reaches us, since the kernel keeps a
+file's pages. A read-write mount reads on the loop, between the writes it orders.
+
+The kernel keeps names and attributes for ``ContainerFS.kernel_cache_seconds``
+(a day for a container file), so ``find``/``ls -lR``/``tar`` cost one readdir
+per directory and one open per file. Coherence comes from invalidation: a
+watcher asks the VFS every WATCH_SECONDS whether another process changed the
+container (as do open and opendir), and what the kernel cached before a reload
+is invalidated from a worker thread (the kernel calls block until related
+requests, which this loop serves, are done).
 """
 
 import contextlib
@@ -25,9 +36,10 @@ log = logging.getLogger(__name__)
 # round trip per 128 KiB; 1 MiB requests let CRC-checked reads run ~60% faster.
 READAHEAD_KB = 1024
 
-# Another process (casacore itself) may change the container; the VFS notices
-# on lookup/readdir/open, so the kernel may keep names and attributes briefly.
-CACHE_TIMEOUT = 1.0
+# How often the watcher looks for another process's commit (header counter).
+WATCH_SECONDS = 1.0
+# Reads of at least this size run in a worker thread (read-only mounts).
+THREADED_READ_MIN = 128 << 10
 # Directory entries built per step of a readdir reply: about what one kernel buffer takes.
 READDIR_BATCH = 128
 
@@ -50,12 +62,12 @@ def _fuse_errors(method):
     return wrapper
 
 
-def _entry(attr):
+def _entry(attr, cache_seconds):
     entry = pyfuse3.EntryAttributes()
     entry.st_ino = attr.ino
     entry.generation = 0
-    entry.entry_timeout = CACHE_TIMEOUT
-    entry.attr_timeout = CACHE_TIMEOUT
+    entry.entry_timeout = cache_seconds
+    entry.attr_timeout = cache_seconds
     entry.st_mode = attr.mode
     entry.st_nlink = attr.nlink
     entry.st_uid = attr.uid
@@ -81,14 +93,42 @@ class FuseOperations(pyfuse3.Operations):
         self.fs = fs
         self.threaded_reads = threaded_reads
         self.commit_interval = commit_interval
+        self.nursery = None  # set while serving: where invalidations run without a waiter
+
+    def _entry(self, attr):
+        return _entry(attr, self.fs.kernel_cache_seconds)
+
+    async def _invalidate_stale(self, wait):
+        """Make the kernel forget what it cached before a reload. A request holding the
+        kernel's lock on a directory (lookup, readdir) cannot ``wait``: the
+        invalidation would wait for it."""
+        stale = self.fs.take_stale()
+        if not stale:
+            return
+        if wait or self.nursery is None:
+            await trio.to_thread.run_sync(_forget_in_kernel, stale)
+        else:
+            self.nursery.start_soon(trio.to_thread.run_sync, _forget_in_kernel, stale)
+
+    async def watch_for_changes(self):
+        """Every WATCH_SECONDS: reload if another process committed, and invalidate."""
+        while True:
+            await trio.sleep(WATCH_SECONDS)
+            try:
+                self.fs.refresh()
+            except FSError as exc:
+                log.error("cannot look for changes: %s", exc)
+            await self._invalidate_stale(wait=True)
 
     @_fuse_errors
     async def lookup(self, parent_inode, name, ctx=None):
-        return _entry(self.fs.lookup(parent_inode, os.fsdecode(name)))
+        entry = self._entry(self.fs.lookup(parent_inode, os.fsdecode(name)))
+        await self._invalidate_stale(wait=False)
+        return entry
 
     @_fuse_errors
     async def getattr(self, inode, ctx=None):
-        return _entry(self.fs.getattr(inode))
+        return self._entry(self.fs.getattr(inode))
 
     @_fuse_errors
     async def readlink(self, inode, ctx):
@@ -96,18 +136,26 @@ class FuseOperations(pyfuse3.Operations):
 
     @_fuse_errors
     async def setattr(self, inode, attr, fields, fh, ctx):
-        return _entry(self.fs.setattr(inode, attr.st_size if fields.update_size else None))
+        return self._entry(self.fs.setattr(inode, attr.st_size if fields.update_size else None))
 
     @_fuse_errors
     async def opendir(self, inode, ctx):
-        return self.fs.opendir(inode)
+        fh = self.fs.opendir(inode)
+        await self._invalidate_stale(wait=True)
+        return fh
 
     @_fuse_errors
     async def readdir(self, fh, start_id, token):
+        self._reply_entries(fh, start_id, token)
+        await self._invalidate_stale(wait=False)
+
+    def _reply_entries(self, fh, start_id, token):
+        """Entries from ``start_id`` on, with full attributes, until the kernel's buffer is full."""
         while True:
             batch = self.fs.readdir(fh, start_id, READDIR_BATCH)
             for name, attr, next_id in batch:
-                if not pyfuse3.readdir_reply(token, os.fsencode(name), _entry(attr), next_id):
+                if not pyfuse3.readdir_reply(token, os.fsencode(name), self._entry(attr),
+                                             next_id):
                     return
                 start_id = next_id
             if len(batch) < READDIR_BATCH:
@@ -123,18 +171,19 @@ class FuseOperations(pyfuse3.Operations):
     @_fuse_errors
     async def open(self, inode, flags, ctx):
         fh = self.fs.open(inode, flags)
+        await self._invalidate_stale(wait=True)
         return pyfuse3.FileInfo(fh=fh, keep_cache=self.fs.may_keep_cache(fh))
 
     @_fuse_errors
     async def read(self, fh, off, size):
-        if self.threaded_reads:
+        if self.threaded_reads or (size >= THREADED_READ_MIN and not self.fs.writable):
             return await trio.to_thread.run_sync(self.fs.read, fh, off, size)
         return self.fs.read(fh, off, size)
 
     @_fuse_errors
     async def create(self, parent_inode, name, mode, flags, ctx):
         fh, attr = self.fs.create(parent_inode, os.fsdecode(name), flags)
-        return pyfuse3.FileInfo(fh=fh), _entry(attr)
+        return pyfuse3.FileInfo(fh=fh), self._entry(attr)
 
     @_fuse_errors
     async def write(self, fh, off, buf):
@@ -142,7 +191,7 @@ class FuseOperations(pyfuse3.Operations):
 
     @_fuse_errors
     async def mkdir(self, parent_inode, name, mode, ctx):
-        return _entry(self.fs.mkdir(parent_inode, os.fsdecode(name)))
+        return self._entry(self.fs.mkdir(parent_inode, os.fsdecode(name)))
 
     @_fuse_errors
     async def unlink(self, parent_inode, name, ctx):
@@ -188,6 +237,17 @@ class FuseOperations(pyfuse3.Operations):
                 log.error("periodic commit failed: %s", exc)
 
 
+def _forget_in_kernel(stale):
+    """Invalidate the kernel's entries, attributes and pages of ``stale`` nodes (blocks:
+    a worker thread's job). What the kernel never cached gives ENOENT, ignored."""
+    for ino, parent, name in stale:
+        if ino != pyfuse3.ROOT_INODE:
+            with contextlib.suppress(OSError):
+                pyfuse3.invalidate_entry(parent, os.fsencode(name))
+        with contextlib.suppress(OSError):
+            pyfuse3.invalidate_inode(ino)
+
+
 async def _serve(operations, target, on_mounted):
     """Run pyfuse3's loop until unmounted; SIGINT/SIGTERM end it. True if a signal did."""
     import signal
@@ -215,6 +275,9 @@ async def _serve(operations, target, on_mounted):
 
         nursery.start_soon(watch_signals)
         nursery.start_soon(when_live)
+        operations.nursery = nursery
+        if operations.fs.follows_changes:
+            nursery.start_soon(operations.watch_for_changes)
         if operations.commit_interval:
             nursery.start_soon(operations.commit_periodically)
         await pyfuse3.main()

@@ -16,12 +16,20 @@ import sys
 import tempfile
 import threading
 
+import numpy as np
 from tqdm import tqdm
 
 from .formats import create_container, open_container, refuse_existing
 from .errors import CtdsfsError
 
 CHUNK = 4 << 20
+# Block sizes a pack may choose (casacore reads any): the largest that keeps the
+# container within PACKED_GROWTH_MAX of the tree's bytes, counting each file's
+# last partial block, 8 header bytes per block, and a header block plus a
+# partial parent block per nested directory. Big blocks keep block lists short
+# and reads in long runs; small files need small blocks.
+CHOSEN_BLOCK_SIZES = tuple(1 << k for k in range(22, 8, -1))  # 4 MiB down to 512 bytes
+PACKED_GROWTH_MAX = 1.05
 
 
 def progress_bar(total, quiet, what):
@@ -30,19 +38,41 @@ def progress_bar(total, quiet, what):
                 disable=quiet or not sys.stderr.isatty(), leave=False)
 
 
+def _tree_sizes(path):
+    """(sizes of the files under ``path``, number of subdirectories), links not followed."""
+    sizes, directories = [], 0
+    for dirpath, dirs, files in os.walk(path):
+        directories += len(dirs)
+        sizes += [os.lstat(os.path.join(dirpath, f)).st_size for f in files]
+    return sizes, directories
+
+
 def _tree_size(path):
-    total = 0
-    for dirpath, _, files in os.walk(path):
-        total += sum(os.lstat(os.path.join(dirpath, f)).st_size for f in files)
-    return total
+    return sum(_tree_sizes(path)[0])
 
 
-def pack(source, output, *, format="mf2", block_size=4 << 20, use_crc=False, quiet=False):
-    """One container holding the tree at ``source``; ``output`` must not exist."""
+def choose_block_size(sizes, directories=0):
+    """The largest of CHOSEN_BLOCK_SIZES whose container of files of ``sizes`` (and
+    ``directories`` nested containers) stays within PACKED_GROWTH_MAX of their bytes."""
+    sizes = np.asarray(sizes, dtype=np.int64)
+    allowed = PACKED_GROWTH_MAX * int(sizes.sum())
+    for block_size in CHOSEN_BLOCK_SIZES:
+        blocks = int((-(-sizes // block_size)).sum()) + 2 * directories
+        if blocks * (block_size + 8) <= allowed:
+            return block_size
+    return CHOSEN_BLOCK_SIZES[-1]
+
+
+def pack(source, output, *, format="mf2", block_size=None, use_crc=False, quiet=False):
+    """One container holding the tree at ``source``; ``output`` must not exist. Without
+    a ``block_size`` one is chosen from the tree. Returns the block size used."""
     if not os.path.isdir(source):
         raise CtdsfsError(f"{source}: not a directory")
-    _build(output, _tree_size(source), "pack", lambda c, bar: _pack_into(c, source, bar), quiet,
+    sizes, directories = _tree_sizes(source)
+    block_size = block_size or choose_block_size(sizes, directories)
+    _build(output, sum(sizes), "pack", lambda c, bar: _pack_into(c, source, bar), quiet,
            format=format, block_size=block_size, use_crc=use_crc)
+    return block_size
 
 
 def _build(output, total, what, fill, quiet, **options):
@@ -265,11 +295,14 @@ def to_sepfile(table, *, quiet=False):
         view.close()
 
 
-def to_multifile(table, *, block_size=4 << 20, use_crc=False, quiet=False):
-    """Store a table tree in separate files as MultiFile tables (subtables too), in place."""
+def to_multifile(table, *, block_size=None, use_crc=False, quiet=False):
+    """Store a table tree in separate files as MultiFile tables (subtables too), in place.
+    Without a ``block_size`` each table's is chosen from its own storage manager files.
+    Returns ``[(table directory, block size)]``."""
     from .formats import tabledat
 
     _require_table(table)
+    chosen = []
 
     def convert_dir(src, dst, bar):
         os.mkdir(dst)
@@ -281,12 +314,17 @@ def to_multifile(table, *, block_size=4 << 20, use_crc=False, quiet=False):
                     raise CtdsfsError(f"{os.path.join(src, name)}: a symbolic link cannot be "
                                       "stored in a MultiFile")
 
+            manager_files = [name for name in names if name.startswith("table.f")
+                             and os.path.isfile(os.path.join(src, name))]
+            table_block_size = block_size or choose_block_size(
+                [os.lstat(os.path.join(src, name)).st_size for name in manager_files])
+            chosen.append((src, table_block_size))
+
             def fill(container, bar):
-                for name in names:
-                    if name.startswith("table.f") and os.path.isfile(os.path.join(src, name)):
-                        _copy_file(container, name, _file_chunks(os.path.join(src, name)), bar)
+                for name in manager_files:
+                    _copy_file(container, name, _file_chunks(os.path.join(src, name)), bar)
             _build(os.path.join(dst, "table.mf"), 0, "to-multifile", fill, True,
-                   block_size=block_size, use_crc=use_crc)
+                   block_size=table_block_size, use_crc=use_crc)
         for name in names:
             path = os.path.join(src, name)
             if os.path.islink(path):  # a link stays a link, never followed
@@ -297,10 +335,11 @@ def to_multifile(table, *, block_size=4 << 20, use_crc=False, quiet=False):
                 with open(path, "rb") as f:
                     stored = tabledat.decode(f.read(), path)
                 with open(os.path.join(dst, name), "wb") as f:
-                    f.write(stored.with_storage("MultiFile", block_size).encode())
+                    f.write(stored.with_storage("MultiFile", table_block_size).encode())
             elif not (is_table and "table.mf" not in names and name.startswith("table.f")):
                 shutil.copy2(path, os.path.join(dst, name))
             bar.update(os.lstat(path).st_size)
 
     with progress_bar(_tree_size(table), quiet, "to-multifile") as bar:
         _replace_tree(table, lambda staging: convert_dir(os.path.abspath(table), staging, bar))
+    return chosen

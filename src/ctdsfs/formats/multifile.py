@@ -65,6 +65,14 @@ def _grown(values, length):
     return np.concatenate([values, np.zeros(length - len(values), values.dtype)])
 
 
+def _runs(blocks):
+    """``(start, stop)`` index pairs of the runs of consecutive numbers in ``blocks``: small
+    blocks make long block lists, so the breaks are found by numpy, not a Python loop."""
+    breaks = np.flatnonzero(np.diff(blocks) != 1) + 1
+    edges = [0, *breaks.tolist(), len(blocks)]
+    return zip(edges[:-1], edges[1:])
+
+
 @functools.lru_cache(maxsize=None)
 def _zero_block_crc(block_size):
     """CRC-32/BZIP2 of an all-zero block, in bounded pieces (blocks may be 1 GiB)."""
@@ -298,7 +306,7 @@ class MultiFile(Container):
                 return b""
             bs = self.block_size
             first, last = offset // bs, (end - 1) // bs
-            blocks = e.blocks[first:last + 1].tolist()
+            blocks = np.asarray(e.blocks[first:last + 1], dtype=np.int64)
         name = e.name or "(unlinked file)"
         if self.verify_crc and self.header.use_crc:
             data = self._read_verified(name, first, blocks)
@@ -306,19 +314,14 @@ class MultiFile(Container):
             return data[skip:skip + end - offset]
         chunks = []
         pos = offset
-        i = 0
-        while i < len(blocks):
-            j = i
-            while j + 1 < len(blocks) and blocks[j + 1] == blocks[j] + 1:
-                j += 1
-            run_end = min(end, (first + j + 1) * bs)
+        for i, j in _runs(blocks):
+            run_end = min(end, (first + j) * bs)
             want = run_end - pos
-            data = self.store.pread(blocks[i] * bs + pos - (first + i) * bs, want)
+            data = self.store.pread(int(blocks[i]) * bs + pos - (first + i) * bs, want)
             if len(data) < want:
                 raise self._block_error(name, first + i, "lies past the end of the container")
             chunks.append(data)
             pos = run_end
-            i = j + 1
         return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
     def _block_error(self, name, index, why):
@@ -333,16 +336,11 @@ class MultiFile(Container):
         through a small cache, since FUSE reads touch the same block repeatedly.
         """
         parts = []
-        i = 0
-        while i < len(blocks):
-            j = i
-            while j + 1 < len(blocks) and blocks[j + 1] == blocks[j] + 1:
-                j += 1
-            if i == j:
-                parts.append(self._verified_block(name, first + i, blocks[i]))
+        for i, j in _runs(blocks):
+            if j - i == 1:
+                parts.append(self._verified_block(name, first + i, int(blocks[i])))
             else:
-                parts.append(self._verified_run(name, first + i, blocks[i:j + 1]))
-            i = j + 1
+                parts.append(self._verified_run(name, first + i, blocks[i:j].tolist()))
         return parts[0] if len(parts) == 1 else b"".join(parts)
 
     def _verified_run(self, name, first, run):

@@ -28,9 +28,13 @@ so close() reports a failed commit), on fsync, on ``commit()`` (the
 adapter's timer and unmount).
 
 Coherence: lookup, readdir and open first ask the container whether another
-process committed since (its header counter); if so the tree is reloaded and
-nodes are rebound by path, and the kernel is told not to keep pages cached
-before the change (``may_keep_cache``).
+process committed since (its header counter), and so does the adapter's
+watcher every second (``refresh``); if so the tree is reloaded and nodes are
+rebound by path, every node the kernel may have cached is handed to the
+adapter to invalidate (``take_stale``), and the kernel is told not to keep
+pages cached before the change (``may_keep_cache``). So the kernel may keep
+names, attributes and pages of a container file for long; a directory source
+(whose real files change without a counter) gets short timeouts instead.
 """
 
 import errno
@@ -52,6 +56,11 @@ COPY_CHUNK = 4 << 20
 LOGGED_MAX = 4096  # bad-block lines remembered per mount (so each is logged once)
 CLASSIFY_MAX = 256  # entries a stat may classify to count a directory's subdirectories
 UNKNOWN = -1  # subdirectory count of a large directory not listed yet
+# How long the kernel may keep names and attributes: a container file tells of
+# every change by its header counter (then the kernel's copies are invalidated);
+# a real directory changes silently, so the kernel asks again after a second.
+FOLLOWED_CACHE_SECONDS = 24 * 3600.0
+UNFOLLOWED_CACHE_SECONDS = 1.0
 
 
 class FSError(Exception):
@@ -124,6 +133,10 @@ class ContainerFS:
         self._subdirs = weakref.WeakKeyDictionary()  # directory container -> subdirectories
         self._logged = set()  # bad-block lines already logged (the kernel retries reads)
         self._log_lock = threading.Lock()  # reads run in worker threads
+        self._stale = {}  # ino -> (parent ino, name) the kernel may hold from before a reload
+        self.follows_changes = os.path.isfile(source_path)
+        self.kernel_cache_seconds = (FOLLOWED_CACHE_SECONDS if self.follows_changes
+                                     else UNFOLLOWED_CACHE_SECONDS)
 
     # ------------------------------------------------------------ helpers
 
@@ -255,6 +268,8 @@ class ContainerFS:
         if not changed:
             return
         self.generation += 1
+        self._stale.update((node.ino, (node.parent, node.key)) for node in self._nodes.values()
+                           if isinstance(node.key, str))
         self._inos.clear()
         self._subdirs.clear()
         rebound = {ROOT_INO: self._nodes[ROOT_INO]}
@@ -275,6 +290,17 @@ class ContainerFS:
         while node.ino != ROOT_INO and node.parent in self._nodes and depth < 64:
             node, depth = self._nodes[node.parent], depth + 1
         return depth
+
+    def refresh(self):
+        """Reload now if another process changed the container (the adapter's watcher)."""
+        with self._lock:
+            self._refresh()
+
+    def take_stale(self):
+        """``[(ino, parent ino, name)]`` whose kernel copies predate a reload (then forgotten)."""
+        with self._lock:
+            stale, self._stale = self._stale, {}
+            return [(ino, parent, name) for ino, (parent, name) in stale.items()]
 
     def may_keep_cache(self, fh):
         """Whether the kernel's cached pages of this file are still valid (no reload since)."""
