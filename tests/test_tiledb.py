@@ -481,6 +481,57 @@ def test_old_format_versions(data_dir):
         ("FLOAT32", 2, "ZSTD")
 
 
+def test_version_1_array_equals_libtiledb(data_dir, tmp_path):
+    """Format version 1 (TileDB 1.4): schema in __array_schema.tdb, a fragment committed by
+    its folder's name alone, metadata in one generic tile, coordinates of both dimensions
+    in __coords.tdb (zipped); each dimension reads as its own .npy, equal to libtiledb."""
+    uri = tmp_path / "v1"
+    shutil.copytree(data_dir / "tiledb" / "non_split_coords_v1_4_0", uri)
+    (name, frag, meta), = fragments(str(uri))
+    assert meta["version"] == 1 and meta["timestamps"] == [1541540586869] * 2
+    assert meta["non_empty_domain"] == [[1, 4], [10, 10]]
+    with tiledb.open(str(uri)) as array:
+        ref = array[:]
+    for field in ("a", "d1", "d2"):
+        assert load(frag, f"{field}.npy").tolist() == ref[field].tolist()
+    assert frag.check()[0] == []
+    check = subprocess.run(["ctdsfs", "check", str(uri)], capture_output=True, text=True)
+    assert check.returncode == 0, check.stdout + check.stderr
+
+
+def test_version_1_fragment_metadata_flipped_never_escapes(data_dir, tmp_path):
+    """Every byte of a version 1 fragment's metadata and coordinates set to 0, 0xFF and
+    flipped: opening, listing, reading and checking raise only one-line errors."""
+    uri = tmp_path / "v1"
+    shutil.copytree(data_dir / "tiledb" / "non_split_coords_v1_4_0", uri)
+    (folder,) = [p for p in uri.iterdir() if p.is_dir()]
+    for path in (folder / "__fragment_metadata.tdb", folder / "__coords.tdb"):
+        pristine = path.read_bytes()
+        for at in range(len(pristine)):
+            for value in {0, 0xFF, pristine[at] ^ 0x10}:
+                path.write_bytes(pristine[:at] + bytes([value]) + pristine[at + 1:])
+                try:
+                    array = open_container(str(uri))
+                    walk(array)
+                    array.describe()
+                    array.check()
+                except CtdsfsError as exc:
+                    assert "\n" not in str(exc)
+        path.write_bytes(pristine)
+
+
+@pytest.mark.parametrize("name,why", [
+    ("dense_array_v1_3_0", "format version 81 is not one ctdsfs reads"),
+    ("experimental_array_vUINT32_MAX", "format version 4294967295 is not one ctdsfs reads")])
+def test_unversioned_and_future_arrays_are_refused_in_one_line(data_dir, name, why):
+    """An array from before format versions (TileDB 1.3) and one from a future version:
+    `ctdsfs info` says which version it met, exit status 1, no traceback."""
+    done = subprocess.run(["ctdsfs", "info", str(data_dir / "tiledb" / name)],
+                          capture_output=True, text=True)
+    assert done.returncode == 1 and why in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
+
+
 def test_consolidated_fragment_metadata(arrays, tmp_path):
     """__fragment_meta/NAME.meta (the footers of every fragment in one generic tile) reads
     as fragment_meta/NAME.meta.json, each footer equal to the fragment's own."""
