@@ -168,10 +168,52 @@ def test_dense_view_equals_whole_array(arrays, layout):
     dense = open_container(uri).nested("dense")
     with tiledb.open(uri) as A:
         ref = A[:]
-    assert sorted(dense.names()) == ["k.npy", "m.npy", "v.npy"]
-    for attr in ("v", "k", "m"):
+    assert sorted(dense.names()) == ["k.npy", "m.npy", "m.validity.npy", "s.data",
+                                     "s.offsets.npy", "v.npy"]
+    for attr in ("v", "k"):
         assert np.array_equal(load(dense, f"{attr}.npy"), ref[attr], equal_nan=True), attr
     assert (load(dense, "k.npy") == -7).any()  # the fill value shows where nothing was written
+    valid = load(dense, "m.validity.npy").astype(bool)
+    assert np.array_equal(valid, ~ref["m"].mask) and not valid.all()
+    assert np.array_equal(load(dense, "m.npy"), ref["m"].data)
+    cells = var_cells(dense, "s")  # row-major; tiledb-py drops the fill's trailing NUL
+    assert [c.rstrip(b"\0").decode() for c in cells] == ref["s"].ravel().tolist()
+    assert b"\0" in cells and b"1:0" in cells
+
+
+def test_dense_var_sized_view_equals_whole_array(tmp_path):
+    """dense/ATTR.offsets.npy + ATTR.data of var-sized bytes and int32 attributes over
+    overlapping fragments (col-major cells, so row-major output is a reordering), equal
+    cell for cell to A[:], the fill value where nothing was written."""
+    uri = str(tmp_path / "var")
+    dom = tiledb.Domain(tiledb.Dim("r", domain=(0, 5), tile=4, dtype=np.int64),
+                        tiledb.Dim("c", domain=(0, 4), tile=2, dtype=np.int64))
+    tiledb.Array.create(uri, tiledb.ArraySchema(
+        domain=dom, cell_order="col-major", tile_order="col-major",
+        attrs=[tiledb.Attr("b", dtype=bytes, var=True, filters=[tiledb.ZstdFilter()]),
+               tiledb.Attr("i", dtype=np.int32, var=True)]))
+
+    def cells(values):
+        out = np.empty(len(values), dtype=object)
+        out[:] = values
+        return out
+
+    for t, (rows, cols) in enumerate([(slice(0, 4), slice(0, 3)), (slice(2, 6), slice(1, 5))],
+                                     start=1):
+        n = (rows.stop - rows.start) * (cols.stop - cols.start)
+        shape = (rows.stop - rows.start, cols.stop - cols.start)
+        with tiledb.open(uri, "w", timestamp=t) as A:
+            A[rows, cols] = {
+                "b": cells([bytes([t]) * (k % 4) for k in range(n)]).reshape(shape),
+                "i": cells([np.arange(1 + k % 3, dtype=np.int32) + 10 * t
+                            for k in range(n)]).reshape(shape)}
+    dense = open_container(uri).nested("dense")
+    with tiledb.open(uri) as A:
+        ref = A[:]
+    assert var_cells(dense, "b") == ref["b"].ravel().tolist()
+    got = [np.frombuffer(c, np.int32).tolist() for c in var_cells(dense, "i")]
+    assert got == [c.tolist() for c in ref["i"].ravel()]
+    assert b"\x80" in var_cells(dense, "b")  # the fill where nothing was written
 
 
 def test_consolidation_timestamps_deletes_and_string_dimensions(arrays):

@@ -1169,6 +1169,7 @@ class TileDBArray(_Directory):
         self.schema = self.schema_named(self.schema_names[-1])
         self.fragment_names = self._committed_fragments()
         self._fragments = {}
+        self._dense_cache = None  # (attribute index, its merged parts)
 
     def _list(self, folder, files_only=False):
         where = os.path.join(self.path, folder)
@@ -1307,28 +1308,42 @@ class TileDBArray(_Directory):
     # -- the merged dense view
 
     def _dense_folder(self):
+        """ATTR.npy, or ATTR.offsets.npy + ATTR.data for var-sized attributes, and
+        ATTR.validity.npy for nullable ones: built when first read, one attribute at a time."""
         entries = OrderedDict()
         shape = self._dense_shape()
         if shape is None:
             return entries
-        for index, attr in enumerate(self.schema["attributes"]):
-            field = fields_of(self.schema, False, False)[index]
+        cells = math.prod(shape)
+        if cells * 8 > MAX_DENSE_BYTES:
+            self.problems.append(f"dense/ not shown: {cells} cells are more than ctdsfs "
+                                 f"builds in memory")
+            return entries
+        col_major = self.schema["cell_order"] == 1
+        for index, field in enumerate(fields_of(self.schema, False, False)[:len(
+                self.schema["attributes"])]):
+            files = {}
             if field.var:
-                self.problems.append(f"dense/{attr['name']}.npy not shown: var-sized")
-                continue
-            size = math.prod(shape) * field.cell_size
-            if size > MAX_DENSE_BYTES:
-                self.problems.append(f"dense/{attr['name']}.npy not shown: {size} bytes is "
-                                     f"more than ctdsfs builds in memory")
-                continue
-            name = f"{attr['name']}.npy"
-            if name_problem(name):
-                continue
-            tail = () if field.cell_val_num == 1 else (field.cell_val_num,)
-            header = npy_header(field.dtype.str, tuple(shape) + tail,
-                                self.schema["cell_order"] == 1)
-            entries[name] = _Lazy(lambda h=header, n=size: (h, [n]),
-                                  lambda i, a=index: self._merged_or_eio(a))
+                files[f"{field.name}.offsets.npy"] = \
+                    ("offsets", npy_header("<u8", (cells + 1,), False), (cells + 1) * 8)
+                files[f"{field.name}.data"] = ("data", b"", None)
+            elif cells * field.cell_size > MAX_DENSE_BYTES:
+                self.problems.append(f"dense/{field.name}.npy not shown: "
+                                     f"{cells * field.cell_size} bytes are more than ctdsfs "
+                                     f"builds in memory")
+            else:
+                tail = () if field.cell_val_num == 1 else (field.cell_val_num,)
+                files[f"{field.name}.npy"] = ("values", npy_header(
+                    field.dtype.str, tuple(shape) + tail, col_major), cells * field.cell_size)
+            if field.nullable:
+                files[f"{field.name}.validity.npy"] = \
+                    ("validity", npy_header("|u1", tuple(shape), col_major), cells)
+            for name, (part, header, size) in files.items():
+                if not name_problem(name):
+                    entries[name] = _Lazy(
+                        lambda a=index, p=part, h=header, n=size:
+                            (h, [len(self._merged_part(a, p)) if n is None else n]),
+                        lambda i, a=index, p=part: self._merged_part(a, p))
         return entries
 
     def _dense_shape(self):
@@ -1340,29 +1355,29 @@ class TileDBArray(_Directory):
             shape.append(high - low + 1)
         return shape
 
-    def _merged_or_eio(self, attr_index):
-        """The merged attribute; a fragment that cannot be merged makes the read EIO."""
-        try:
-            return self._merged(attr_index)
-        except BlockError:
-            raise
-        except CtdsfsError as exc:
-            raise BlockError(f"{self.label}: dense view: {exc}", f"dense view: {exc}") from None
+    def _merged_part(self, attr_index, part):
+        """One part (values, offsets, data, validity) of the merged attribute, kept for the
+        last attribute asked for; a fragment that cannot be merged makes the read EIO."""
+        with self._lock:
+            if self._dense_cache is None or self._dense_cache[0] != attr_index:
+                try:
+                    self._dense_cache = None
+                    self._dense_cache = attr_index, self._merged(attr_index)
+                except BlockError:
+                    raise
+                except CtdsfsError as exc:
+                    raise BlockError(f"{self.label}: dense view: {exc}",
+                                     f"dense view: {exc}") from None
+            return self._dense_cache[1][part]
 
-    def _merged(self, attr_index):
-        """The attribute over the whole domain: fill values, then each fragment in
-        timestamp order (a fragment another's time range contains is left out)."""
+    def _dense_sources(self, attr_index):
+        """Where every cell of the domain comes from: an array of the domain's shape holding
+        -1 (fill) or the cell's index in the fragments' cells taken one after another, and
+        those fragments with their tile counts. Fragments go in timestamp order, later
+        ones over earlier ones; one that another's time range contains is left out."""
         schema = self.schema
-        field = fields_of(schema, False, False)[attr_index]
-        dims = schema["dimensions"]
-        shape = self._dense_shape()
-        tail = () if field.cell_val_num == 1 else (field.cell_val_num,)
-        fill = schema["attributes"][attr_index]["fill"]
-        if fill is None or len(fill) != field.cell_size:
-            fill = bytes(field.cell_size)  # (libtiledb always stores one cell)
-        fill = np.frombuffer(fill, field.dtype)
-        result = np.empty(tuple(shape) + tail, field.dtype)
-        result[...] = fill.reshape(tail) if tail else fill[0]
+        positions = np.full(self._dense_shape(), -1, np.int64)
+        sources, base = [], 0
         ranges = {n: _timestamps(n) for n in self.fragment_names if _timestamps(n)}
         for name in self.fragment_names:
             t = ranges.get(name)
@@ -1371,15 +1386,78 @@ class TileDBArray(_Directory):
             frag = self.fragment(name)
             frag._all()
             meta = frag.meta
-            if meta is None or not meta.dense or meta.non_empty_domain is None:
-                continue
-            if meta.fields[attr_index].name != field.name:
+            if meta is None or not meta.dense or meta.non_empty_domain is None or \
+                    meta.fields[attr_index].name != schema["attributes"][attr_index]["name"]:
                 continue
             counts = frag.cell_counts()
-            cells = np.frombuffer(b"".join(frag._tile(attr_index, "data", i)
-                                           for i in range(len(counts))), field.dtype)
-            self._place(result, cells.reshape((-1,) + tail), meta.non_empty_domain, dims, tail)
-        return result.tobytes(order="F" if schema["cell_order"] == 1 else "C")
+            cells = sum(counts)
+            self._place(positions, np.arange(base, base + cells, dtype=np.int64),
+                        meta.non_empty_domain, schema["dimensions"], ())
+            sources.append((frag, len(counts)))
+            base += cells
+        return positions, sources
+
+    def _merged(self, attr_index):
+        """The attribute over the whole domain, as libtiledb reads it: {part: bytes}.
+        Fixed-sized values and validity in the cell order (what the .npy headers say);
+        var-sized cells in row-major order, their offsets (and the end) into the data."""
+        schema = self.schema
+        field = fields_of(schema, False, False)[attr_index]
+        attr = schema["attributes"][attr_index]
+        positions, sources = self._dense_sources(attr_index)
+        order = "F" if schema["cell_order"] == 1 else "C"
+        parts = {}
+        if field.nullable:
+            validity = [np.array([attr["fill_validity"]], np.uint8)] + [
+                np.frombuffer(frag._tile(attr_index, "validity", i), np.uint8)
+                for frag, tiles in sources for i in range(tiles)]
+            parts["validity"] = np.concatenate(validity)[
+                positions.ravel(order) + 1].tobytes()
+        if field.var:
+            parts["offsets"], parts["data"] = self._merged_var(
+                attr_index, attr["fill"], positions.ravel() + 1, sources)
+            return parts
+        tail = () if field.cell_val_num == 1 else (field.cell_val_num,)
+        fill = attr["fill"]
+        if fill is None or len(fill) != field.cell_size:
+            fill = bytes(field.cell_size)  # (libtiledb always stores one cell)
+        values = [fill] + [frag._tile(attr_index, "data", i)
+                           for frag, tiles in sources for i in range(tiles)]
+        if sum(map(len, values)) > MAX_DENSE_BYTES:
+            raise FormatError("the fragments' cells are more than ctdsfs merges in memory")
+        values = np.frombuffer(b"".join(values), field.dtype).reshape((-1,) + tail)
+        parts["values"] = values[positions.ravel(order) + 1].tobytes()
+        return parts
+
+    def _merged_var(self, attr_index, fill, picks, sources):
+        """(offsets, data) of var-sized cells: cell k is cell ``picks[k]`` of the fill value
+        (0) followed by every source fragment's cells."""
+        fill = fill or b""
+        sizes, starts, blobs, base = [np.array([len(fill)], np.int64)], \
+            [np.zeros(1, np.int64)], [fill], len(fill)
+        for frag, tiles in sources:
+            if not tiles:
+                continue
+            offsets = np.frombuffer(b"".join(frag._offsets_piece(attr_index, i)
+                                             for i in range(tiles)), "<u8").astype(np.int64)
+            data = b"".join(frag._tile(attr_index, "var", i) for i in range(tiles))
+            if np.any(np.diff(offsets) < 0) or offsets[0] != 0 or offsets[-1] != len(data):
+                raise FormatError(f"{frag.label}: cell offsets out of order or past the data")
+            sizes.append(np.diff(offsets))
+            starts.append(offsets[:-1] + base)
+            blobs.append(data)
+            base += len(data)
+            if base > MAX_DENSE_BYTES:
+                raise FormatError("the fragments' cells are more than ctdsfs merges in memory")
+        sizes, starts = np.concatenate(sizes)[picks], np.concatenate(starts)[picks]
+        ends = np.cumsum(sizes)
+        total = int(ends[-1]) if len(ends) else 0
+        if total * 8 > MAX_DENSE_BYTES:
+            raise FormatError(f"{total} bytes of cells are more than ctdsfs merges in memory")
+        offsets = np.concatenate((np.zeros(1, np.int64), ends))
+        gather = np.repeat(starts - offsets[:-1], sizes) + np.arange(total)
+        data = np.frombuffer(b"".join(blobs), np.uint8)[gather]
+        return offsets.astype("<u8").tobytes(), data.tobytes()
 
     def _place(self, result, cells, domain, dims, tail):
         """Copy a dense fragment's tiles (tile order, cells in cell order) into ``result``."""
