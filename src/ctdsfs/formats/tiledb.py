@@ -554,10 +554,8 @@ class LegacyFragmentMetadata(FragmentMetadata):
                  "tile_var_offsets": [self._u64s(r) for _ in attrs],
                  "tile_var_sizes": [self._u64s(r) for _ in attrs]}
         self.last_tile_cells = r.unpack("Q")
-        sizes = r.unpack(f"{stored}Q")
-        var_sizes = r.unpack(f"{len(attrs)}Q") if attrs else ()
-        sizes = sizes if isinstance(sizes, tuple) else (sizes,)
-        var_sizes = var_sizes if isinstance(var_sizes, tuple) else (var_sizes,)
+        sizes = tuple(np.frombuffer(bytes(r.take(8 * stored)), "<u8").tolist())
+        var_sizes = tuple(np.frombuffer(bytes(r.take(8 * len(attrs))), "<u8").tolist())
         self.dense = self.schema["array_type"] == 0
         self.sparse_tiles = 0 if self.dense else len(lists["tile_offsets"][-1])
         self.has_timestamps = self.has_delete_meta = False
@@ -1040,7 +1038,7 @@ class Fragment(_Directory):
     def _legacy_coordinates(self, index, i):
         """Tile i of a dimension of a version 1-2 fragment, cut from ``__coords.tdb``."""
         meta = self.meta
-        coords = meta.fields.index(next(f for f in meta.fields if f.kind == "coords"))
+        coords = len(meta.schema["attributes"])  # the __coords field, before the dimensions
         dims = len(meta.schema["dimensions"])
         cells = np.frombuffer(self._tile(coords, "data", i), meta.coords_dtype)
         cells = cells.reshape(-1, dims).T if meta.coords_zipped() else cells.reshape(dims, -1)
