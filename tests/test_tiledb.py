@@ -562,6 +562,25 @@ def test_version_1_fragment_metadata_flipped_never_escapes(data_dir, tmp_path):
         path.write_bytes(pristine)
 
 
+def test_version_1_attribute_name_never_leaves_the_fragment(data_dir, tmp_path):
+    """Before version 9 data files are named after their attribute: a schema naming one
+    ``../../x`` hides that field (reason in fragment.json, a check problem) and never
+    reads ``x.tdb`` two folders up, which the test plants there."""
+    uri = tmp_path / "v1"
+    shutil.copytree(data_dir / "tiledb" / "non_split_coords_v1_4_0", uri)
+    (folder,) = [p for p in uri.iterdir() if p.is_dir()]
+    (tmp_path / "x.tdb").write_bytes((folder / "a.tdb").read_bytes())
+    path = uri / "__array_schema.tdb"
+    body, _ = read_generic_tile(path.read_bytes(), 0, "schema")
+    write_generic_tile(path, swap(struct.pack("<I", 1) + b"a",
+                                  struct.pack("<I", 7) + b"../../x")(bytes(body)))
+    (name, frag, meta), = fragments(str(uri))
+    assert [n for n in frag.names() if n.endswith(".npy")] == ["d1.npy", "d2.npy"]
+    assert "not shown" in json.dumps(meta["fields"]["../../x"])
+    problems = frag.check()[0]
+    assert any("../../x.tdb" in p and "not a file name" in p for p in problems), problems
+
+
 @pytest.mark.parametrize("name,why", [
     ("dense_array_v1_3_0", "format version 81 is not one ctdsfs reads"),
     ("experimental_array_vUINT32_MAX", "format version 4294967295 is not one ctdsfs reads")])
