@@ -9,7 +9,12 @@ An array folder holds ``__schema/`` (generic tiles), ``__fragments/NAME/``
     schema.json  schemas/NAME.json  metadata.json
     fragments/NAME/fragment.json  FIELD.npy  FIELD.offsets.npy + FIELD.data
                   FIELD.validity.npy  raw/ (the fragment's own files)
-    dense/ATTR.npy  (dense arrays: every fragment merged, as libtiledb reads it)
+    dense/ATTR.npy  ATTR.offsets.npy + ATTR.data  ATTR.validity.npy
+                  (dense arrays: every fragment merged, as libtiledb reads it)
+
+Format versions 1 and 2 keep the schema in ``__array_schema.tdb``, a
+fragment's metadata in one generic tile, and every dimension's coordinates in
+``__coords.tdb``; their fragments are committed folders ``__uuid_t1``.
 
 Listing is cheap: fragment names come from ``__commits``, a fragment's files
 from its footer alone (read when its directory is first listed); the metadata
