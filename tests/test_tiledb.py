@@ -168,10 +168,52 @@ def test_dense_view_equals_whole_array(arrays, layout):
     dense = open_container(uri).nested("dense")
     with tiledb.open(uri) as A:
         ref = A[:]
-    assert sorted(dense.names()) == ["k.npy", "m.npy", "v.npy"]
-    for attr in ("v", "k", "m"):
+    assert sorted(dense.names()) == ["k.npy", "m.npy", "m.validity.npy", "s.data",
+                                     "s.offsets.npy", "v.npy"]
+    for attr in ("v", "k"):
         assert np.array_equal(load(dense, f"{attr}.npy"), ref[attr], equal_nan=True), attr
     assert (load(dense, "k.npy") == -7).any()  # the fill value shows where nothing was written
+    valid = load(dense, "m.validity.npy").astype(bool)
+    assert np.array_equal(valid, ~ref["m"].mask) and not valid.all()
+    assert np.array_equal(load(dense, "m.npy"), ref["m"].data)
+    cells = var_cells(dense, "s")  # row-major; tiledb-py drops the fill's trailing NUL
+    assert [c.rstrip(b"\0").decode() for c in cells] == ref["s"].ravel().tolist()
+    assert b"\0" in cells and b"1:0" in cells
+
+
+def test_dense_var_sized_view_equals_whole_array(tmp_path):
+    """dense/ATTR.offsets.npy + ATTR.data of var-sized bytes and int32 attributes over
+    overlapping fragments (col-major cells, so row-major output is a reordering), equal
+    cell for cell to A[:], the fill value where nothing was written."""
+    uri = str(tmp_path / "var")
+    dom = tiledb.Domain(tiledb.Dim("r", domain=(0, 5), tile=4, dtype=np.int64),
+                        tiledb.Dim("c", domain=(0, 4), tile=2, dtype=np.int64))
+    tiledb.Array.create(uri, tiledb.ArraySchema(
+        domain=dom, cell_order="col-major", tile_order="col-major",
+        attrs=[tiledb.Attr("b", dtype=bytes, var=True, filters=[tiledb.ZstdFilter()]),
+               tiledb.Attr("i", dtype=np.int32, var=True)]))
+
+    def cells(values):
+        out = np.empty(len(values), dtype=object)
+        out[:] = values
+        return out
+
+    for t, (rows, cols) in enumerate([(slice(0, 4), slice(0, 3)), (slice(2, 6), slice(1, 5))],
+                                     start=1):
+        n = (rows.stop - rows.start) * (cols.stop - cols.start)
+        shape = (rows.stop - rows.start, cols.stop - cols.start)
+        with tiledb.open(uri, "w", timestamp=t) as A:
+            A[rows, cols] = {
+                "b": cells([bytes([t]) * (k % 4) for k in range(n)]).reshape(shape),
+                "i": cells([np.arange(1 + k % 3, dtype=np.int32) + 10 * t
+                            for k in range(n)]).reshape(shape)}
+    dense = open_container(uri).nested("dense")
+    with tiledb.open(uri) as A:
+        ref = A[:]
+    assert var_cells(dense, "b") == ref["b"].ravel().tolist()
+    got = [np.frombuffer(c, np.int32).tolist() for c in var_cells(dense, "i")]
+    assert got == [c.tolist() for c in ref["i"].ravel()]
+    assert b"\x80" in var_cells(dense, "b")  # the fill where nothing was written
 
 
 def test_consolidation_timestamps_deletes_and_string_dimensions(arrays):
@@ -479,6 +521,76 @@ def test_old_format_versions(data_dir):
     a3 = schema["attributes"][2]
     assert (a3["type"], a3["cell_val_num"], a3["filters"]["filters"][0]["name"]) == \
         ("FLOAT32", 2, "ZSTD")
+
+
+def test_version_1_array_equals_libtiledb(data_dir, tmp_path):
+    """Format version 1 (TileDB 1.4): schema in __array_schema.tdb, a fragment committed by
+    its folder's name alone, metadata in one generic tile, coordinates of both dimensions
+    in __coords.tdb (zipped); each dimension reads as its own .npy, equal to libtiledb."""
+    uri = tmp_path / "v1"
+    shutil.copytree(data_dir / "tiledb" / "non_split_coords_v1_4_0", uri)
+    (name, frag, meta), = fragments(str(uri))
+    assert meta["version"] == 1 and meta["timestamps"] == [1541540586869] * 2
+    assert meta["non_empty_domain"] == [[1, 4], [10, 10]]
+    with tiledb.open(str(uri)) as array:
+        ref = array[:]
+    for field in ("a", "d1", "d2"):
+        assert load(frag, f"{field}.npy").tolist() == ref[field].tolist()
+    assert frag.check()[0] == []
+    check = subprocess.run(["ctdsfs", "check", str(uri)], capture_output=True, text=True)
+    assert check.returncode == 0, check.stdout + check.stderr
+
+
+def test_version_1_fragment_metadata_flipped_never_escapes(data_dir, tmp_path):
+    """Every byte of a version 1 fragment's metadata and coordinates set to 0, 0xFF and
+    flipped: opening, listing, reading and checking raise only one-line errors."""
+    uri = tmp_path / "v1"
+    shutil.copytree(data_dir / "tiledb" / "non_split_coords_v1_4_0", uri)
+    (folder,) = [p for p in uri.iterdir() if p.is_dir()]
+    for path in (folder / "__fragment_metadata.tdb", folder / "__coords.tdb"):
+        pristine = path.read_bytes()
+        for at in range(len(pristine)):
+            for value in {0, 0xFF, pristine[at] ^ 0x10}:
+                path.write_bytes(pristine[:at] + bytes([value]) + pristine[at + 1:])
+                try:
+                    array = open_container(str(uri))
+                    walk(array)
+                    array.describe()
+                    array.check()
+                except CtdsfsError as exc:
+                    assert "\n" not in str(exc)
+        path.write_bytes(pristine)
+
+
+def test_version_1_attribute_name_never_leaves_the_fragment(data_dir, tmp_path):
+    """Before version 9 data files are named after their attribute: a schema naming one
+    ``../../x`` hides that field (reason in fragment.json, a check problem) and never
+    reads ``x.tdb`` two folders up, which the test plants there."""
+    uri = tmp_path / "v1"
+    shutil.copytree(data_dir / "tiledb" / "non_split_coords_v1_4_0", uri)
+    (folder,) = [p for p in uri.iterdir() if p.is_dir()]
+    (tmp_path / "x.tdb").write_bytes((folder / "a.tdb").read_bytes())
+    path = uri / "__array_schema.tdb"
+    body, _ = read_generic_tile(path.read_bytes(), 0, "schema")
+    write_generic_tile(path, swap(struct.pack("<I", 1) + b"a",
+                                  struct.pack("<I", 7) + b"../../x")(bytes(body)))
+    (name, frag, meta), = fragments(str(uri))
+    assert [n for n in frag.names() if n.endswith(".npy")] == ["d1.npy", "d2.npy"]
+    assert "not shown" in json.dumps(meta["fields"]["../../x"])
+    problems = frag.check()[0]
+    assert any("../../x.tdb" in p and "not a file name" in p for p in problems), problems
+
+
+@pytest.mark.parametrize("name,why", [
+    ("dense_array_v1_3_0", "format version 81 is not one ctdsfs reads"),
+    ("experimental_array_vUINT32_MAX", "format version 4294967295 is not one ctdsfs reads")])
+def test_unversioned_and_future_arrays_are_refused_in_one_line(data_dir, name, why):
+    """An array from before format versions (TileDB 1.3) and one from a future version:
+    `ctdsfs info` says which version it met, exit status 1, no traceback."""
+    done = subprocess.run(["ctdsfs", "info", str(data_dir / "tiledb" / name)],
+                          capture_output=True, text=True)
+    assert done.returncode == 1 and why in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
 
 
 def test_consolidated_fragment_metadata(arrays, tmp_path):

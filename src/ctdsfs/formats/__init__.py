@@ -59,6 +59,7 @@ FORMATS = (  # in the order files are tried
     Format("bcolz rootdir", "bcolz", markers=("__attrs__",)),
     Format("bloscpack", "bcolz", magic=b"blpk"),
     Format("TileDB array", "tiledb", markers=("__schema",)),
+    Format("TileDB array", "tiledb", markers=("__array_schema.tdb",)),  # versions before 10
 )
 WRITTEN_FORMATS = tuple(v for f in FORMATS for v in f.writes)
 

@@ -9,7 +9,12 @@ An array folder holds ``__schema/`` (generic tiles), ``__fragments/NAME/``
     schema.json  schemas/NAME.json  metadata.json
     fragments/NAME/fragment.json  FIELD.npy  FIELD.offsets.npy + FIELD.data
                   FIELD.validity.npy  raw/ (the fragment's own files)
-    dense/ATTR.npy  (dense arrays: every fragment merged, as libtiledb reads it)
+    dense/ATTR.npy  ATTR.offsets.npy + ATTR.data  ATTR.validity.npy
+                  (dense arrays: every fragment merged, as libtiledb reads it)
+
+Format versions 1 and 2 keep the schema in ``__array_schema.tdb``, a
+fragment's metadata in one generic tile, and every dimension's coordinates in
+``__coords.tdb``; their fragments are committed folders ``__uuid_t1``.
 
 Listing is cheap: fragment names come from ``__commits``, a fragment's files
 from its footer alone (read when its directory is first listed); the metadata
@@ -41,6 +46,9 @@ MAX_TILE_BYTES = 256 << 20  # a tile (or generic tile) declaring more is refused
 MAX_SMALL_FILE = 64 << 20  # schema, metadata, fragment metadata files read whole
 MAX_DENSE_BYTES = 256 << 20  # dense/ATTR.npy is built in memory up to this size
 VAR = 0xFFFFFFFF  # cell_val_num of a var-sized field
+NEWEST_VERSION = 23  # the newest format version the format pages describe
+LEGACY_SCHEMA = "__array_schema.tdb"  # the one schema of versions before 10
+LEGACY_VERSIONS = (1, 2)  # fragment metadata in one generic tile (TileDB 1.4 and 1.5)
 GENERIC_HEAD = struct.Struct("<IQQBQBI")  # version, persisted and tile size, datatype,
 # cell size, encryption, filter pipeline size
 TILE_CACHE = 16  # decoded tiles kept per fragment
@@ -91,6 +99,9 @@ def read_generic_tile(data, offset, what):
     head.take(offset)
     version, persisted, size, datatype, cell_size, encryption, plen = \
         head.unpack(GENERIC_HEAD.format[1:])
+    if not 1 <= version <= NEWEST_VERSION:
+        raise FormatError(f"{what}: format version {version} is not one ctdsfs reads (1 to "
+                          f"{NEWEST_VERSION}; TileDB before 1.4 wrote none)")
     if encryption:
         raise FormatError(f"{what}: encrypted (ctdsfs has no key)")
     if size > MAX_TILE_BYTES:
@@ -309,7 +320,11 @@ class Field:
 
 
 def _timestamps(name):
-    """(t1, t2) from a timestamped name ``__t1_t2_uuid[_version][.ext]``, or None."""
+    """(t1, t2) from a timestamped name ``__t1_t2_uuid[_version][.ext]``, or from a
+    version 1-2 fragment name ``__uuid_t1[_t2]``; else None."""
+    legacy = _legacy_timestamps(name)
+    if legacy:
+        return legacy
     parts = name.split("_")
     try:
         if name.startswith("__") and len(parts) >= 5:
@@ -317,6 +332,19 @@ def _timestamps(name):
     except ValueError:
         pass
     return None
+
+
+def _legacy_timestamps(name):
+    """(t1, t2) of a version 1-2 fragment folder name ``__uuid_t1[_t2]``, or None."""
+    parts = name.split("_")
+    if not name.startswith("__") or len(parts) not in (4, 5) or len(parts[2]) != 32:
+        return None
+    try:
+        int(parts[2], 16)
+        stamps = [int(p) for p in parts[3:]]
+    except ValueError:
+        return None
+    return stamps[0], stamps[-1]
 
 
 def _by_time(names):
@@ -486,18 +514,108 @@ class FragmentMetadata:
         return [_read_name(r, "Q") for _ in range(r.count("Q", 8))]
 
 
-def fields_of(schema, has_timestamps, has_delete_meta):
+def fragment_metadata(path, schema, what):
+    """The metadata of a fragment, by the format version of its first generic tile: one
+    tile (1, 2), a footer with tiles (10 on; 3 to 9, whose footer has no length, are
+    refused: no real file of them was at hand to check a reader against)."""
+    head = _pread(path, 0, 4, what)
+    version = struct.unpack("<I", head)[0] if len(head) == 4 else None
+    if version in LEGACY_VERSIONS:
+        return LegacyFragmentMetadata(path, schema, what)
+    if version is not None and 3 <= version < 10:
+        raise FormatError(f"{what}: fragment format version {version} (TileDB 1.6 to 2.3) "
+                          f"is not read by ctdsfs; its files are in raw/")
+    return FragmentMetadata(path, schema, what)
+
+
+class LegacyFragmentMetadata(FragmentMetadata):
+    """Fragment metadata of versions 1 and 2: one generic tile holding the non-empty
+    domain, the MBRs, first/last coordinates, and the tile offsets and file sizes of each
+    attribute and of ``__coords.tdb`` (every dimension's coordinates in one tile)."""
+
+    def __init__(self, path, schema, what):
+        self.what = what
+        self.path = path
+        self.schema_name = LEGACY_SCHEMA
+        self.schema = schema(LEGACY_SCHEMA)
+        body, _ = read_generic_tile(_read_small(path, what), 0, what)
+        r = Reader(body, what)
+        self.version = r.unpack("I")
+        dims, attrs = self.schema["dimensions"], self.schema["attributes"]
+        dtype = tf.dtype_of(dims[0]["type"], what)
+        if any(d["type"] != dims[0]["type"] for d in dims):
+            raise FormatError(f"{what}: dimensions of different types before version 5")
+        self.coords_dtype = dtype
+        pair = 2 * len(dims) * dtype.itemsize  # a range (or first and last cell) per dimension
+        domain = bytes(r.take(r.unpack("Q")))
+        self.non_empty_domain = np.frombuffer(domain, dtype).reshape(-1, 2).tolist() \
+            if len(domain) == pair else None
+        self.mbrs = [np.frombuffer(bytes(r.take(pair)), dtype).reshape(-1, 2).tolist()
+                     for _ in range(r.count("Q", pair))]
+        self.bounding_coords = [np.frombuffer(bytes(r.take(pair)), dtype).reshape(2, -1).tolist()
+                                for _ in range(r.count("Q", pair))]
+        stored = len(attrs) + 1  # the attributes and __coords.tdb
+        lists = {"tile_offsets": [self._u64s(r) for _ in range(stored)],
+                 "tile_var_offsets": [self._u64s(r) for _ in attrs],
+                 "tile_var_sizes": [self._u64s(r) for _ in attrs]}
+        self.last_tile_cells = r.unpack("Q")
+        sizes = tuple(np.frombuffer(bytes(r.take(8 * stored)), "<u8").tolist())
+        var_sizes = tuple(np.frombuffer(bytes(r.take(8 * len(attrs))), "<u8").tolist())
+        self.dense = self.schema["array_type"] == 0
+        self.sparse_tiles = 0 if self.dense else len(lists["tile_offsets"][-1])
+        self.has_timestamps = self.has_delete_meta = False
+        self.fields = fields_of(self.schema, False, False, legacy=True)
+        coords = len(attrs)
+        # dimensions read __coords.tdb: its offsets and size
+        self.file_sizes = sizes + (sizes[coords],) * len(dims)
+        self.file_var_sizes = var_sizes + (0,) * (len(dims) + 1)
+        self.file_validity_sizes = (0,) * len(self.fields)
+        empty = np.zeros(0, "<u8")
+        self._lists = {kind: [lists[kind][i] if i < len(lists[kind]) else
+                              (lists[kind][coords] if kind == "tile_offsets" else empty)
+                              for i in range(len(self.fields))] for kind in lists}
+        self.rtree_offset = self.fragment_stats_at = self.processed_conditions_at = None
+        self.tile_offsets_at = {}
+        self._cache = {}
+
+    @staticmethod
+    def _u64s(r):
+        return np.frombuffer(bytes(r.take(8 * r.count("Q", 8))), "<u8")
+
+    def u64_list(self, kind, index):
+        if kind not in self._lists:
+            raise FormatError(f"{self.what}: no {kind} before version 7")
+        return self._lists[kind][index]
+
+    def coords_zipped(self):
+        """Whether ``__coords.tdb`` holds each cell's coordinates together (version 1
+        without a compression filter) rather than each dimension's together."""
+        return self.version == 1 and not any(
+            f["type"] in tf.COMPRESSORS for f in self.schema["coords_filters"]["filters"])
+
+    def rtree(self):
+        return {"mbrs": self.mbrs, "bounding_coords": self.bounding_coords}
+
+    def processed_conditions(self):
+        return []
+
+
+def fields_of(schema, has_timestamps, has_delete_meta, legacy=False):
     """The stored fields in footer order: attributes, legacy coordinates, dimensions,
-    then t/dt/dci."""
+    then t/dt/dci. ``legacy`` (versions 1 and 2): files named after the attributes, the
+    dimensions read from ``__coords.tdb``."""
     coords = schema["coords_filters"]
+    dims = schema["dimensions"]
     fields = [Field(a["name"], a["type"], a["cell_val_num"], a["filters"], bool(a["nullable"]),
-                    f"a{i}", "attribute") for i, a in enumerate(schema["attributes"])]
+                    a["name"] if legacy else f"a{i}", "attribute")
+              for i, a in enumerate(schema["attributes"])]
     # the slot of the legacy coordinates file (``__coords.tdb``, empty since version 5)
-    fields.append(Field("__coords", schema["dimensions"][0]["type"], 1, coords, False,
-                        "__coords", "coords"))
+    fields.append(Field("__coords", dims[0]["type"], len(dims) if legacy else 1, coords,
+                        False, "__coords", "coords"))
     fields += [Field(d["name"], d["type"], d["cell_val_num"],
                      d["filters"] if d["filters"] and d["filters"]["filters"] else coords,
-                     False, f"d{i}", "dimension") for i, d in enumerate(schema["dimensions"])]
+                     False, "__coords" if legacy else f"d{i}", "dimension")
+               for i, d in enumerate(dims)]
     extras = EXTRA_FIELDS[:1] * has_timestamps + EXTRA_FIELDS[1:] * has_delete_meta
     fields += [Field(name, 10, 1, coords, False, stem, "extra") for name, stem in extras]
     return fields
@@ -648,6 +766,11 @@ class _Lazy:
         return bytes(out)
 
 
+def _data_file(field, kind):
+    """The file holding ``kind`` (data, var, validity) tiles of ``field``."""
+    return field.stem + {"data": "", "var": "_var", "validity": "_validity"}[kind] + ".tdb"
+
+
 class Fragment(_Directory):
     """One committed fragment: fragment.json, FIELD.npy and friends, raw/.
 
@@ -670,8 +793,8 @@ class Fragment(_Directory):
     def _load_meta(self):
         if self.meta is None:
             what = f"{self.label}: __fragment_metadata.tdb"
-            self.meta = FragmentMetadata(os.path.join(self.path, "__fragment_metadata.tdb"),
-                                         self.array.schema_named, what)
+            self.meta = fragment_metadata(os.path.join(self.path, "__fragment_metadata.tdb"),
+                                          self.array.schema_named, what)
         return self.meta
 
     def _build(self):
@@ -872,10 +995,13 @@ class Fragment(_Directory):
         field = meta.fields[index]
         schema = meta.schema
         string_offsets = [] if kind == "var" and meta.offsets_in_data(field) else None
-        suffix = {"data": "", "var": "_var", "validity": "_validity"}[kind]
-        file_name = f"{field.stem}{suffix}.tdb"
+        file_name = _data_file(field, kind)
         where = f"tile {i} of {field.name} ({file_name})"
         try:
+            if name_problem(file_name):
+                raise FormatError(f"{where}: not a file name: {name_problem(file_name)}")
+            if field.kind == "dimension" and isinstance(meta, LegacyFragmentMetadata):
+                return self._legacy_coordinates(index, i), None
             counts = self.cell_counts()
             if i >= len(counts):
                 raise FormatError(f"{where}: the fragment has {len(counts)} tiles")
@@ -913,6 +1039,15 @@ class Fragment(_Directory):
             detail = str(exc)
             raise BlockError(f"{self.label}: {detail}", detail) from None
         return data, string_offsets
+
+    def _legacy_coordinates(self, index, i):
+        """Tile i of a dimension of a version 1-2 fragment, cut from ``__coords.tdb``."""
+        meta = self.meta
+        coords = len(meta.schema["attributes"])  # the __coords field, before the dimensions
+        dims = len(meta.schema["dimensions"])
+        cells = np.frombuffer(self._tile(coords, "data", i), meta.coords_dtype)
+        cells = cells.reshape(-1, dims).T if meta.coords_zipped() else cells.reshape(dims, -1)
+        return cells[index - coords - 1].tobytes()
 
     def _tile_bytes(self, file_name, offsets, i, file_size, where):
         """The on-disk bytes of tile i: from its offset to the next (or the file's end)."""
@@ -978,12 +1113,13 @@ class Fragment(_Directory):
     def _check_file(self, index, kind, tiles, bar):
         meta = self.meta
         field = meta.fields[index]
-        suffix = {"data": "", "var": "_var", "validity": "_validity"}[kind]
-        file_name = f"{field.stem}{suffix}.tdb"
+        file_name = _data_file(field, kind)
         declared = {"data": meta.file_sizes, "var": meta.file_var_sizes,
                     "validity": meta.file_validity_sizes}[kind][index]
         problems = []
         try:
+            if name_problem(file_name):
+                raise FormatError(f"not a file name: {name_problem(file_name)}")
             actual = os.path.getsize(os.path.join(self.path, file_name))
             if actual != declared:
                 problems.append(f"{self.label}: {file_name}: {actual} bytes, the footer "
@@ -1029,11 +1165,14 @@ class TileDBArray(_Directory):
         self.path = os.fspath(path)
         self._schemas = {}
         self.schema_names = _by_time(self._list("__schema", files_only=True))
+        if not self.schema_names and LEGACY_SCHEMA in self._list(".", files_only=True):
+            self.schema_names = [LEGACY_SCHEMA]
         if not self.schema_names:
             raise FormatError(f"{self.label}: no array schema in __schema")
         self.schema = self.schema_named(self.schema_names[-1])
         self.fragment_names = self._committed_fragments()
         self._fragments = {}
+        self._dense_cache = None  # (attribute index, its merged parts)
 
     def _list(self, folder, files_only=False):
         where = os.path.join(self.path, folder)
@@ -1054,14 +1193,16 @@ class TileDBArray(_Directory):
             if name not in self._schemas:
                 if name not in self.schema_names:
                     raise FormatError(f"{self.label}: no schema {name!r} in __schema")
-                what = f"{self.label}: __schema/{name}"
-                data = _read_small(os.path.join(self.path, "__schema", name), what)
+                folder = "." if name == LEGACY_SCHEMA else "__schema"
+                what = f"{self.label}: {os.path.normpath(os.path.join(folder, name))}"
+                data = _read_small(os.path.join(self.path, folder, name), what)
                 self._schemas[name] = parse_schema(data, what)
             return self._schemas[name]
 
     def _committed_fragments(self):
         """Fragment folders with a commit: ``__commits/NAME.wrt`` or a line of a ``.con``
-        file (version 12 on), or ``NAME.ok`` beside a folder in the array's own (before)."""
+        file (version 12 on), ``NAME.ok`` beside a folder in the array's own (5 to 11),
+        or (1 and 2, renamed when complete) a ``__uuid_t1`` folder with fragment metadata."""
         self.fragment_paths = {n: os.path.join(self.path, "__fragments", n)
                                for n in self._list("__fragments")}
         committed = set()
@@ -1069,6 +1210,10 @@ class TileDBArray(_Directory):
             if name.endswith(".ok") and name.startswith("__") and name[:-3] != "__":
                 self.fragment_paths.setdefault(name[:-3], os.path.join(self.path, name[:-3]))
                 committed.add(name[:-3])
+            elif _legacy_timestamps(name) and os.path.isfile(
+                    os.path.join(self.path, name, "__fragment_metadata.tdb")):
+                self.fragment_paths.setdefault(name, os.path.join(self.path, name))
+                committed.add(name)
         present = set(self.fragment_paths)
         for name in self._list("__commits"):
             if name.endswith(".wrt"):
@@ -1166,28 +1311,42 @@ class TileDBArray(_Directory):
     # -- the merged dense view
 
     def _dense_folder(self):
+        """ATTR.npy, or ATTR.offsets.npy + ATTR.data for var-sized attributes, and
+        ATTR.validity.npy for nullable ones: built when first read, one attribute at a time."""
         entries = OrderedDict()
         shape = self._dense_shape()
         if shape is None:
             return entries
-        for index, attr in enumerate(self.schema["attributes"]):
-            field = fields_of(self.schema, False, False)[index]
+        cells = math.prod(shape)
+        if cells * 8 > MAX_DENSE_BYTES:
+            self.problems.append(f"dense/ not shown: {cells} cells are more than ctdsfs "
+                                 f"builds in memory")
+            return entries
+        col_major = self.schema["cell_order"] == 1
+        for index, field in enumerate(fields_of(self.schema, False, False)[:len(
+                self.schema["attributes"])]):
+            files = {}
             if field.var:
-                self.problems.append(f"dense/{attr['name']}.npy not shown: var-sized")
-                continue
-            size = math.prod(shape) * field.cell_size
-            if size > MAX_DENSE_BYTES:
-                self.problems.append(f"dense/{attr['name']}.npy not shown: {size} bytes is "
-                                     f"more than ctdsfs builds in memory")
-                continue
-            name = f"{attr['name']}.npy"
-            if name_problem(name):
-                continue
-            tail = () if field.cell_val_num == 1 else (field.cell_val_num,)
-            header = npy_header(field.dtype.str, tuple(shape) + tail,
-                                self.schema["cell_order"] == 1)
-            entries[name] = _Lazy(lambda h=header, n=size: (h, [n]),
-                                  lambda i, a=index: self._merged_or_eio(a))
+                files[f"{field.name}.offsets.npy"] = \
+                    ("offsets", npy_header("<u8", (cells + 1,), False), (cells + 1) * 8)
+                files[f"{field.name}.data"] = ("data", b"", None)
+            elif cells * field.cell_size > MAX_DENSE_BYTES:
+                self.problems.append(f"dense/{field.name}.npy not shown: "
+                                     f"{cells * field.cell_size} bytes are more than ctdsfs "
+                                     f"builds in memory")
+            else:
+                tail = () if field.cell_val_num == 1 else (field.cell_val_num,)
+                files[f"{field.name}.npy"] = ("values", npy_header(
+                    field.dtype.str, tuple(shape) + tail, col_major), cells * field.cell_size)
+            if field.nullable:
+                files[f"{field.name}.validity.npy"] = \
+                    ("validity", npy_header("|u1", tuple(shape), col_major), cells)
+            for name, (part, header, size) in files.items():
+                if not name_problem(name):
+                    entries[name] = _Lazy(
+                        lambda a=index, p=part, h=header, n=size:
+                            (h, [len(self._merged_part(a, p)) if n is None else n]),
+                        lambda i, a=index, p=part: self._merged_part(a, p))
         return entries
 
     def _dense_shape(self):
@@ -1199,29 +1358,29 @@ class TileDBArray(_Directory):
             shape.append(high - low + 1)
         return shape
 
-    def _merged_or_eio(self, attr_index):
-        """The merged attribute; a fragment that cannot be merged makes the read EIO."""
-        try:
-            return self._merged(attr_index)
-        except BlockError:
-            raise
-        except CtdsfsError as exc:
-            raise BlockError(f"{self.label}: dense view: {exc}", f"dense view: {exc}") from None
+    def _merged_part(self, attr_index, part):
+        """One part (values, offsets, data, validity) of the merged attribute, kept for the
+        last attribute asked for; a fragment that cannot be merged makes the read EIO."""
+        with self._lock:
+            if self._dense_cache is None or self._dense_cache[0] != attr_index:
+                try:
+                    self._dense_cache = None
+                    self._dense_cache = attr_index, self._merged(attr_index)
+                except BlockError:
+                    raise
+                except CtdsfsError as exc:
+                    raise BlockError(f"{self.label}: dense view: {exc}",
+                                     f"dense view: {exc}") from None
+            return self._dense_cache[1][part]
 
-    def _merged(self, attr_index):
-        """The attribute over the whole domain: fill values, then each fragment in
-        timestamp order (a fragment another's time range contains is left out)."""
+    def _dense_sources(self, attr_index):
+        """Where every cell of the domain comes from: an array of the domain's shape holding
+        -1 (fill) or the cell's index in the fragments' cells taken one after another, and
+        those fragments with their tile counts. Fragments go in timestamp order, later
+        ones over earlier ones; one that another's time range contains is left out."""
         schema = self.schema
-        field = fields_of(schema, False, False)[attr_index]
-        dims = schema["dimensions"]
-        shape = self._dense_shape()
-        tail = () if field.cell_val_num == 1 else (field.cell_val_num,)
-        fill = schema["attributes"][attr_index]["fill"]
-        if fill is None or len(fill) != field.cell_size:
-            fill = bytes(field.cell_size)  # (libtiledb always stores one cell)
-        fill = np.frombuffer(fill, field.dtype)
-        result = np.empty(tuple(shape) + tail, field.dtype)
-        result[...] = fill.reshape(tail) if tail else fill[0]
+        positions = np.full(self._dense_shape(), -1, np.int64)
+        sources, base = [], 0
         ranges = {n: _timestamps(n) for n in self.fragment_names if _timestamps(n)}
         for name in self.fragment_names:
             t = ranges.get(name)
@@ -1230,15 +1389,78 @@ class TileDBArray(_Directory):
             frag = self.fragment(name)
             frag._all()
             meta = frag.meta
-            if meta is None or not meta.dense or meta.non_empty_domain is None:
-                continue
-            if meta.fields[attr_index].name != field.name:
+            if meta is None or not meta.dense or meta.non_empty_domain is None or \
+                    meta.fields[attr_index].name != schema["attributes"][attr_index]["name"]:
                 continue
             counts = frag.cell_counts()
-            cells = np.frombuffer(b"".join(frag._tile(attr_index, "data", i)
-                                           for i in range(len(counts))), field.dtype)
-            self._place(result, cells.reshape((-1,) + tail), meta.non_empty_domain, dims, tail)
-        return result.tobytes(order="F" if schema["cell_order"] == 1 else "C")
+            cells = sum(counts)
+            self._place(positions, np.arange(base, base + cells, dtype=np.int64),
+                        meta.non_empty_domain, schema["dimensions"], ())
+            sources.append((frag, len(counts)))
+            base += cells
+        return positions, sources
+
+    def _merged(self, attr_index):
+        """The attribute over the whole domain, as libtiledb reads it: {part: bytes}.
+        Fixed-sized values and validity in the cell order (what the .npy headers say);
+        var-sized cells in row-major order, their offsets (and the end) into the data."""
+        schema = self.schema
+        field = fields_of(schema, False, False)[attr_index]
+        attr = schema["attributes"][attr_index]
+        positions, sources = self._dense_sources(attr_index)
+        order = "F" if schema["cell_order"] == 1 else "C"
+        parts = {}
+        if field.nullable:
+            validity = [np.array([attr["fill_validity"]], np.uint8)] + [
+                np.frombuffer(frag._tile(attr_index, "validity", i), np.uint8)
+                for frag, tiles in sources for i in range(tiles)]
+            parts["validity"] = np.concatenate(validity)[
+                positions.ravel(order) + 1].tobytes()
+        if field.var:
+            parts["offsets"], parts["data"] = self._merged_var(
+                attr_index, attr["fill"], positions.ravel() + 1, sources)
+            return parts
+        tail = () if field.cell_val_num == 1 else (field.cell_val_num,)
+        fill = attr["fill"]
+        if fill is None or len(fill) != field.cell_size:
+            fill = bytes(field.cell_size)  # (libtiledb always stores one cell)
+        values = [fill] + [frag._tile(attr_index, "data", i)
+                           for frag, tiles in sources for i in range(tiles)]
+        if sum(map(len, values)) > MAX_DENSE_BYTES:
+            raise FormatError("the fragments' cells are more than ctdsfs merges in memory")
+        values = np.frombuffer(b"".join(values), field.dtype).reshape((-1,) + tail)
+        parts["values"] = values[positions.ravel(order) + 1].tobytes()
+        return parts
+
+    def _merged_var(self, attr_index, fill, picks, sources):
+        """(offsets, data) of var-sized cells: cell k is cell ``picks[k]`` of the fill value
+        (0) followed by every source fragment's cells."""
+        fill = fill or b""
+        sizes, starts, blobs, base = [np.array([len(fill)], np.int64)], \
+            [np.zeros(1, np.int64)], [fill], len(fill)
+        for frag, tiles in sources:
+            if not tiles:
+                continue
+            offsets = np.frombuffer(b"".join(frag._offsets_piece(attr_index, i)
+                                             for i in range(tiles)), "<u8").astype(np.int64)
+            data = b"".join(frag._tile(attr_index, "var", i) for i in range(tiles))
+            if np.any(np.diff(offsets) < 0) or offsets[0] != 0 or offsets[-1] != len(data):
+                raise FormatError(f"{frag.label}: cell offsets out of order or past the data")
+            sizes.append(np.diff(offsets))
+            starts.append(offsets[:-1] + base)
+            blobs.append(data)
+            base += len(data)
+            if base > MAX_DENSE_BYTES:
+                raise FormatError("the fragments' cells are more than ctdsfs merges in memory")
+        sizes, starts = np.concatenate(sizes)[picks], np.concatenate(starts)[picks]
+        ends = np.cumsum(sizes)
+        total = int(ends[-1]) if len(ends) else 0
+        if total * 8 > MAX_DENSE_BYTES:
+            raise FormatError(f"{total} bytes of cells are more than ctdsfs merges in memory")
+        offsets = np.concatenate((np.zeros(1, np.int64), ends))
+        gather = np.repeat(starts - offsets[:-1], sizes) + np.arange(total)
+        data = np.frombuffer(b"".join(blobs), np.uint8)[gather]
+        return offsets.astype("<u8").tobytes(), data.tobytes()
 
     def _place(self, result, cells, domain, dims, tail):
         """Copy a dense fragment's tiles (tile order, cells in cell order) into ``result``."""
@@ -1301,9 +1523,11 @@ class TileDBArray(_Directory):
 
 
 def looks_like_directory(path):
-    """An array folder: ``__schema`` is a directory (``__fragments`` may not exist yet)."""
-    return os.path.isdir(os.path.join(path, "__schema")) and \
-        not os.path.islink(os.path.join(path, "__schema"))
+    """An array folder: ``__schema`` is a directory (``__fragments`` may not exist yet), or
+    (before version 10) ``__array_schema.tdb`` is a file."""
+    schemas, legacy = os.path.join(path, "__schema"), os.path.join(path, LEGACY_SCHEMA)
+    return not os.path.islink(schemas) and os.path.isdir(schemas) or \
+        not os.path.islink(legacy) and os.path.isfile(legacy)
 
 
 def open_file(path, *, verify_crc=True, writable=False):
