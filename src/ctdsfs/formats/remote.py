@@ -39,7 +39,7 @@ import threading
 import time
 import weakref
 from collections import OrderedDict
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from email.utils import parsedate_to_datetime
 from types import SimpleNamespace
 from urllib.parse import urlsplit
@@ -333,15 +333,19 @@ class _S3:
         return body
 
     def list(self, prefix, limit):
-        """``({name: size}, {subdirectory names})`` directly under ``prefix`` (one level,
-        as S3's "/" delimiter shows it); at most ``limit`` entries (True if cut there)."""
+        """``({name: _Version}, {subdirectory names})`` directly under ``prefix`` (one
+        level, as S3's "/" delimiter shows it); at most ``limit`` entries (True if cut
+        there)."""
         objects, prefixes, token = {}, set(), None
         while True:
             more = {"ContinuationToken": token} if token else {}
             r = self._call(self._client.list_objects_v2, Prefix=prefix, Delimiter="/",
                            MaxKeys=1000, **more)
             for item in r.get("Contents", []):
-                objects[item["Key"][len(prefix):]] = int(item.get("Size", 0))
+                modified = item.get("LastModified")
+                objects[item["Key"][len(prefix):]] = _Version(
+                    _length(item.get("Size"), self.url), item.get("ETag"),
+                    modified.timestamp() if modified else 0.0)
             for item in r.get("CommonPrefixes", []):
                 prefixes.add(item["Prefix"][len(prefix):].rstrip("/"))
             token = r.get("NextContinuationToken")
@@ -404,7 +408,7 @@ class RemoteStore:
 
     writable = False
 
-    def __init__(self, url, options=None, *, etag=None, backend=None):
+    def __init__(self, url, options=None, *, etag=None, backend=None, version=None):
         self.url = self.label = url
         self.options = options or RemoteOptions()
         # a client, made at the first request (siblings may need none), or one shared
@@ -412,7 +416,7 @@ class RemoteStore:
         self._owns_backend = backend is None
         self._lock = threading.Lock()
         self._pinned = etag  # an ETag the object must still have (an HDF5 probe child)
-        self._version = None  # what is served: fetched by the first HEAD
+        self._version = version  # what is served: a listing's, or fetched by the first HEAD
         self._cache = OrderedDict()  # (etag, chunk index) -> bytes
         self._pending = {}  # (etag, chunk index) -> Future of a GET in flight
         self._pool = None
@@ -435,6 +439,11 @@ class RemoteStore:
         self._lock = threading.Lock()
         self._backend_made = None
         self._owns_backend = True
+
+    @property
+    def stale(self):
+        """Whether a read found another version on the server than the one served."""
+        return self._stale
 
     # ------------------------------------------------------------ requests
 
@@ -538,7 +547,11 @@ class RemoteStore:
                 self._chunk(version, i)
         pieces = []
         for i, future in zip(range(first, last + 1), futures):
-            data = future.result()
+            try:
+                data = future.result()
+            except CancelledError:  # closed meanwhile: its object was replaced or removed
+                raise RemoteError(f"{self.label}: replaced on the server while being read",
+                                  "replaced on the server while being read") from None
             lo = max(offset, i * step) - i * step
             hi = min(end, (i + 1) * step) - i * step
             pieces.append(data if (lo, hi) == (0, len(data)) else data[lo:hi])
