@@ -301,16 +301,15 @@ def test_killed_http_server_costs_one_eio_and_the_mount_recovers(web, mount):
 
 @pytest.fixture
 def ctdsfs_protocol():
-    """fsspec's ``ctdsfs`` protocol: from the package's entry point once installed
-    (``pip install -e .``); an install made before the entry point gets it by hand."""
+    """fsspec, which finds the ``ctdsfs`` protocol through the package's ``fsspec.specs``
+    entry point (made by ``pip install -e .``, as scripts/setup.sh runs it)."""
     import importlib.metadata
 
     import fsspec
 
-    from ctdsfs.fsspec import CtdsfsFileSystem
-
-    if not any(ep.name == "ctdsfs" for ep in importlib.metadata.entry_points(group="fsspec.specs")):
-        fsspec.register_implementation("ctdsfs", CtdsfsFileSystem, clobber=True)
+    points = importlib.metadata.entry_points(group="fsspec.specs")
+    assert any(p.name == "ctdsfs" and p.value == "ctdsfs.fsspec:CtdsfsFileSystem"
+               for p in points), "no fsspec.specs entry point: run pip install -e . again"
     return fsspec
 
 
