@@ -197,15 +197,17 @@ def replace_object(server, name, data, objects):
         os.utime(path, (when, when))
 
 
-@pytest.mark.parametrize("scheme", ["s3", "http"])
-def test_no_read_mixes_two_versions(seaweed, web, objects, scheme):
+@pytest.mark.parametrize("scheme,served", [("s3", ""), ("http", ""), ("http", "no-etag/")])
+def test_no_read_mixes_two_versions(seaweed, web, objects, scheme, served):
+    """Pinned by the ETag, or by Last-Modified and size where the server sends no ETag
+    (the two versions have the same size)."""
     server = seaweed if scheme == "s3" else web
-    name = f"versions-{scheme}.bin"
+    name = f"versions-{scheme}-{served.strip('/')}.bin"
     first, second = bytes(range(256)) * 64, bytes(reversed(range(256))) * 64
     replace_object(server, name, first, objects)
     options = RemoteOptions(endpoint_url=seaweed.endpoint, chunk_size=4096, readahead=1,
                             retries=0, revalidate=3600)
-    store = RemoteStore(server.url(name), options)
+    store = RemoteStore(server.url(served + name), options)
     try:
         assert store.pread(0, 100) == first[:100]
         replace_object(server, name, second, objects)
@@ -226,6 +228,12 @@ def test_failing_server_gets_bounded_retries_then_one_line(web, tmp_path):
     result = run("mount.ctdsfs", web.url("always-503"), tmp_path / "mnt", "-o", "retries=1")
     assert result.returncode == 1 and "HEAD failed 2 times (HTTP 503)" in result.stderr
     assert len(result.stderr.splitlines()) == 1, result.stderr
+
+
+def test_server_without_etag_or_date_is_refused_in_one_line(web):
+    info = run("ctdsfs", "info", web.url("no-version/two.mf"))
+    assert info.returncode == 1 and "neither ETag nor Last-Modified" in info.stderr
+    assert len(info.stderr.splitlines()) == 1, info.stderr
 
 
 def test_server_ignoring_ranges_is_never_trusted(web, objects):

@@ -15,7 +15,9 @@ client (README, "Containers on S3 and HTTP", has the figures).
 
 Coherence: every GET carries ``If-Match`` with the ETag of the version being
 served, and the answer's ETag is compared too (for servers that ignore
-``If-Match``), so no read mixes bytes of two versions. A replaced object fails
+``If-Match``), so no read mixes bytes of two versions. An HTTP server without
+ETags pins by Last-Modified and size instead; one sending neither is refused
+(nothing would tell two versions apart). A replaced object fails
 that read (EIO) and marks the store stale; the container's next reload check
 (``replaced()``) switches to the new version, the way a local container
 reloads when its header counter moved on.
@@ -52,6 +54,7 @@ log = logging.getLogger(__name__)
 SPEC_ENV = "CTDSFS_REMOTE_SPEC"  # how an HDF5 probe child gets the same pinned object
 BACKOFF_FIRST, BACKOFF_MAX = 0.2, 2.0  # seconds between attempts, doubling
 UNREACHABLE_RECHECK = 10.0  # seconds between version checks while the server does not answer
+DATE_PIN = "Last-Modified: "  # a version pinned by its date and size (a server without ETags)
 
 
 def is_remote(source):
@@ -178,7 +181,7 @@ class _Missing(Exception):
 @dataclasses.dataclass(frozen=True)
 class _Version:
     size: int
-    etag: str
+    etag: str  # what pins this version: its ETag, or DATE_PIN + its Last-Modified date
     mtime: float
 
 
@@ -228,21 +231,37 @@ class _HTTP:
         return r, body
 
     def head(self):
+        """The version: its ETag, else its Last-Modified date (with its size); a server
+        sending neither cannot tell versions apart, so its objects are refused."""
         r, _ = self._request("HEAD", {}, 0)
         modified = r.headers.get("Last-Modified")
         try:
             mtime = parsedate_to_datetime(modified).timestamp() if modified else 0.0
         except (TypeError, ValueError):
             mtime = 0.0
-        return _Version(_length(r.headers.get("Content-Length"), self.url),
-                        r.headers.get("ETag"), mtime)
+        etag = r.headers.get("ETag") or (modified and DATE_PIN + modified)
+        if not etag:
+            raise RemoteError(f"{self.url}: the server sends neither ETag nor Last-Modified, "
+                              "so a replaced object could serve mixed bytes: refused")
+        return _Version(_length(r.headers.get("Content-Length"), self.url), etag, mtime)
 
-    def get(self, start, end, etag):
+    def get(self, start, end, version):
+        """Bytes ``start`` to ``end`` of ``version``: asked for under its ETag (If-Match)
+        or date (If-Unmodified-Since), and checked against the answer's ETag, or its
+        Last-Modified and total size, for servers ignoring those conditions."""
         headers = {"Range": f"bytes={start}-{end - 1}"}
-        if etag and not etag.startswith("W/"):  # If-Match compares strongly: never a weak tag
-            headers["If-Match"] = etag
+        by_date = version.etag.startswith(DATE_PIN)
+        if by_date:
+            headers["If-Unmodified-Since"] = version.etag[len(DATE_PIN):]
+        elif not version.etag.startswith("W/"):  # If-Match compares strongly: never weak
+            headers["If-Match"] = version.etag
         r, body = self._request("GET", headers, end - start)
-        if etag and r.headers.get("ETag") not in (None, etag):
+        if by_date:
+            total = r.headers.get("Content-Range", "").rpartition("/")[2]
+            if r.headers.get("Last-Modified") != version.etag[len(DATE_PIN):] \
+                    or total not in ("", "*", str(version.size)):
+                raise _Replaced()
+        elif r.headers.get("ETag") not in (None, version.etag):
             raise _Replaced()
         if r.status != 206 and not (start == 0 and len(body) == end - start):
             raise _Transient(f"HTTP {r.status} instead of the range asked for")
@@ -316,12 +335,12 @@ class _S3:
         return _Version(_length(r.get("ContentLength"), self.url), r.get("ETag"),
                         modified.timestamp() if modified else 0.0)
 
-    def get(self, start, end, etag):
+    def get(self, start, end, version):
         kwargs = {"Range": f"bytes={start}-{end - 1}"}
-        if etag:
-            kwargs["IfMatch"] = etag
+        if version.etag:
+            kwargs["IfMatch"] = version.etag
         r = self._call(self._client.get_object, Key=self.key, **kwargs)
-        if etag and r.get("ETag") not in (None, etag):
+        if version.etag and r.get("ETag") not in (None, version.etag):
             r["Body"].close()
             raise _Replaced()
         try:
@@ -478,7 +497,7 @@ class RemoteStore:
             data = self._disk.get(*chunk, end - start) if self._disk else None
             if data is None:
                 data = self._attempts(f"GET bytes {start}-{end - 1}", self._get, start, end,
-                                      version.etag)
+                                      version)
                 if self._disk:
                     self._disk.put(*chunk, data)
             with self._lock:
@@ -492,9 +511,9 @@ class RemoteStore:
             with self._lock:
                 self._pending.pop(key, None)
 
-    def _get(self, start, end, etag):
+    def _get(self, start, end, version):
         try:
-            data = self._backend.get(start, end, etag)
+            data = self._backend.get(start, end, version)
         except _Replaced:
             self._stale = True
             raise RemoteError(f"{self.label}: replaced on the server while being read "
