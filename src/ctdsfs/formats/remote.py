@@ -209,11 +209,13 @@ class _HTTP:
             timeout=urllib3.Timeout(connect=options.timeout, read=options.timeout))
 
     def _request(self, method, headers, limit):
+        """``(response, body)``: never more of the body than ``limit`` bytes is read (read
+        exactly, urllib3 hands its buffer over without a copy)."""
         try:
             r = self._pool.request(method, self.url, headers=headers, preload_content=False,
                                    redirect=False)
             try:
-                body = r.read(limit + 1) if limit else b""
+                body = r.read(limit) if limit else b""
             finally:
                 r.release_conn()
         except self._tls_errors as exc:
@@ -263,7 +265,8 @@ class _HTTP:
                 raise _Replaced()
         elif r.headers.get("ETag") not in (None, version.etag):
             raise _Replaced()
-        if r.status != 206 and not (start == 0 and len(body) == end - start):
+        if r.status != 206 and not (start == 0 and r.headers.get("Content-Length")
+                                    == str(end - start)):
             raise _Transient(f"HTTP {r.status} instead of the range asked for")
         return body
 
@@ -343,8 +346,11 @@ class _S3:
         if version.etag and r.get("ETag") not in (None, version.etag):
             r["Body"].close()
             raise _Replaced()
+        if r.get("ContentLength") != end - start:
+            r["Body"].close()
+            raise _Transient(f"{r.get('ContentLength')} bytes where {end - start} were asked for")
         try:
-            body = r["Body"].read(end - start + 1)
+            body = r["Body"].read(end - start)  # exactly: botocore hands urllib3's buffer over
         except (self._exc.BotoCoreError, OSError, ValueError) as exc:
             raise _Transient(str(exc) or type(exc).__name__) from None
         finally:
