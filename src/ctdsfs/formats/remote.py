@@ -451,6 +451,7 @@ class RemoteStore:
         self._stale = False  # a GET found another version: check at once
         self._unreachable = False  # the last check failed (logged once until it recovers)
         self._next_chunk = None  # where a sequential reader goes on
+        self._read_ahead_to = 0  # the chunks before it were asked for by readahead
         self._siblings = []
         self._disk = DiskCache(self.options.cache_dir, self.options.cache_dir_size) \
             if self.options.cache_dir else None
@@ -530,15 +531,14 @@ class RemoteStore:
         return data
 
     def _chunk(self, version, index):
-        """A Future of chunk ``index`` of ``version``: cached, in flight, or asked for now."""
+        """Chunk ``index`` of ``version`` if cached, else the Future of its GET (in flight,
+        or asked for now)."""
         key = (version.etag, index)
         with self._lock:
             data = self._cache.get(key)
             if data is not None:
                 self._cache.move_to_end(key)
-                done = Future()
-                done.set_result(data)
-                return done
+                return data
             future = self._pending.get(key)
             if future is None:
                 future = self._pending[key] = self._executor().submit(self._fetch, version,
@@ -561,22 +561,26 @@ class RemoteStore:
             return b""
         step = self.options.chunk_size
         first, last = offset // step, (end - 1) // step
-        futures = [self._chunk(version, i) for i in range(first, last + 1)]
+        chunks = [self._chunk(version, i) for i in range(first, last + 1)]
         with self._lock:
             sequential = self._next_chunk is not None and first in (self._next_chunk - 1,
                                                                     self._next_chunk)
             self._next_chunk = last + 1
-        if sequential:
-            for i in range(last + 1, min(last + 1 + self.options.readahead,
-                                         -(-version.size // step))):
-                self._chunk(version, i)
+            # chunks not asked for yet: none while a reader stays in one chunk
+            ahead = range(max(last + 1, self._read_ahead_to),
+                          min(last + 1 + self.options.readahead, -(-version.size // step))) \
+                if sequential else range(0)
+            self._read_ahead_to = max(ahead.start, ahead.stop) if sequential else 0
+        for i in ahead:
+            self._chunk(version, i)
         pieces = []
-        for i, future in zip(range(first, last + 1), futures):
-            try:
-                data = future.result()
-            except CancelledError:  # closed meanwhile: its object was replaced or removed
-                raise RemoteError(f"{self.label}: replaced on the server while being read",
-                                  "replaced on the server while being read") from None
+        for i, data in zip(range(first, last + 1), chunks):
+            if isinstance(data, Future):
+                try:
+                    data = data.result()
+                except CancelledError:  # closed meanwhile: its object was replaced or removed
+                    raise RemoteError(f"{self.label}: replaced on the server while being read",
+                                      "replaced on the server while being read") from None
             lo = max(offset, i * step) - i * step
             hi = min(end, (i + 1) * step) - i * step
             pieces.append(data if (lo, hi) == (0, len(data)) else data[lo:hi])
@@ -608,6 +612,7 @@ class RemoteStore:
             old, self._version = self._version, new
             self._cache.clear()
             self._next_chunk = None
+            self._read_ahead_to = 0
             for sibling in self._siblings:
                 sibling._version = None
         log.info("%s: replaced on the server (ETag %s -> %s): reloaded", self.label,
