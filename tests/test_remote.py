@@ -445,19 +445,22 @@ def test_aws_profile_and_anonymous_access(seaweed, objects, mount, tmp_path, mon
 
 
 @pytest.mark.fuse
-def test_s3_prefix_follows_new_removed_and_replaced_objects(seaweed, objects, mount):
+def test_s3_prefix_follows_new_removed_and_replaced_objects(seaweed, objects, mount, tmp_path):
     """A prefix is listed again every ``revalidate`` seconds in the background: new objects
     appear, removed ones go, a replaced one shows its new size and content (never bytes of
     both versions: a read gives one version whole, or EIO), a replaced container object is
-    reopened, and ``ls`` answers while the server is stopped."""
+    reopened, a sub-prefix a table was put into becomes the table view, and ``ls`` answers
+    while the server is stopped."""
     put = lambda key, body: seaweed.client.put_object(Bucket=BUCKET, Key=f"live/{key}", Body=body)
     old, new = b"o" * 10000, b"N" * 13000  # 3 and 4 chunks of 4096 bytes
     put("plain.bin", old)
     put("box.mf", (objects / "mf2_nested.mf").read_bytes())
     put("sub/first.txt", b"first\n")
+    put("tab/readme.txt", b"a table comes\n")
     m = mount(f"s3://{BUCKET}/live/", [seaweed.options, "revalidate=0.2,chunk_size=4096"])
     root = m.mountpoint
-    assert sorted(os.listdir(root)) == ["box.mf", "plain.bin", "sub"]
+    assert sorted(os.listdir(root)) == ["box.mf", "plain.bin", "sub", "tab"]
+    assert os.listdir(root / "tab") == ["readme.txt"]
     assert os.listdir(root / "sub") == ["first.txt"]
     assert (root / "plain.bin").read_bytes() == old
     assert tree(root / "box.mf") == snapshot(open_container(objects / "mf2_nested.mf"))
@@ -466,6 +469,10 @@ def test_s3_prefix_follows_new_removed_and_replaced_objects(seaweed, objects, mo
     put("sub/second.txt", b"second\n")
     put("box.mf", (objects / "two.mf").read_bytes())
     seaweed.client.delete_object(Bucket=BUCKET, Key="live/sub/first.txt")
+    table = make_casacore_table(tmp_path / "tab", rows=10, multifile=True)
+    for path in table.rglob("*"):
+        if path.is_file():
+            put(f"tab/{path.relative_to(table)}", path.read_bytes())
 
     def plain_is_new():
         try:
@@ -477,13 +484,16 @@ def test_s3_prefix_follows_new_removed_and_replaced_objects(seaweed, objects, mo
         # the old size for its attribute timeout: a cut read is no mix)
         return data == new and os.stat(root / "plain.bin").st_size == len(new)
     wait_until(plain_is_new, 20, "the replaced object")
-    wait_until(lambda: sorted(os.listdir(root)) == ["added.txt", "box.mf", "plain.bin", "sub"],
-               20, "the new object")
+    wait_until(lambda: sorted(os.listdir(root)) == ["added.txt", "box.mf", "plain.bin", "sub",
+                                                    "tab"], 20, "the new object")
     assert (root / "added.txt").read_bytes() == b"added\n"
     wait_until(lambda: os.listdir(root / "sub") == ["second.txt"], 20, "the changed prefix")
     wait_until(lambda: sorted(os.listdir(root / "box.mf")) == ["first", "second"], 20,
                "the replaced container")
     assert tree(root / "box.mf") == snapshot(open_container(objects / "two.mf"))
+    wait_until(lambda: "table.f0" in os.listdir(root / "tab"), 20, "the table view")
+    assert "table.mf" not in os.listdir(root / "tab")
+    assert dump_values(root / "tab") == dump_values(table)
     os.kill(seaweed.proc.pid, signal.SIGSTOP)
     try:
         for _ in range(2):  # re-lists are due, the server does not answer: ls does not wait

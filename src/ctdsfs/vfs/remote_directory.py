@@ -180,9 +180,10 @@ class RemotePrefix(DirectorySource):
             if self._unreachable:
                 log.info("%s: reachable again", self.label)
             self._unreachable = False
-        with self._lock:
-            self._relisted, self._relisting = listing, False
-            self._listed = time.monotonic()
+        finally:  # whatever happened, the next check may list again
+            with self._lock:
+                self._relisted, self._relisting = listing, False
+                self._listed = time.monotonic()
 
     def _apply(self, listing):
         """Show ``listing``; the stores and containers of objects replaced or gone are
@@ -214,10 +215,13 @@ class RemotePrefix(DirectorySource):
         return _is_table(self._files)
 
     def _listing_now(self):
+        """The listing shown, as ``_listing`` gives one (its problems already logged)."""
         return self._files, self._dirs, []
 
     def _reopen(self, name, child):
-        """Open sub-prefix ``name`` again (a table appeared in it, or its table changed)."""
+        """Open sub-prefix ``name`` again (a table appeared in it, or its table went); if
+        that fails it stays as it is until its listing changes again."""
+        child.outdated = False
         try:
             new = remote_directory_or_table(self.backend, child.prefix, self.options,
                                             listing=child._listing_now(), recurse=self.recurse,
