@@ -451,7 +451,8 @@ def test_s3_prefix_follows_new_removed_and_replaced_objects(seaweed, objects, mo
     both versions: a read gives one version whole, or EIO), a replaced container object is
     reopened, a sub-prefix a table was put into becomes the table view, and ``ls`` answers
     while the server is stopped."""
-    put = lambda key, body: seaweed.client.put_object(Bucket=BUCKET, Key=f"live/{key}", Body=body)
+    def put(key, body):
+        seaweed.client.put_object(Bucket=BUCKET, Key=f"live/{key}", Body=body)
     old, new = b"o" * 10000, b"N" * 13000  # 3 and 4 chunks of 4096 bytes
     put("plain.bin", old)
     put("box.mf", (objects / "mf2_nested.mf").read_bytes())
