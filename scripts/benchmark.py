@@ -617,8 +617,10 @@ def raw_get_figures(client, bucket, key, size):
     return out
 
 
-def remote_figures(tmp, pool, size, ms_mib, rounds=2):
-    """The remote section: SeaweedFS on loopback (as in tests/test_remote.py)."""
+def remote_figures(tmp, pool, size, ms_mib, rounds=2, read_rounds=3):
+    """The remote section: SeaweedFS on loopback (as in tests/test_remote.py). The cold
+    read is measured in ``read_rounds`` rounds, each the raw GETs then the mount at once,
+    since a shared machine's load moves both; the median round's ratio is reported."""
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     from tests.servers import CREDENTIALS, Seaweed
 
@@ -635,15 +637,24 @@ def remote_figures(tmp, pool, size, ms_mib, rounds=2):
             client.put_object(Bucket="bench", Key="big.mf", Body=f)
         object_size = container.stat().st_size
         container.unlink()
-        raw = raw_get_figures(client, "bench", "big.mf", object_size)
         options = ["-o", f"endpoint_url={server.endpoint}"]
-        with Mounted(["mount.ctdsfs", "-f", "s3://bench/big.mf", str(tmp / "r1")] + options,
-                     str(tmp / "r1")):
-            drop_caches()
-            mounted = read_through(tmp / "r1" / "big.bin")
-        best = max(raw.values())
-        rows += [(f"raw GET: {name}", value, None, None) for name, value in raw.items()]
-        rows.append(("s3:// mount, first read, cold (vs best raw GET)", mounted, best, 0.8))
+        rounds_seen = []  # (mount GB/s, best raw GB/s) of each round
+        best_raw = {}
+        for _ in range(read_rounds):
+            raw = raw_get_figures(client, "bench", "big.mf", object_size)
+            for name, value in raw.items():
+                best_raw[name] = max(best_raw.get(name, 0), value)
+            with Mounted(["mount.ctdsfs", "-f", "s3://bench/big.mf", str(tmp / "r1")] + options,
+                         str(tmp / "r1")):
+                drop_caches()
+                rounds_seen.append((read_through(tmp / "r1" / "big.bin"), max(raw.values())))
+        rows += [(f"raw GET: {name} (best round)", value, None, None)
+                 for name, value in best_raw.items()]
+        ratios = sorted(mounted / best for mounted, best in rounds_seen)
+        median = sorted(rounds_seen, key=lambda r: r[0] / r[1])[read_rounds // 2]
+        rows.append(("s3:// mount, first read, cold (median round, vs its raw)", *median, 0.8))
+        lines.append(f"cold read of the {size >> 20} MiB file, {read_rounds} rounds of raw GETs "
+                     f"then the mount: ratios {', '.join(f'{r:.2f}' for r in ratios)}")
 
         print(f"remote: every column of a {ms_mib} MiB MeasurementSet, s3:// vs local ...",
               flush=True)

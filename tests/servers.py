@@ -131,7 +131,9 @@ events {{}}
 http {{ access_log off; {temp}
   server {{ listen 127.0.0.1:{self.port}; root {root};
     location = /always-503 {{ return 503; }}
-    location /no-ranges/ {{ max_ranges 0; alias {root}/; }} }}
+    location /no-ranges/ {{ max_ranges 0; alias {root}/; }}
+    location /no-etag/ {{ etag off; alias {root}/; }}
+    location /no-version/ {{ etag off; add_header Last-Modified ""; alias {root}/; }} }}
   server {{ listen 127.0.0.1:{self.tls_port} ssl; root {root};
     ssl_certificate {self.certificate}; ssl_certificate_key {workdir}/key.pem; }} }}
 """)

@@ -15,7 +15,9 @@ client (README, "Containers on S3 and HTTP", has the figures).
 
 Coherence: every GET carries ``If-Match`` with the ETag of the version being
 served, and the answer's ETag is compared too (for servers that ignore
-``If-Match``), so no read mixes bytes of two versions. A replaced object fails
+``If-Match``), so no read mixes bytes of two versions. An HTTP server without
+ETags pins by Last-Modified and size instead; one sending neither is refused
+(nothing would tell two versions apart). A replaced object fails
 that read (EIO) and marks the store stale; the container's next reload check
 (``replaced()``) switches to the new version, the way a local container
 reloads when its header counter moved on.
@@ -39,7 +41,7 @@ import threading
 import time
 import weakref
 from collections import OrderedDict
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from email.utils import parsedate_to_datetime
 from types import SimpleNamespace
 from urllib.parse import urlsplit
@@ -52,6 +54,7 @@ log = logging.getLogger(__name__)
 SPEC_ENV = "CTDSFS_REMOTE_SPEC"  # how an HDF5 probe child gets the same pinned object
 BACKOFF_FIRST, BACKOFF_MAX = 0.2, 2.0  # seconds between attempts, doubling
 UNREACHABLE_RECHECK = 10.0  # seconds between version checks while the server does not answer
+DATE_PIN = "Last-Modified: "  # a version pinned by its date and size (a server without ETags)
 
 
 def is_remote(source):
@@ -178,7 +181,7 @@ class _Missing(Exception):
 @dataclasses.dataclass(frozen=True)
 class _Version:
     size: int
-    etag: str
+    etag: str  # what pins this version: its ETag, or DATE_PIN + its Last-Modified date
     mtime: float
 
 
@@ -206,11 +209,13 @@ class _HTTP:
             timeout=urllib3.Timeout(connect=options.timeout, read=options.timeout))
 
     def _request(self, method, headers, limit):
+        """``(response, body)``: never more of the body than ``limit`` bytes is read (read
+        exactly, urllib3 hands its buffer over without a copy)."""
         try:
             r = self._pool.request(method, self.url, headers=headers, preload_content=False,
                                    redirect=False)
             try:
-                body = r.read(limit + 1) if limit else b""
+                body = r.read(limit) if limit else b""
             finally:
                 r.release_conn()
         except self._tls_errors as exc:
@@ -228,23 +233,40 @@ class _HTTP:
         return r, body
 
     def head(self):
+        """The version: its ETag, else its Last-Modified date (with its size); a server
+        sending neither cannot tell versions apart, so its objects are refused."""
         r, _ = self._request("HEAD", {}, 0)
         modified = r.headers.get("Last-Modified")
         try:
             mtime = parsedate_to_datetime(modified).timestamp() if modified else 0.0
         except (TypeError, ValueError):
             mtime = 0.0
-        return _Version(_length(r.headers.get("Content-Length"), self.url),
-                        r.headers.get("ETag"), mtime)
+        etag = r.headers.get("ETag") or (modified and DATE_PIN + modified)
+        if not etag:
+            raise RemoteError(f"{self.url}: the server sends neither ETag nor Last-Modified, "
+                              "so a replaced object could serve mixed bytes: refused")
+        return _Version(_length(r.headers.get("Content-Length"), self.url), etag, mtime)
 
-    def get(self, start, end, etag):
+    def get(self, start, end, version):
+        """Bytes ``start`` to ``end`` of ``version``: asked for under its ETag (If-Match)
+        or date (If-Unmodified-Since), and checked against the answer's ETag, or its
+        Last-Modified and total size, for servers ignoring those conditions."""
         headers = {"Range": f"bytes={start}-{end - 1}"}
-        if etag and not etag.startswith("W/"):  # If-Match compares strongly: never a weak tag
-            headers["If-Match"] = etag
+        by_date = version.etag.startswith(DATE_PIN)
+        if by_date:
+            headers["If-Unmodified-Since"] = version.etag[len(DATE_PIN):]
+        elif not version.etag.startswith("W/"):  # If-Match compares strongly: never weak
+            headers["If-Match"] = version.etag
         r, body = self._request("GET", headers, end - start)
-        if etag and r.headers.get("ETag") not in (None, etag):
+        if by_date:
+            total = r.headers.get("Content-Range", "").rpartition("/")[2]
+            if r.headers.get("Last-Modified") != version.etag[len(DATE_PIN):] \
+                    or total not in ("", "*", str(version.size)):
+                raise _Replaced()
+        elif r.headers.get("ETag") not in (None, version.etag):
             raise _Replaced()
-        if r.status != 206 and not (start == 0 and len(body) == end - start):
+        if r.status != 206 and not (start == 0 and r.headers.get("Content-Length")
+                                    == str(end - start)):
             raise _Transient(f"HTTP {r.status} instead of the range asked for")
         return body
 
@@ -316,16 +338,19 @@ class _S3:
         return _Version(_length(r.get("ContentLength"), self.url), r.get("ETag"),
                         modified.timestamp() if modified else 0.0)
 
-    def get(self, start, end, etag):
+    def get(self, start, end, version):
         kwargs = {"Range": f"bytes={start}-{end - 1}"}
-        if etag:
-            kwargs["IfMatch"] = etag
+        if version.etag:
+            kwargs["IfMatch"] = version.etag
         r = self._call(self._client.get_object, Key=self.key, **kwargs)
-        if etag and r.get("ETag") not in (None, etag):
+        if version.etag and r.get("ETag") not in (None, version.etag):
             r["Body"].close()
             raise _Replaced()
+        if r.get("ContentLength") != end - start:
+            r["Body"].close()
+            raise _Transient(f"{r.get('ContentLength')} bytes where {end - start} were asked for")
         try:
-            body = r["Body"].read(end - start + 1)
+            body = r["Body"].read(end - start)  # exactly: botocore hands urllib3's buffer over
         except (self._exc.BotoCoreError, OSError, ValueError) as exc:
             raise _Transient(str(exc) or type(exc).__name__) from None
         finally:
@@ -333,15 +358,19 @@ class _S3:
         return body
 
     def list(self, prefix, limit):
-        """``({name: size}, {subdirectory names})`` directly under ``prefix`` (one level,
-        as S3's "/" delimiter shows it); at most ``limit`` entries (True if cut there)."""
+        """``({name: _Version}, {subdirectory names})`` directly under ``prefix`` (one
+        level, as S3's "/" delimiter shows it); at most ``limit`` entries (True if cut
+        there)."""
         objects, prefixes, token = {}, set(), None
         while True:
             more = {"ContinuationToken": token} if token else {}
             r = self._call(self._client.list_objects_v2, Prefix=prefix, Delimiter="/",
                            MaxKeys=1000, **more)
             for item in r.get("Contents", []):
-                objects[item["Key"][len(prefix):]] = int(item.get("Size", 0))
+                modified = item.get("LastModified")
+                objects[item["Key"][len(prefix):]] = _Version(
+                    _length(item.get("Size"), self.url), item.get("ETag"),
+                    modified.timestamp() if modified else 0.0)
             for item in r.get("CommonPrefixes", []):
                 prefixes.add(item["Prefix"][len(prefix):].rstrip("/"))
             token = r.get("NextContinuationToken")
@@ -404,7 +433,7 @@ class RemoteStore:
 
     writable = False
 
-    def __init__(self, url, options=None, *, etag=None, backend=None):
+    def __init__(self, url, options=None, *, etag=None, backend=None, version=None):
         self.url = self.label = url
         self.options = options or RemoteOptions()
         # a client, made at the first request (siblings may need none), or one shared
@@ -412,7 +441,7 @@ class RemoteStore:
         self._owns_backend = backend is None
         self._lock = threading.Lock()
         self._pinned = etag  # an ETag the object must still have (an HDF5 probe child)
-        self._version = None  # what is served: fetched by the first HEAD
+        self._version = version  # what is served: a listing's, or fetched by the first HEAD
         self._cache = OrderedDict()  # (etag, chunk index) -> bytes
         self._pending = {}  # (etag, chunk index) -> Future of a GET in flight
         self._pool = None
@@ -422,6 +451,7 @@ class RemoteStore:
         self._stale = False  # a GET found another version: check at once
         self._unreachable = False  # the last check failed (logged once until it recovers)
         self._next_chunk = None  # where a sequential reader goes on
+        self._read_ahead_to = 0  # the chunks before it were asked for by readahead
         self._siblings = []
         self._disk = DiskCache(self.options.cache_dir, self.options.cache_dir_size) \
             if self.options.cache_dir else None
@@ -435,6 +465,11 @@ class RemoteStore:
         self._lock = threading.Lock()
         self._backend_made = None
         self._owns_backend = True
+
+    @property
+    def stale(self):
+        """Whether a read found another version on the server than the one served."""
+        return self._stale
 
     # ------------------------------------------------------------ requests
 
@@ -469,7 +504,7 @@ class RemoteStore:
             data = self._disk.get(*chunk, end - start) if self._disk else None
             if data is None:
                 data = self._attempts(f"GET bytes {start}-{end - 1}", self._get, start, end,
-                                      version.etag)
+                                      version)
                 if self._disk:
                     self._disk.put(*chunk, data)
             with self._lock:
@@ -483,9 +518,9 @@ class RemoteStore:
             with self._lock:
                 self._pending.pop(key, None)
 
-    def _get(self, start, end, etag):
+    def _get(self, start, end, version):
         try:
-            data = self._backend.get(start, end, etag)
+            data = self._backend.get(start, end, version)
         except _Replaced:
             self._stale = True
             raise RemoteError(f"{self.label}: replaced on the server while being read "
@@ -496,15 +531,14 @@ class RemoteStore:
         return data
 
     def _chunk(self, version, index):
-        """A Future of chunk ``index`` of ``version``: cached, in flight, or asked for now."""
+        """Chunk ``index`` of ``version`` if cached, else the Future of its GET (in flight,
+        or asked for now)."""
         key = (version.etag, index)
         with self._lock:
             data = self._cache.get(key)
             if data is not None:
                 self._cache.move_to_end(key)
-                done = Future()
-                done.set_result(data)
-                return done
+                return data
             future = self._pending.get(key)
             if future is None:
                 future = self._pending[key] = self._executor().submit(self._fetch, version,
@@ -527,18 +561,26 @@ class RemoteStore:
             return b""
         step = self.options.chunk_size
         first, last = offset // step, (end - 1) // step
-        futures = [self._chunk(version, i) for i in range(first, last + 1)]
+        chunks = [self._chunk(version, i) for i in range(first, last + 1)]
         with self._lock:
             sequential = self._next_chunk is not None and first in (self._next_chunk - 1,
                                                                     self._next_chunk)
             self._next_chunk = last + 1
-        if sequential:
-            for i in range(last + 1, min(last + 1 + self.options.readahead,
-                                         -(-version.size // step))):
-                self._chunk(version, i)
+            # chunks not asked for yet: none while a reader stays in one chunk
+            ahead = range(max(last + 1, self._read_ahead_to),
+                          min(last + 1 + self.options.readahead, -(-version.size // step))) \
+                if sequential else range(0)
+            self._read_ahead_to = max(ahead.start, ahead.stop) if sequential else 0
+        for i in ahead:
+            self._chunk(version, i)
         pieces = []
-        for i, future in zip(range(first, last + 1), futures):
-            data = future.result()
+        for i, data in zip(range(first, last + 1), chunks):
+            if isinstance(data, Future):
+                try:
+                    data = data.result()
+                except CancelledError:  # closed meanwhile: its object was replaced or removed
+                    raise RemoteError(f"{self.label}: replaced on the server while being read",
+                                      "replaced on the server while being read") from None
             lo = max(offset, i * step) - i * step
             hi = min(end, (i + 1) * step) - i * step
             pieces.append(data if (lo, hi) == (0, len(data)) else data[lo:hi])
@@ -570,6 +612,7 @@ class RemoteStore:
             old, self._version = self._version, new
             self._cache.clear()
             self._next_chunk = None
+            self._read_ahead_to = 0
             for sibling in self._siblings:
                 sibling._version = None
         log.info("%s: replaced on the server (ETag %s -> %s): reloaded", self.label,

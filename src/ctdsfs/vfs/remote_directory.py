@@ -5,29 +5,36 @@ delimiter shows them) are directories, container objects (``.mf``,
 ``.mfh5``, ``.pycauset``) are directories of their insides, and a prefix
 holding a MultiFile-stored casacore table (``table.dat`` beside ``table.mf``)
 gets the legacy table view of ``directory.TableView``, so casacore 3.5 opens
-a MeasurementSet straight from the bucket. Each directory is listed once, when
-it is first looked at (a listing is bounded: MAX_LISTING entries); names
-are untrusted and checked like a container's. Files are RemoteStores sharing
-one S3 client.
+a MeasurementSet straight from the bucket. A directory is listed when it is
+first looked at (a listing is bounded: MAX_LISTING entries; names are untrusted
+and checked like a container's), then again in the background every
+``revalidate`` seconds while it is used (at once when a read found an object
+replaced), so a lookup never waits for the server. A listing names each
+object's version (ETag and size): files are RemoteStores pinned to it, sharing
+one S3 client; an object listed with another version gets a new store (and its
+container is reopened), so a read serves one version whole or fails (EIO).
 """
 
+import dataclasses
 import logging
+import threading
 import time
 
 from ..container import Usage, name_problem
 from ..errors import CtdsfsError
 from ..formats import open_from_store
-from ..formats.remote import RemoteStore, retried, s3_backend, source_stat
+from ..formats.remote import UNREACHABLE_RECHECK, RemoteStore, retried, s3_backend, source_stat
 from .directory import CONTAINER_SUFFIXES, TABLE_CONTAINERS, DirectorySource, TableView
 
 log = logging.getLogger(__name__)
 
 MAX_LISTING = 100_000  # entries one directory shows
 MAX_TABLE_DAT = 64 << 20  # a table.dat is kilobytes; a listing claiming more is refused
+MAX_PROBLEMS = 1000  # problems one directory keeps for ``check`` (each is logged once)
 
 
 def _listing(backend, prefix, options, label):
-    """``({file name: size}, {directory names}, [problems])`` of one prefix."""
+    """``({file name: version}, {directory names}, [problems])`` of one prefix."""
     objects, prefixes, cut = retried(label, options, "LIST", backend.list, prefix, MAX_LISTING)
     problems = [f"more than {MAX_LISTING} entries: the rest are not shown"] if cut else []
     dirs = set()
@@ -38,15 +45,20 @@ def _listing(backend, prefix, options, label):
         else:
             dirs.add(name)
     files = {}
-    for name, size in objects.items():
+    for name, version in objects.items():
         if not name:
             continue  # the object named like the prefix itself (a "directory marker")
         why = name_problem(name) or ("also a directory" if name in dirs else None)
         if why:
             problems.append(f"{name!r} hidden: {why}")
         else:
-            files[name] = size
+            files[name] = version
     return files, dirs, problems
+
+
+def _is_table(files):
+    """Whether a prefix's objects are a MultiFile-stored casacore table."""
+    return "table.dat" in files and any(n in files for n in TABLE_CONTAINERS)
 
 
 class RemotePrefix(DirectorySource):
@@ -64,11 +76,17 @@ class RemotePrefix(DirectorySource):
         for text in problems:
             log.warning("%s: %s", self.label, text)
         self.problems.extend(problems)
-        self._stores = {}
+        self._stores = {}  # name -> the RemoteStore of a plain file
+        self._container_stores = {}  # name -> the RemoteStore under a nested container
         self.listed_at = time.time()
+        self._listed = time.monotonic()  # when the last listing ended
+        self._relisting = False  # a listing in flight (a background thread)
+        self._relisted = None  # a listing it found, applied at the next check
+        self._unreachable = False  # the last listing failed (logged once until it recovers)
+        self.outdated = False  # the listing now asks for another kind of directory source
 
     def _new_store(self, name):
-        return RemoteStore(self.label + name, self.options,
+        return RemoteStore(self.label + name, self.options, version=self._files[name],
                            backend=self.backend.for_key(self.prefix + name))
 
     def _store(self, name):
@@ -86,7 +104,7 @@ class RemotePrefix(DirectorySource):
 
     def entry_size(self, key):
         if key in self._files:
-            return self._files[key]
+            return self._files[key].size
         if key in self._dirs:
             return 0
         raise FileNotFoundError(key)
@@ -95,7 +113,7 @@ class RemotePrefix(DirectorySource):
         return -(-self.entry_size(key) // 4096)
 
     def usage(self):
-        return Usage(4096, sum(-(-size // 4096) for size in self._files.values()), 0)
+        return Usage(4096, sum(-(-v.size // 4096) for v in self._files.values()), 0)
 
     def read(self, key, offset, size):
         if key not in self._files:
@@ -111,8 +129,9 @@ class RemotePrefix(DirectorySource):
                                              recurse=self.recurse, verify_crc=self.verify_crc)
         if not (self.recurse and name in self._files and name.endswith(CONTAINER_SUFFIXES)):
             return None
+        store = self._container_stores[name] = self._new_store(name)
         try:
-            return open_from_store(self._new_store(name), verify_crc=self.verify_crc)
+            return open_from_store(store, verify_crc=self.verify_crc)
         except CtdsfsError as exc:
             self.problems.append(f"{name!r} shown as a file: {exc}")
             log.warning("%s: %r shown as a file: %s", self.label, name, exc)
@@ -122,9 +141,102 @@ class RemotePrefix(DirectorySource):
         """What a mount shows as this directory's owner, modes and times."""
         return source_stat(self.listed_at)
 
+    # ------------------------------------------------------------ coherence
+
+    def reload_if_changed(self):
+        """Apply a listing the background found, start the next one when it is due, and
+        do the same in the sub-prefixes looked at; True if anything shown changed.
+        Never waits for the server."""
+        with self._lock:
+            listing, self._relisted = self._relisted, None
+            stale = any(s.stale for s in [*self._stores.values(),
+                                          *self._container_stores.values()])
+            interval = max(self.options.revalidate, UNREACHABLE_RECHECK) \
+                if self._unreachable else self.options.revalidate
+            if not self._relisting and listing is None \
+                    and (stale or time.monotonic() - self._listed >= interval):
+                self._relisting = True
+                threading.Thread(target=self._relist, name="ctdsfs-list", daemon=True).start()
+            children = [(n, c) for n, c in self._nested.items() if isinstance(c, RemotePrefix)]
+        changed = listing is not None and self._apply(listing)
+        for name, child in children:
+            changed = child.reload_if_changed() or changed
+            if child.outdated:
+                self._reopen(name, child)
+        return changed
+
+    def _relist(self):
+        """One LIST (no retries: the next check asks again); its listing waits in
+        ``_relisted``, a failure is logged once until the server answers again."""
+        once = dataclasses.replace(self.options, retries=0)
+        listing = None
+        try:
+            listing = _listing(self.backend, self.prefix, once, self.label)
+        except CtdsfsError as exc:
+            if not self._unreachable:
+                log.warning("%s: cannot list it again (%s)", self.label, exc)
+            self._unreachable = True
+        else:
+            if self._unreachable:
+                log.info("%s: reachable again", self.label)
+            self._unreachable = False
+        finally:  # whatever happened, the next check may list again
+            with self._lock:
+                self._relisted, self._relisting = listing, False
+                self._listed = time.monotonic()
+
+    def _apply(self, listing):
+        """Show ``listing``; the stores and containers of objects replaced or gone are
+        closed (a name asked for again opens the listed version). True if it differs."""
+        files, dirs, problems = listing
+        with self._lock:
+            if (files, dirs) == (self._files, self._dirs):
+                return False
+            gone = {n for n, v in self._files.items() if files.get(n) != v} | (self._dirs - dirs)
+            changes = len(gone | (files.keys() - self._files.keys()) | (dirs - self._dirs))
+            retired = [holder.pop(n) for holder in (self._stores, self._container_stores,
+                                                    self._nested)
+                       for n in gone if n in holder]
+            self._files, self._dirs = files, dirs
+            new_problems = [p for p in problems if p not in self.problems]
+            self.problems.extend(new_problems[:max(0, MAX_PROBLEMS - len(self.problems))])
+            self.listed_at = time.time()
+            self.outdated = self._is_outdated()
+        for text in new_problems:
+            log.warning("%s: %s", self.label, text)
+        for thing in retired:
+            if thing is not None:
+                thing.close()
+        log.info("%s: listed again: %d name(s) new, replaced or gone", self.label, changes)
+        return True
+
+    def _is_outdated(self):
+        """A table appeared: the parent reopens this prefix as a table view."""
+        return _is_table(self._files)
+
+    def _listing_now(self):
+        """The listing shown, as ``_listing`` gives one (its problems already logged)."""
+        return self._files, self._dirs, []
+
+    def _reopen(self, name, child):
+        """Open sub-prefix ``name`` again (a table appeared in it, or its table went); if
+        that fails it stays as it is until its listing changes again."""
+        child.outdated = False
+        try:
+            new = remote_directory_or_table(self.backend, child.prefix, self.options,
+                                            listing=child._listing_now(), recurse=self.recurse,
+                                            verify_crc=self.verify_crc)
+        except CtdsfsError as exc:
+            log.warning("%s: cannot open it again: %s", child.label, exc)
+            return
+        with self._lock:
+            if self._nested.get(name) is child:
+                self._nested[name] = new
+        child.close()
+
     def close(self):
         super().close()
-        for store in self._stores.values():
+        for store in [*self._stores.values(), *self._container_stores.values()]:
             store.close()
 
 
@@ -135,13 +247,31 @@ class RemoteTableView(TableView, RemotePrefix):
     def __init__(self, backend, prefix, options, *, listing, **flags):
         RemotePrefix.__init__(self, backend, prefix, options, listing=listing, **flags)
         self.container_name = next(n for n in TABLE_CONTAINERS if n in self._files)
-        self.container = open_from_store(self._new_store(self.container_name),
-                                         verify_crc=self.verify_crc)
+        self.container = self._open_table_container()
         self._staged = None
         self._translated = None
 
+    def _open_table_container(self):
+        store = self._container_stores[self.container_name] = \
+            self._new_store(self.container_name)
+        return open_from_store(store, verify_crc=self.verify_crc)
+
+    def _apply(self, listing):
+        """A replaced table container is reopened (table.dat follows its ETag by itself)."""
+        stored = self._files.get(self.container_name)
+        if not RemotePrefix._apply(self, listing):
+            return False
+        if not self.outdated and self._files[self.container_name] != stored:
+            old, self.container = self.container, self._open_table_container()
+            old.close()
+        return True
+
+    def _is_outdated(self):
+        """No table any more: the parent reopens this prefix as a plain one."""
+        return self.container_name not in self._files or not _is_table(self._files)
+
     def _stored_table_dat(self):
-        size = self._files["table.dat"]
+        size = self._files["table.dat"].size
         if size > MAX_TABLE_DAT:
             raise CtdsfsError(f"{self.label}table.dat: {size} bytes is no table.dat")
         return self._store("table.dat").pread(0, size)
@@ -153,9 +283,8 @@ class RemoteTableView(TableView, RemotePrefix):
 def remote_directory_or_table(backend, prefix, options, **flags):
     """The table view of a prefix holding a MultiFile-stored table, else the prefix."""
     label = f"s3://{backend.bucket}/{prefix}"
-    listing = _listing(backend, prefix, options, label)
-    files = listing[0]
-    if "table.dat" in files and any(n in files for n in TABLE_CONTAINERS):
+    listing = flags.pop("listing", None) or _listing(backend, prefix, options, label)
+    if _is_table(listing[0]):
         try:
             return RemoteTableView(backend, prefix, options, listing=listing, **flags)
         except CtdsfsError as exc:
