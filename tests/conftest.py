@@ -7,8 +7,10 @@ then the child is ended by PID if it is still there.
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -88,6 +90,18 @@ class Mount:
     def log_text(self):
         self.logfile.flush()
         return self.log.read_text()
+
+    def kill_after(self, seconds):
+        """SIGKILL the daemon ``seconds`` from now: a crash test's kill point."""
+        self._killer = threading.Timer(seconds, self.proc.send_signal, [signal.SIGKILL])
+        self._killer.start()
+
+    def reap_killed(self):
+        """After ``kill_after``: wait for the kill, then clear away the dead mount."""
+        self._killer.join()
+        self.proc.wait(timeout=20)
+        unmount(self.mountpoint)
+        self.logfile.close()
 
     def close(self):
         unmount(self.mountpoint)

@@ -555,10 +555,7 @@ def test_kill_9_during_writes_leaves_old_or_new(damaged, tmp_path):
     killed at any moment leaves bcolz reading values k or k + 1 only (each superchunk old
     or new), and a length from before the append in flight up to after it (meta/sizes is
     never ahead of the data: items past the data would read as garbage or fail)."""
-    from .conftest import Mount, unmount
-    import signal
-    import threading
-
+    from .conftest import Mount
     if not os.path.exists("/dev/fuse"):
         pytest.skip("FUSE is not available")
     root = damaged("float64_clevel0")  # chunklen 1024, 2500 items
@@ -572,8 +569,7 @@ def test_kill_9_during_writes_leaves_old_or_new(damaged, tmp_path):
     outcomes = set()
     for _ in range(8):
         m = Mount(root, mnt, options=["rw"], log=tmp_path / "kill.log")
-        killer = threading.Timer(rng.uniform(0.0, 0.4), m.proc.send_signal, [signal.SIGKILL])
-        killer.start()
+        m.kill_after(rng.uniform(0.0, 0.4))
         try:
             while True:
                 k = done + 1
@@ -588,10 +584,7 @@ def test_kill_9_during_writes_leaves_old_or_new(damaged, tmp_path):
                 done, length = k, length + 500
         except OSError:
             pass
-        killer.join()
-        m.proc.wait(timeout=20)
-        unmount(mnt)
-        m.logfile.close()
+        m.reap_killed()
         values = bcolz.open(str(root))[:]
         assert length <= len(values) <= length + 500  # (whole items of the append in flight)
         assert set(np.unique(values)) <= {float(done), float(done + 1)}, (done, values)

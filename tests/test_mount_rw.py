@@ -5,10 +5,8 @@ import json
 import os
 import random
 import shutil
-import signal
 import subprocess
 import sys
-import threading
 import time
 
 import pytest
@@ -380,8 +378,7 @@ def test_kill_9_never_loses_a_commit(tmp_path, name, points, block_size):
     for point in range(points):
         m = Mount(container, mnt, options=["rw", "commit=3600"], log=tmp_path / "crash.log")
         delay = rng.uniform(0.0, 0.25)
-        killer = threading.Timer(delay, lambda p=m.proc: p.send_signal(signal.SIGKILL))
-        killer.start()
+        m.kill_after(delay)
         try:
             while True:
                 name = rng.choice(names)
@@ -414,10 +411,7 @@ def test_kill_9_never_loses_a_commit(tmp_path, name, points, block_size):
                 state = expected
         except OSError:
             pass  # the daemon is gone
-        killer.join()
-        m.proc.wait(timeout=20)
-        unmount(mnt)
-        m.logfile.close()
+        m.reap_killed()
         got = snapshot(open_container(container))
         if got == state:
             outcomes["old"] += 1

@@ -5,9 +5,7 @@ import json
 import math
 import os
 import random
-import signal
 import struct
-import threading
 import zlib
 
 import numpy as np
@@ -19,7 +17,7 @@ from ctdsfs.formats.pycauset import (Pycauset, decode_typed, encode_typed, from_
                                      metadata_block, to_json)
 from ctdsfs.formats.store import FileStore
 
-from .conftest import Mount, unmount
+from .conftest import Mount
 
 import pycauset  # noqa: E402  (a test extra: the ground truth writer and reader)
 from pycauset._internal.persistence import read_typed_metadata  # noqa: E402
@@ -336,8 +334,7 @@ def test_kill_9_during_metadata_commits(workdir, tmp_path):
     outcomes = {"old": 0, "new": 0}
     for point in range(30):
         m = Mount(path, mnt, options=["rw"], log=tmp_path / "kill.log")
-        killer = threading.Timer(rng.uniform(0.0, 0.2), lambda p=m.proc: p.send_signal(signal.SIGKILL))
-        killer.start()
+        m.kill_after(rng.uniform(0.0, 0.2))
         counter = acked if acked is not None else 0
         try:
             while True:
@@ -350,10 +347,7 @@ def test_kill_9_during_metadata_commits(workdir, tmp_path):
                 acked = counter
         except OSError:
             pass
-        killer.join()
-        m.proc.wait(timeout=20)
-        unmount(mnt)
-        m.logfile.close()
+        m.reap_killed()
         loaded = pycauset.load(str(path))  # pycauset itself always loads the file
         got = loaded.properties.get("counter") if "counter" in loaded.properties else None
         assert got in (acked, counter), (point, got, acked, counter)

@@ -227,3 +227,29 @@ class Container(ABC):
 
     def abandon(self):
         """Release the underlying file without committing (its creator deletes it)."""
+
+
+class DerivedView(Container):
+    """A directory computed from a source's own files (a bcolz rootdir, a TileDB array).
+
+    What it shows is worked out from those files, and what it writes (if it
+    writes) goes to them at once: nothing waits for a commit unless a subclass
+    says so. Closing closes the views shown inside it (``_shown_views``).
+    """
+
+    @property
+    def dirty(self):
+        return False
+
+    def commit(self):
+        return False
+
+    def reload_if_changed(self):
+        return False
+
+    def _shown_views(self):
+        return ()
+
+    def close(self):
+        for view in self._shown_views():
+            view.close()

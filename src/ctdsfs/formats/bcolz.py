@@ -36,6 +36,7 @@ first, ``meta/sizes`` last, so a crash leaves it never ahead of the data.
 Everything else is refused (EPERM) with a log line.
 """
 
+import contextlib
 import io
 import json
 import logging
@@ -50,10 +51,10 @@ from collections import OrderedDict
 import blosc
 import numpy as np
 
-from ..container import Container, Usage, name_problem
+from ..container import Container, DerivedView, Usage, name_problem
 from ..errors import BlockError, CtdsfsError, FormatError, NotPermitted, ReadOnlyError
 from .blosc_chunk import BLOSC_HEADER, CHECKSUMS, Chunk, ChunkCache, file_identity
-from .store import fsync_path, lock_for_writing
+from .store import fsync_path, lock_for_writing, write_synced
 
 log = logging.getLogger(__name__)
 
@@ -207,7 +208,7 @@ def refuse(label, why):
     return NotPermitted(f"{label}: {why}")
 
 
-class _View(Container):
+class _View(DerivedView):
     """A translated directory: file objects (``size``, ``read``, ``write``) and subdirectories."""
 
     checks_reads = True  # reads decompress
@@ -268,8 +269,6 @@ class _View(Container):
     def usage(self):
         return Usage(BLOCK_SIZE, 0, 0)
 
-    def reload_if_changed(self):
-        return False
 
     def _writable_entry(self, key):
         if not self.writable:
@@ -295,17 +294,11 @@ class _View(Container):
 
     make_nested = remove = rename = create
 
-    @property
-    def dirty(self):
-        return False
-
-    def commit(self):
-        return False
+    def _shown_views(self):
+        return [e for e in self._entries.values() if isinstance(e, Container)]
 
     def close(self):
-        for entry in self._entries.values():
-            if isinstance(entry, Container):
-                entry.close()
+        super().close()
         if self._writer_lock is not None:
             os.close(self._writer_lock)
             self._writer_lock = None
@@ -906,19 +899,12 @@ def _replace_file(path, data):
     rename over the old one, fsync of the directory."""
     folder, name = os.path.split(path)
     temporary = os.path.join(folder, f".{name}.ctdsfs-new")
-    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
-                 | os.O_NOFOLLOW, 0o644)
     try:
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        write_synced(temporary, data)
         os.replace(temporary, path)
     except OSError:
-        os.unlink(temporary)
+        with contextlib.suppress(OSError):  # (the new file may never have been made)
+            os.unlink(temporary)
         raise
     fsync_path(folder)
 

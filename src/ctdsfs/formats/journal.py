@@ -28,7 +28,7 @@ import struct
 import zlib
 
 from ..errors import ContainerFull, CtdsfsError, FormatError
-from .store import fsync_path, lock_for_writing
+from .store import fsync_path, lock_for_writing, write_synced
 
 PAGE = 4096
 JOURNAL_SUFFIX = ".ctdsfs-journal"
@@ -286,15 +286,7 @@ class JournaledFile:
             parts += (PAGE_HEAD.pack(page), bytes(pages[page]))
         body = b"".join(parts)
         body += TAIL.pack(MAGIC, zlib.crc32(body))
-        fd = os.open(journal_path(self.path), os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC,
-                     0o644)
-        try:
-            view = memoryview(body)
-            while view:
-                view = view[os.write(fd, view):]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        write_synced(journal_path(self.path), body)
         _fsync_directory(self.path)
 
     def close(self):

@@ -123,6 +123,19 @@ def fsync_path(path):
         os.close(fd)
 
 
+def write_synced(path, data):
+    """Write ``data`` as the whole content of ``path`` (never through a link) and fsync it."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW,
+                 0o644)
+    try:
+        view = memoryview(data).cast("B")
+        while view:
+            view = view[os.write(fd, view):]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def lock_for_writing(fd, label):
     """Take the writer's advisory lock on ``fd``, or fail with a clear message if another
     writer has it."""

@@ -34,7 +34,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 
-from ..container import Container, Usage, name_problem
+from ..container import Container, DerivedView, Usage, name_problem
 from ..errors import BlockError, CtdsfsError, FormatError, ReadOnlyError
 from . import tiledb_filters as tf
 from .pycauset import npy_header
@@ -623,7 +623,7 @@ def fields_of(schema, has_timestamps, has_delete_meta, legacy=False):
 
 # ---------------------------------------------------------------- read-only directories
 
-class _Directory(Container):
+class _Directory(DerivedView):
     """A read-only translated directory: entries built on first use by ``_build()``.
 
     An entry is bytes, a ``_Lazy`` file, or a nested container.
@@ -691,25 +691,14 @@ class _Directory(Container):
                 "files": [{"name": n, "size": self.entry_size(n)} for n in self.names()],
                 "problems": list(self.problems)}
 
-    def reload_if_changed(self):
-        return False
 
     def _refuse(self, *args, **kwargs):
         raise ReadOnlyError(f"{self.label} is read-only (TileDB arrays are shown read-only)")
 
     create = write = truncate = remove = rename = make_nested = _refuse
 
-    @property
-    def dirty(self):
-        return False
-
-    def commit(self):
-        return False
-
-    def close(self):
-        for entry in list((self._entries_cache or {}).values()):
-            if isinstance(entry, Container):
-                entry.close()
+    def _shown_views(self):
+        return [e for e in list((self._entries_cache or {}).values()) if isinstance(e, Container)]
 
 
 class _Lazy:
