@@ -354,145 +354,11 @@ def _main_parser():
     return parser
 
 
-def _print_pycauset_info(info, out):
-    lines = [f"{printable(info['container'])}: .pycauset version "
-             f"{info['preamble']['format_version']}, "
-             f"{info['file_size']} bytes, active slot {info['active_slot']}"]
-    for name, slot in info["slots"].items():
-        state = "valid" if slot["valid"] else f"INVALID: {slot['problem']}"
-        lines.append(f"  slot {name}  generation {slot['generation']}, payload "
-                     f"{slot['payload_length']} bytes at {slot['payload_offset']}, metadata "
-                     f"{slot['metadata_length']} bytes at {slot['metadata_offset']} ({state})")
-    block = info["metadata_block"]
-    lines.append(f"  metadata block  {block['magic']} v{block['block_version']}, encoding "
-                 f"v{block['encoding_version']}, payload {block['payload_length']} bytes, "
-                 f"crc32 0x{block['payload_crc32']:08x}")
-    lines.append("  metadata")
-    lines += ["    " + line for line in json.dumps(info["metadata"], indent=2,
-                                                  sort_keys=True).splitlines()]
-    lines.append("  files")
-    lines += [f"    {f['size']:>10}  {f['name']}" for f in info["files"]]  # fixed names
-    print("\n".join(lines), file=out)  # the metadata is JSON, escaped already
-
-
-def _print_tiledb_info(info, out):
-    schema = info["schema"]
-    lines = [f"{info['container']}: TileDB {schema['array_type']} array, schema version "
-             f"{schema['version']}, {len(info['schemas'])} schema(s), "
-             f"{len(info['fragments'])} fragment(s)",
-             f"  order            tiles {schema['tile_order']}, cells {schema['cell_order']}, "
-             f"capacity {schema['capacity']}"]
-    for kind, fields in (("dimension", schema["dimensions"]), ("attribute", schema["attributes"])):
-        for f in fields:
-            filters = "+".join(g["name"] for g in (f["filters"] or {"filters": []})["filters"])
-            extra = f" domain {f['domain']} tile {f['tile_extent']}" if kind == "dimension" else ""
-            lines.append(f"  {kind:<16} {f['name']}: {f['type']} x {f['cell_val_num']}"
-                         f"{extra}{' nullable' if f.get('nullable') else ''}"
-                         f" [{filters or 'no filters'}]")
-    lines.append(f"  metadata keys    {', '.join(info['metadata']) or 'none'}")
-    for frag in info["fragments"]:
-        if "problem" in frag:
-            lines.append(f"  fragment {frag['name']}: {frag['problem']}")
-        else:
-            lines.append(f"  fragment {frag['name']}: v{frag['version']}, {frag['tiles']} tiles, "
-                         f"{frag['cells']} cells, non-empty domain {frag['non_empty_domain']}")
-    lines += [f"  problem: {p}" for p in info["problems"]]
-    _print_lines(lines, out)
-
-
 def _print_lines(lines, out):
     """Print lines holding container-derived text (names, labels, problems): each goes
     through :func:`printable`, so no name can put control bytes or undecodable bytes
     on the terminal, whatever the locale."""
     print("\n".join(map(printable, lines)), file=out)
-
-
-def _print_multihdf5_info(info, out):
-    lines = [f"{info['container']}: MultiHDF5",
-             f"  block size       {info['block_size']}",
-             f"  header counter   {info['header_counter']}",
-             f"  files            {len(info['files'])}"]
-    lines += [f"    {f['size']:>10}  {f['blocks']:>6}  {f['name']}"
-              f"{'/  (nested container)' if f['nested'] else ''}" for f in info["files"]]
-    lines += [f"  problem: {p}" for p in info["problems"]]
-    _print_lines(lines, out)
-
-
-def _bcolz_carray_lines(info, indent):
-    cparams = info["cparams"] if isinstance(info["cparams"], dict) else {}
-    return [f"{indent}dtype {info['dtype']}, shape {tuple(info['shape'])}, chunklen "
-            f"{info['chunklen']}, {info['chunks']} chunks, {cparams.get('cname')} clevel "
-            f"{cparams.get('clevel')} shuffle {cparams.get('shuffle')}"] + [
-        f"{indent}problem: {p}" for p in info["problems"]]
-
-
-def _print_bcolz_info(info, out):
-    lines = [f"{info['container']}: {info['format']}"]
-    if info["format"] == "bcolz carray":
-        lines += _bcolz_carray_lines(info, "  ")
-    elif info["format"] == "bcolz ctable":
-        lines.append(f"  columns          {len(info['columns'])}")
-        for column in info["columns"]:
-            lines.append(f"    {os.path.basename(column['container'])}")
-            lines += _bcolz_carray_lines(column, "      ")
-        lines += [f"  problem: {p}" for p in info["problems"]]
-    else:
-        header = info["header"]
-        lines.append("  header           " + ", ".join(
-            f"{k} {v}" for k, v in header.items() if k != "chunk_offsets"))
-        lines.append(f"  file size        {info['file_size']}")
-        lines += [f"    chunk {i}  " + (c.get("problem") or
-                                        f"{c['nbytes']} bytes from {c['cbytes']} at "
-                                        f"{c['offset']}, {c['compressor']}, shuffle "
-                                        f"{c['shuffle']}")
-                  for i, c in enumerate(info["chunks"])]
-        lines += [f"  problem: {p}" for p in info["problems"]]
-    lines.append(f"  attrs            {json.dumps(info.get('attrs', {}))}"
-                 if "attrs" in info else "  metadata         " + json.dumps(info["metadata"]))
-    _print_lines(lines, out)
-
-
-def _print_info(info, out):
-    if info["format"] == "pycauset":
-        return _print_pycauset_info(info, out)
-    if info["format"] in ("bcolz carray", "bcolz ctable", "bloscpack"):
-        return _print_bcolz_info(info, out)
-    if info["format"] == "MultiHDF5":
-        return _print_multihdf5_info(info, out)
-    if info["format"] == "TileDB":
-        return _print_tiledb_info(info, out)
-    version = info["version"]
-    lines = [f"{info['container']}: {info['format']} version {version}",
-             f"  block size       {info['block_size']}",
-             f"  blocks           {info['blocks']}",
-             f"  CRC              {'yes' if info['crc'] else 'no'}",
-             f"  header counter   {info['header_counter']}",
-             f"  header size      {info['header_size']} bytes"]
-    if version == 1:
-        lines.append(f"  _hdrext file     {'yes' if info['hdrext'] else 'no'}")
-    else:
-        cont = info["continuation"]
-        lines.append(f"  continuation     active set {cont['active_set']}, first block "
-                     f"{cont['first_block']}, used {cont['used'][0]}/{cont['used'][1]}")
-        for i, blocks in enumerate(cont["sets"]):
-            lines.append(f"    set {i}          {_block_list(blocks)}")
-    lines.append(f"  free blocks      {_block_list(info['free_blocks'])}")
-    lines.append(f"  files            {len(info['files'])}")
-    width = max([len(str(f["size"])) for f in info["files"]] + [4])
-    lines.append(f"    {'SIZE':>{width}}  {'BLOCKS':>6}  NAME")
-    for f in info["files"]:
-        suffix = "/  (nested container)" if f["nested"] else ""
-        lines.append(f"    {f['size']:>{width}}  {f['blocks']:>6}  {f['name']}{suffix}")
-    for problem in info["problems"]:
-        lines.append(f"  problem: {problem}")
-    _print_lines(lines, out)
-
-
-def _block_list(blocks):
-    if not blocks:
-        return "none"
-    shown = ", ".join(map(str, blocks[:20]))
-    return f"{len(blocks)}: [{shown}{', ...' if len(blocks) > 20 else ''}]"
 
 
 def _walk(container, path):
@@ -691,7 +557,7 @@ def main(argv=None):
                 json.dump(data, sys.stdout, indent=2)
                 sys.stdout.write("\n")
             else:
-                _print_info(data, sys.stdout)
+                _print_lines(container.info_lines(data), sys.stdout)
                 if bmap:
                     sys.stdout.write(_map_text(bmap))
             return 0

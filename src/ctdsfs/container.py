@@ -105,6 +105,13 @@ class Container(ABC):
     def describe(self):
         """A JSON-ready dict of the container's internals (``ctdsfs info``)."""
 
+    def info_lines(self, info):
+        """``ctdsfs info`` as text, from what :meth:`describe` gave (formats say more)."""
+        return ([f"{info['container']}: {info['format']}"]
+                + [f"    {f['size']:>10}  {f['name']}{'/' if f.get('nested') else ''}"
+                   for f in info.get("files", [])]
+                + [f"  problem: {p}" for p in info.get("problems", [])])
+
     def check(self, bar=None):
         """(problems, notes) of ``ctdsfs check``, each a 'location: text' line.
 

@@ -51,6 +51,10 @@ class BlockError(CtdsfsError):
         super().__init__(message)
         self.detail = detail or message
 
+class Escaped(str):
+    """Text made safe for a terminal already (JSON with its own escapes): printable() keeps it."""
+
+
 def printable(text):
     """``text`` (names and messages from containers are untrusted) made safe for one terminal
     or log line, in the manner of ``ls -b``.
@@ -61,6 +65,8 @@ def printable(text):
     a backslash ``\\\\``. So nothing raw reaches the terminal, any UTF-8 locale
     can print the result, and two different names never print alike.
     """
+    if isinstance(text, Escaped):
+        return text
     text = str(text)
     if text.isprintable() and "\\" not in text:
         return text

@@ -135,6 +135,19 @@ def npy_header(descr, shape):
 
 # ---------------------------------------------------------------- views
 
+def _carray_info_lines(info, indent):
+    """A carray's line of ``ctdsfs info`` (and its problems), for a carray or a ctable column."""
+    cparams = info["cparams"] if isinstance(info["cparams"], dict) else {}
+    return [f"{indent}dtype {info['dtype']}, shape {tuple(info['shape'])}, chunklen "
+            f"{info['chunklen']}, {info['chunks']} chunks, {cparams.get('cname')} clevel "
+            f"{cparams.get('clevel')} shuffle {cparams.get('shuffle')}"] + [
+        f"{indent}problem: {p}" for p in info["problems"]]
+
+
+def _attrs_line(info):
+    return f"  attrs            {json.dumps(info.get('attrs', {}))}"
+
+
 class _Bytes:
     """A read-only file whose bytes ``make()`` makes on first use, and again once
     ``version()`` (what they derive from) has changed."""
@@ -595,6 +608,11 @@ class Carray(_View):
                                       "chunks": 1},
                 "chunks": self.chunk_headers()}
 
+    def info_lines(self, info):
+        """``ctdsfs info`` as text, from what describe() gave."""
+        return [f"{info['container']}: {info['format']}", *_carray_info_lines(info, "  "),
+                _attrs_line(info)]
+
     def describe(self):
         return {"container": self.label, "format": "bcolz carray",
                 "dtype": str(self.dtype), "shape": list(self.shape),
@@ -694,6 +712,16 @@ class Ctable(_View):
 
     def write_data(self, start, data):
         raise refuse(f"{self.label}/table.npy", "write a column's COLUMN.npy instead")
+
+    def info_lines(self, info):
+        """``ctdsfs info`` as text, from what describe() gave."""
+        lines = [f"{info['container']}: {info['format']}",
+                 f"  columns          {len(info['columns'])}"]
+        for column in info["columns"]:
+            lines.append(f"    {os.path.basename(column['container'])}")
+            lines += _carray_info_lines(column, "      ")
+        lines += [f"  problem: {p}" for p in info["problems"]]
+        return lines + [_attrs_line(info)]
 
     def describe(self):
         return {"container": self.label, "format": "bcolz ctable", "attrs": self.attrs,
@@ -872,6 +900,23 @@ class BloscpackFile(_View):
                 chunks.append({"offset": chunk.offset, "problem": str(exc)})
         return {"header": self.header, "metadata": self.metadata, "file_size": self.file_size,
                 "chunks": chunks}
+
+    def info_lines(self, info):
+        """``ctdsfs info`` as text, from what describe() gave."""
+        header = info["header"]
+        lines = [f"{info['container']}: {info['format']}",
+                 "  header           " + ", ".join(
+                     f"{k} {v}" for k, v in header.items() if k != "chunk_offsets"),
+                 f"  file size        {info['file_size']}"]
+        lines += [f"    chunk {i}  " + (c.get("problem") or
+                                        f"{c['nbytes']} bytes from {c['cbytes']} at "
+                                        f"{c['offset']}, {c['compressor']}, shuffle "
+                                        f"{c['shuffle']}")
+                  for i, c in enumerate(info["chunks"])]
+        lines += [f"  problem: {p}" for p in info["problems"]]
+        if "attrs" in info:
+            return lines + [_attrs_line(info)]
+        return lines + ["  metadata         " + json.dumps(info["metadata"])]
 
     def describe(self):
         return {"container": self.label, "format": "bloscpack", **self.header_json(),

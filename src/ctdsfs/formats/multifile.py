@@ -933,6 +933,34 @@ class MultiFile(Container):
 
     # ------------------------------------------------------------ description
 
+    def info_lines(self, info):
+        """``ctdsfs info`` as text, from what describe() gave."""
+        version = info["version"]
+        lines = [f"{info['container']}: {info['format']} version {version}",
+                 f"  block size       {info['block_size']}",
+                 f"  blocks           {info['blocks']}",
+                 f"  CRC              {'yes' if info['crc'] else 'no'}",
+                 f"  header counter   {info['header_counter']}",
+                 f"  header size      {info['header_size']} bytes"]
+        if version == 1:
+            lines.append(f"  _hdrext file     {'yes' if info['hdrext'] else 'no'}")
+        else:
+            cont = info["continuation"]
+            lines.append(f"  continuation     active set {cont['active_set']}, first block "
+                         f"{cont['first_block']}, used {cont['used'][0]}/{cont['used'][1]}")
+            for i, blocks in enumerate(cont["sets"]):
+                lines.append(f"    set {i}          {_block_list_text(blocks)}")
+        lines.append(f"  free blocks      {_block_list_text(info['free_blocks'])}")
+        lines.append(f"  files            {len(info['files'])}")
+        width = max([len(str(f["size"])) for f in info["files"]] + [4])
+        lines.append(f"    {'SIZE':>{width}}  {'BLOCKS':>6}  NAME")
+        for f in info["files"]:
+            suffix = "/  (nested container)" if f["nested"] else ""
+            lines.append(f"    {f['size']:>{width}}  {f['blocks']:>6}  {f['name']}{suffix}")
+        for problem in info["problems"]:
+            lines.append(f"  problem: {problem}")
+        return lines
+
     def describe(self):
         h = self.header
         info = {
@@ -1001,3 +1029,11 @@ def create_file(path, *, variant, block_size, use_crc):
         store.close()
         os.unlink(path)
         raise
+
+
+def _block_list_text(blocks):
+    """A block list for ``ctdsfs info``: the count and the first 20."""
+    if not blocks:
+        return "none"
+    shown = ", ".join(map(str, blocks[:20]))
+    return f"{len(blocks)}: [{shown}{', ...' if len(blocks) > 20 else ''}]"

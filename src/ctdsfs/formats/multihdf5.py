@@ -435,6 +435,17 @@ class MultiHDF5(Container):
                           for n, f in list(self._entries.items())],
                 "problems": list(self.problems)}
 
+    def info_lines(self, info):
+        """``ctdsfs info`` as text, from what describe() gave."""
+        lines = [f"{info['container']}: MultiHDF5",
+                 f"  block size       {info['block_size']}",
+                 f"  header counter   {info['header_counter']}",
+                 f"  files            {len(info['files'])}"]
+        lines += [f"    {f['size']:>10}  {f['blocks']:>6}  {f['name']}"
+                  f"{'/  (nested container)' if f['nested'] else ''}" for f in info["files"]]
+        lines += [f"  problem: {p}" for p in info["problems"]]
+        return lines
+
     def _rows(self, f):
         """Rows of the file's dataset (a nested container may have none); None if unreadable."""
         try:

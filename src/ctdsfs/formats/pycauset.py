@@ -38,7 +38,7 @@ import zlib
 from dataclasses import dataclass
 
 from ..container import Container, Usage
-from ..errors import CtdsfsError, FormatError, NotPermitted, ReadOnlyError
+from ..errors import CtdsfsError, Escaped, FormatError, NotPermitted, ReadOnlyError
 from .store import open_store
 
 log = logging.getLogger(__name__)
@@ -656,6 +656,27 @@ class Pycauset(Container):
                      "metadata": to_json(self.metadata), "files": [
                          {"name": n, "size": self.entry_size(n)} for n in self.names()]})
         return info
+
+    def info_lines(self, info):
+        """``ctdsfs info`` as text, from what describe() gave."""
+        lines = [f"{info['container']}: .pycauset version "
+                 f"{info['preamble']['format_version']}, "
+                 f"{info['file_size']} bytes, active slot {info['active_slot']}"]
+        for name, slot in info["slots"].items():
+            state = "valid" if slot["valid"] else f"INVALID: {slot['problem']}"
+            lines.append(f"  slot {name}  generation {slot['generation']}, payload "
+                         f"{slot['payload_length']} bytes at {slot['payload_offset']}, metadata "
+                         f"{slot['metadata_length']} bytes at {slot['metadata_offset']} ({state})")
+        block = info["metadata_block"]
+        lines.append(f"  metadata block  {block['magic']} v{block['block_version']}, encoding "
+                     f"v{block['encoding_version']}, payload {block['payload_length']} bytes, "
+                     f"crc32 0x{block['payload_crc32']:08x}")
+        lines.append("  metadata")
+        lines += [Escaped("    " + line) for line in json.dumps(info["metadata"], indent=2,
+                                                              sort_keys=True).splitlines()]
+        lines.append("  files")
+        lines += [f"    {f['size']:>10}  {f['name']}" for f in info["files"]]  # fixed names
+        return lines
 
     def close(self):
         """Commit a metadata.json still pending (if it is valid), release the file."""

@@ -1481,6 +1481,31 @@ class TileDBArray(_Directory):
 
     # -- commands
 
+    def info_lines(self, info):
+        """``ctdsfs info`` as text, from what describe() gave."""
+        schema = info["schema"]
+        lines = [f"{info['container']}: TileDB {schema['array_type']} array, schema version "
+                 f"{schema['version']}, {len(info['schemas'])} schema(s), "
+                 f"{len(info['fragments'])} fragment(s)",
+                 f"  order            tiles {schema['tile_order']}, cells {schema['cell_order']}, "
+                 f"capacity {schema['capacity']}"]
+        for kind, fields in (("dimension", schema["dimensions"]), ("attribute", schema["attributes"])):
+            for f in fields:
+                filters = "+".join(g["name"] for g in (f["filters"] or {"filters": []})["filters"])
+                extra = f" domain {f['domain']} tile {f['tile_extent']}" if kind == "dimension" else ""
+                lines.append(f"  {kind:<16} {f['name']}: {f['type']} x {f['cell_val_num']}"
+                             f"{extra}{' nullable' if f.get('nullable') else ''}"
+                             f" [{filters or 'no filters'}]")
+        lines.append(f"  metadata keys    {', '.join(info['metadata']) or 'none'}")
+        for frag in info["fragments"]:
+            if "problem" in frag:
+                lines.append(f"  fragment {frag['name']}: {frag['problem']}")
+            else:
+                lines.append(f"  fragment {frag['name']}: v{frag['version']}, {frag['tiles']} tiles, "
+                             f"{frag['cells']} cells, non-empty domain {frag['non_empty_domain']}")
+        lines += [f"  problem: {p}" for p in info["problems"]]
+        return lines
+
     def describe(self):
         info = {"container": self.label, "format": "TileDB",
                 "schema": schema_json(self.schema), "schemas": self.schema_names,
