@@ -71,7 +71,7 @@ class FSError(Exception):
         self.errno = code
 
 
-@dataclass
+@dataclass(slots=True)
 class Attr:
     ino: int
     mode: int
@@ -86,7 +86,7 @@ class Attr:
     ctime_ns: int
 
 
-@dataclass
+@dataclass(slots=True)
 class _Node:
     ino: int
     parent: int
@@ -98,7 +98,7 @@ class _Node:
     generation: int = -1  # the tree generation whose content the kernel may have cached
 
 
-@dataclass
+@dataclass(slots=True)
 class _Handle:
     node: _Node
     writable: bool
