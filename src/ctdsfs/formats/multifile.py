@@ -52,6 +52,10 @@ MAX_NESTING = 32
 # table.mf), not a subtable: casacore names nested containers after tables.
 CONTAINER_FILE_SUFFIXES = (".mf", ".mfh5")
 VERIFIED_CACHE_BYTES = 32 << 20
+# Telling nested containers in a listing: first bytes of files at most GATHER_GAP apart
+# are read together, in pieces of at most GATHER_SPAN.
+GATHER_GAP = 64 << 10
+GATHER_SPAN = 1 << 20
 INT64_MAX = (1 << 63) - 1  # casacore keeps sizes and offsets in Int64
 ZERO_CHUNK = 8 << 20  # zeros that must really be written go out in pieces this large
 HOLE_PIECE_BLOCKS = 1 << 16  # a hole is filled this many blocks at a time
@@ -386,14 +390,55 @@ class MultiFile(Container):
                 self._verified.popitem(last=False)
         return data
 
-    def _open_nested(self, name):
+    @staticmethod
+    def _may_be_nested(name, e):
+        return (e.size >= FIXED_V2.size
+                and (e.nested_flag or not name.endswith(CONTAINER_FILE_SUFFIXES)))
+
+    def classify(self, names):
+        with self._lock:
+            unknown = [name for name in names if name not in self._nested]
+            for name, first in self._first_bytes(unknown).items():
+                self._nested[name] = self._open_nested(name, first)
+            return [self.nested(name) for name in names]
+
+    def _first_bytes(self, names):
+        """name -> the first bytes of each file in ``names`` that may hold a nested
+        MultiFile, read in container order with neighbouring reads merged: a cold listing
+        costs a few large reads instead of one small read per file. The bytes are not
+        CRC-checked: they only decide whether to try opening, and opening checks."""
+        want, bs = FIXED_V2.size, self.block_size
+        if bs < want:
+            return {}  # (a header spans blocks: read one by one)
+        starts = sorted((int(e.blocks[0]) * bs, name) for name in names
+                        if self._may_be_nested(name, e := self._entries[name])
+                        and id(e) not in self._buffers)
+        found = {}
+        i = 0
+        while i < len(starts):
+            first = starts[i][0]
+            j = i + 1
+            while (j < len(starts) and starts[j][0] - starts[j - 1][0] <= GATHER_GAP
+                   and starts[j][0] + want - first <= GATHER_SPAN):
+                j += 1
+            try:
+                data = self.store.pread(first, starts[j - 1][0] + want - first)
+            except BlockError:
+                data = b""  # each file of this span is read on its own (and found bad)
+            for offset, name in starts[i:j]:
+                piece = data[offset - first:offset - first + want]
+                if len(piece) == want:
+                    found[name] = piece
+            i = j
+        return found
+
+    def _open_nested(self, name, first=None):
+        """The nested MultiFile in ``name``, or None; ``first``: its first bytes if read."""
         e = self._entry(name)
-        if e.size < FIXED_V2.size:
-            return None
-        if name.endswith(CONTAINER_FILE_SUFFIXES) and not e.nested_flag:
+        if not self._may_be_nested(name, e):
             return None
         try:
-            if not looks_like_v2(self.read(name, 0, FIXED_V2.size)):
+            if not looks_like_v2(first or self.read(name, 0, FIXED_V2.size)):
                 return None
         except BlockError:
             return None

@@ -220,7 +220,7 @@ class ContainerFS:
 
     @staticmethod
     def _count_subdirectories(directory, names):
-        return sum(directory.nested(name) is not None for name in names)
+        return sum(nested is not None for nested in directory.classify(names))
 
     def _link_text(self, node):
         """The text of ``node`` if it is a symbolic link, else None."""
