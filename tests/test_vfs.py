@@ -176,10 +176,9 @@ def test_reload_when_another_process_commits(tmp_path):
     assert fs.may_keep_cache(fh) is True  # unchanged since: keep the cache
 
 
-def test_listing_tells_nested_containers_in_a_few_reads(tmp_path):
-    """A listing decides which of its files are nested containers by their first bytes:
-    read in one pass in container order (a cold `find` waited on one read per file)."""
-    files = 200
+def tree_with_nested(tmp_path, files):
+    """A MultiFile with directory ``d`` of ``files`` small files, a subdirectory ``sub``,
+    a file ``subtable`` holding a MultiFile, a stored ``copy.mf`` and a ``tiny`` file."""
     path = tmp_path / "tree.mf"
     c = create_container(path, block_size=1024)
     d = c.make_nested("d")
@@ -194,7 +193,14 @@ def test_listing_tells_nested_containers_in_a_few_reads(tmp_path):
     d.write("tiny", 0, b"\0" * 8)
     c.commit()
     c.close()
-    fs = ContainerFS(open_container(path), path)
+    return ContainerFS(open_container(path), path)
+
+
+def test_listing_tells_nested_containers_in_a_few_reads(tmp_path):
+    """A listing decides which of its files are nested containers by their first bytes:
+    read in one pass in container order (a cold `find` waited on one read per file)."""
+    files = 200
+    fs = tree_with_nested(tmp_path, files)
     reads = []
     real_pread = fs.root.store.pread
     fs.root.store.pread = lambda offset, size: reads.append(size) or real_pread(offset, size)
@@ -204,3 +210,25 @@ def test_listing_tells_nested_containers_in_a_few_reads(tmp_path):
     assert len(kinds) == files + 4
     # the headers of the three containers opened, and the first bytes of all files at once
     assert len(reads) <= 40, str(reads)  # one read per file before: 225
+
+
+def test_requests_on_a_read_only_tree_do_not_walk_its_entries(tmp_path):
+    """Each request asks whether the tree has pending changes (before reloading it):
+    a tree opened read-only has none, and walking every nested entry per request made
+    reading 20,000 files cost the square of their number."""
+    fs = tree_with_nested(tmp_path, 50)
+    walks = []
+
+    class WalkCounting(dict):
+        def values(self):
+            walks.append(1)
+            return super().values()
+
+    top = dict(listing(fs, ROOT_INO))
+    files = listing(fs, top["d"].ino)
+    directory = fs.root.nested("d")
+    directory._nested = WalkCounting(directory._nested)
+    for name, attr in files:
+        if not stat.S_ISDIR(attr.mode):
+            fs.release(fs.open(attr.ino, os.O_RDONLY))
+    assert walks == []

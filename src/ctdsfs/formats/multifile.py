@@ -202,6 +202,8 @@ class MultiFile(Container):
 
     @property
     def dirty(self):
+        if not (self.writable or self.failure):
+            return False  # never written: no walk over every nested entry on each request
         return self._dirty or any(c is not None and c.dirty for c in self._nested.values())
 
     # ------------------------------------------------------------ validation
