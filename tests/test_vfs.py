@@ -6,7 +6,7 @@ import stat
 
 import pytest
 
-from ctdsfs.formats import open_container
+from ctdsfs.formats import create_container, open_container
 from ctdsfs.vfs import ROOT_INO, ContainerFS, FSError, filesystem
 
 from .conftest import DATA, pattern
@@ -174,3 +174,61 @@ def test_reload_when_another_process_commits(tmp_path):
     fs.release(fh)
     fh = fs.open(keep, os.O_RDONLY)
     assert fs.may_keep_cache(fh) is True  # unchanged since: keep the cache
+
+
+def tree_with_nested(tmp_path, files):
+    """A MultiFile with directory ``d`` of ``files`` small files, a subdirectory ``sub``,
+    a file ``subtable`` holding a MultiFile, a stored ``copy.mf`` and a ``tiny`` file."""
+    path = tmp_path / "tree.mf"
+    c = create_container(path, block_size=1024)
+    d = c.make_nested("d")
+    for i in range(files):
+        d.create(f"f{i}")
+        d.write(f"f{i}", 0, pattern(200 + 50 * i, i + 1, i))
+    d.make_nested("sub")
+    for name in ("subtable", "copy.mf"):  # a real MultiFile's bytes; a .mf is a stored file
+        d.create(name)
+        d.write(name, 0, (DATA / "mf2_basic.mf").read_bytes())
+    d.create("tiny")
+    d.write("tiny", 0, b"\0" * 8)
+    c.commit()
+    c.close()
+    return ContainerFS(open_container(path), path)
+
+
+def test_listing_tells_nested_containers_in_a_few_reads(tmp_path):
+    """A listing decides which of its files are nested containers by their first bytes:
+    read in one pass in container order (a cold `find` waited on one read per file)."""
+    files = 200
+    fs = tree_with_nested(tmp_path, files)
+    reads = []
+    real_pread = fs.root.store.pread
+    fs.root.store.pread = lambda offset, size: reads.append(size) or real_pread(offset, size)
+    top = dict(listing(fs, ROOT_INO))
+    kinds = {name: stat.S_ISDIR(attr.mode) for name, attr in listing(fs, top["d"].ino)}
+    assert {name for name, is_dir in kinds.items() if is_dir} == {"sub", "subtable"}
+    assert len(kinds) == files + 4
+    # the headers of the three containers opened, and the first bytes of all files at once
+    assert len(reads) <= 40, str(reads)  # one read per file before: 225
+
+
+def test_requests_on_a_read_only_tree_do_not_walk_its_entries(tmp_path):
+    """Each request asks whether the tree has pending changes (before reloading it):
+    a tree opened read-only has none, and walking every nested entry per request made
+    reading 20,000 files cost the square of their number."""
+    fs = tree_with_nested(tmp_path, 50)
+    walks = []
+
+    class WalkCounting(dict):
+        def values(self):
+            walks.append(1)
+            return super().values()
+
+    top = dict(listing(fs, ROOT_INO))
+    files = listing(fs, top["d"].ino)
+    directory = fs.root.nested("d")
+    directory._nested = WalkCounting(directory._nested)
+    for name, attr in files:
+        if not stat.S_ISDIR(attr.mode):
+            fs.release(fs.open(attr.ino, os.O_RDONLY))
+    assert walks == []

@@ -89,6 +89,11 @@ class Container(ABC):
                 self._nested[name] = self._open_nested(name)
             return self._nested[name]
 
+    def classify(self, names):
+        """``nested(name)`` for every name, as a list. A format that tells a nested
+        container by a file's first bytes overrides it to read them all in one pass."""
+        return [self.nested(name) for name in names]
+
     def _open_nested(self, name):
         """Open the container stored in ``name``; None for a plain file."""
         return None

@@ -52,6 +52,11 @@ MAX_NESTING = 32
 # table.mf), not a subtable: casacore names nested containers after tables.
 CONTAINER_FILE_SUFFIXES = (".mf", ".mfh5")
 VERIFIED_CACHE_BYTES = 32 << 20
+# Telling nested containers in a listing: first bytes of files at most GATHER_GAP apart
+# are read together, in pieces of at most GATHER_SPAN.
+GATHER_GAP = 64 << 10
+GATHER_SPAN = 1 << 20
+SHORT_BLOCK_LIST = 32  # block lists up to this long are split into runs without numpy
 INT64_MAX = (1 << 63) - 1  # casacore keeps sizes and offsets in Int64
 ZERO_CHUNK = 8 << 20  # zeros that must really be written go out in pieces this large
 HOLE_PIECE_BLOCKS = 1 << 16  # a hole is filled this many blocks at a time
@@ -67,10 +72,22 @@ def _grown(values, length):
 
 def _runs(blocks):
     """``(start, stop)`` index pairs of the runs of consecutive numbers in ``blocks``: small
-    blocks make long block lists, so the breaks are found by numpy, not a Python loop."""
-    breaks = np.flatnonzero(np.diff(blocks) != 1) + 1
-    edges = [0, *breaks.tolist(), len(blocks)]
+    blocks make long block lists, so their breaks are found by numpy; a short list (a small
+    read's) by a Python loop, which costs a third of numpy's per-call overhead."""
+    if len(blocks) <= SHORT_BLOCK_LIST:
+        values = blocks.tolist()
+        breaks = [i for i in range(1, len(values)) if values[i] != values[i - 1] + 1]
+    else:
+        breaks = (np.flatnonzero(np.diff(blocks) != 1) + 1).tolist()
+    edges = [0, *breaks, len(blocks)]
     return zip(edges[:-1], edges[1:])
+
+
+def _has_repeats(values):
+    """Whether a value occurs twice (without np.unique, which imports numpy.ma: 1.3 MB
+    and milliseconds of every mount)."""
+    ordered = np.sort(values)
+    return bool((ordered[1:] == ordered[:-1]).any())
 
 
 @functools.lru_cache(maxsize=None)
@@ -191,6 +208,8 @@ class MultiFile(Container):
 
     @property
     def dirty(self):
+        if not (self.writable or self.failure):
+            return False  # never written: no walk over every nested entry on each request
         return self._dirty or any(c is not None and c.dirty for c in self._nested.values())
 
     # ------------------------------------------------------------ validation
@@ -230,7 +249,7 @@ class MultiFile(Container):
             if outside.any():
                 self._problem(f"{what} names block {int(blocks[outside][0])}, outside the "
                               "container")
-            elif used[shared].any() or len(np.unique(inside)) < len(inside):
+            elif used[shared].any() or _has_repeats(inside):
                 self._problem(f"{what} names a block twice or one that a file uses")
 
     def _validate(self):
@@ -272,12 +291,14 @@ class MultiFile(Container):
         blocks = np.concatenate([e.blocks for _, e in candidates])
         owner = np.repeat(np.arange(len(candidates)), lengths)
         outside = (blocks < 1) | (blocks >= limit)
-        bad = {i: "block number outside the container" for i in np.unique(owner[outside]).tolist()}
-        inside = ~outside & ~np.isin(owner, list(bad))
+        bad = dict.fromkeys(owner[outside].tolist(), "block number outside the container")
+        has_bad_block = np.zeros(len(candidates), bool)
+        has_bad_block[list(bad)] = True
+        inside = ~outside & ~has_bad_block[owner]
         blocks, owner = blocks[inside], owner[inside]
         order = np.argsort(blocks, kind="stable")
         repeated = blocks[order][1:] == blocks[order][:-1]
-        for i in np.unique(owner[order[1:][repeated]]).tolist():
+        for i in owner[order[1:][repeated]].tolist():
             bad[i] = "uses a block that an earlier entry (or itself) uses"
         return [(candidates[i][0], candidates[i][1].name, why) for i, why in sorted(bad.items())]
 
@@ -377,14 +398,55 @@ class MultiFile(Container):
                 self._verified.popitem(last=False)
         return data
 
-    def _open_nested(self, name):
+    @staticmethod
+    def _may_be_nested(name, e):
+        return (e.size >= FIXED_V2.size
+                and (e.nested_flag or not name.endswith(CONTAINER_FILE_SUFFIXES)))
+
+    def classify(self, names):
+        with self._lock:
+            unknown = [name for name in names if name not in self._nested]
+            for name, first in self._first_bytes(unknown).items():
+                self._nested[name] = self._open_nested(name, first)
+            return [self.nested(name) for name in names]
+
+    def _first_bytes(self, names):
+        """name -> the first bytes of each file in ``names`` that may hold a nested
+        MultiFile, read in container order with neighbouring reads merged: a cold listing
+        costs a few large reads instead of one small read per file. The bytes are not
+        CRC-checked: they only decide whether to try opening, and opening checks."""
+        want, bs = FIXED_V2.size, self.block_size
+        if bs < want:
+            return {}  # (a header spans blocks: read one by one)
+        starts = sorted((int(e.blocks[0]) * bs, name) for name in names
+                        if self._may_be_nested(name, e := self._entries[name])
+                        and id(e) not in self._buffers)
+        found = {}
+        i = 0
+        while i < len(starts):
+            first = starts[i][0]
+            j = i + 1
+            while (j < len(starts) and starts[j][0] - starts[j - 1][0] <= GATHER_GAP
+                   and starts[j][0] + want - first <= GATHER_SPAN):
+                j += 1
+            try:
+                data = self.store.pread(first, starts[j - 1][0] + want - first)
+            except BlockError:
+                data = b""  # each file of this span is read on its own (and found bad)
+            for offset, name in starts[i:j]:
+                piece = data[offset - first:offset - first + want]
+                if len(piece) == want:
+                    found[name] = piece
+            i = j
+        return found
+
+    def _open_nested(self, name, first=None):
+        """The nested MultiFile in ``name``, or None; ``first``: its first bytes if read."""
         e = self._entry(name)
-        if e.size < FIXED_V2.size:
-            return None
-        if name.endswith(CONTAINER_FILE_SUFFIXES) and not e.nested_flag:
+        if not self._may_be_nested(name, e):
             return None
         try:
-            if not looks_like_v2(self.read(name, 0, FIXED_V2.size)):
+            if not looks_like_v2(first or self.read(name, 0, FIXED_V2.size)):
                 return None
         except BlockError:
             return None

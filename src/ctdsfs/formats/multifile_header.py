@@ -34,7 +34,7 @@ LEAD_V1 = struct.Struct(">qqq")
 MAX_BLOCK_SIZE = 1 << 31  # casacore stores the block size as an Int
 
 
-@dataclass
+@dataclass(slots=True)
 class Entry:
     """One header slot. An empty name marks a deleted slot (casacore keeps it)."""
 

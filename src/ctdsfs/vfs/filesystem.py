@@ -71,7 +71,7 @@ class FSError(Exception):
         self.errno = code
 
 
-@dataclass
+@dataclass(slots=True)
 class Attr:
     ino: int
     mode: int
@@ -86,7 +86,7 @@ class Attr:
     ctime_ns: int
 
 
-@dataclass
+@dataclass(slots=True)
 class _Node:
     ino: int
     parent: int
@@ -98,7 +98,7 @@ class _Node:
     generation: int = -1  # the tree generation whose content the kernel may have cached
 
 
-@dataclass
+@dataclass(slots=True)
 class _Handle:
     node: _Node
     writable: bool
@@ -220,7 +220,7 @@ class ContainerFS:
 
     @staticmethod
     def _count_subdirectories(directory, names):
-        return sum(directory.nested(name) is not None for name in names)
+        return sum(nested is not None for nested in directory.classify(names))
 
     def _link_text(self, node):
         """The text of ``node`` if it is a symbolic link, else None."""
