@@ -66,6 +66,13 @@ def unmount(path):
         subprocess.run(args + [str(path)], stderr=subprocess.DEVNULL)
 
 
+def require_fuse():
+    """FUSE tests need /dev/fuse and fusermount3; without them they fail (never skip):
+    scripts/setup.sh installs fuse3."""
+    assert os.path.exists("/dev/fuse") and shutil.which("fusermount3"), \
+        "FUSE is not available (/dev/fuse, fusermount3): run scripts/setup.sh"
+
+
 class Mount:
     """A foreground ``mount.ctdsfs`` child process and its mount point."""
 
@@ -117,8 +124,7 @@ class Mount:
 @pytest.fixture
 def mount(tmp_path):
     """``mount(source, options=()) -> Mount``; every mount is undone at teardown."""
-    if not os.path.exists("/dev/fuse") or shutil.which("fusermount3") is None:
-        pytest.skip("FUSE is not available")
+    require_fuse()
     mounts = []
 
     def make(source, options=(), name=None):

@@ -555,9 +555,8 @@ def test_kill_9_during_writes_leaves_old_or_new(damaged, tmp_path):
     killed at any moment leaves bcolz reading values k or k + 1 only (each superchunk old
     or new), and a length from before the append in flight up to after it (meta/sizes is
     never ahead of the data: items past the data would read as garbage or fail)."""
-    from .conftest import Mount
-    if not os.path.exists("/dev/fuse"):
-        pytest.skip("FUSE is not available")
+    from .conftest import Mount, require_fuse
+    require_fuse()
     root = damaged("float64_clevel0")  # chunklen 1024, 2500 items
     initial = bcolz.open(str(root))
     initial[:] = 0.0

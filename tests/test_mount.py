@@ -226,8 +226,8 @@ def test_signal_unmounts_cleanly(mount, signum):
 
 
 def test_mount_t_fuse_ctdsfs_and_fstab(tmp_path):
-    if not os.path.exists("/sbin/mount.fuse.ctdsfs"):
-        pytest.skip("mount helper link not installed (scripts/setup.sh installs it)")
+    assert os.path.exists("/sbin/mount.fuse.ctdsfs"), \
+        "mount helper link not installed: run scripts/setup.sh"
     mnt = tmp_path / "mnt"
     mnt.mkdir()
     source = str(DATA / "mf2_basic.mf")

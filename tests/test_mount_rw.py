@@ -13,7 +13,7 @@ import pytest
 
 from ctdsfs.formats import open_container
 
-from .conftest import SCRIPTS, Mount, make_casacore_table, unmount
+from .conftest import SCRIPTS, Mount, make_casacore_table, require_fuse, unmount
 from .test_write import check_crcs, snapshot
 
 pytestmark = pytest.mark.fuse
@@ -364,8 +364,7 @@ HDF5_CRASH_POINTS = int(os.environ.get("CTDSFS_HDF5_CRASH_POINTS", "100"))
     ("crash.mfh5", HDF5_CRASH_POINTS, 512)])  # HDF5 through the journal
 def test_kill_9_never_loses_a_commit(tmp_path, name, points, block_size):
     """kill -9 the daemon at random moments; the container is always the last or next commit."""
-    if not os.path.exists("/dev/fuse"):
-        pytest.skip("FUSE is not available")
+    require_fuse()
     rng = random.Random(9)
     hdf5 = name.endswith(".mfh5")
     container = new_container(tmp_path / name, block_size=block_size, crc=not hdf5)

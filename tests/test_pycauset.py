@@ -17,7 +17,7 @@ from ctdsfs.formats.pycauset import (Pycauset, decode_typed, encode_typed, from_
                                      metadata_block, to_json)
 from ctdsfs.formats.store import FileStore
 
-from .conftest import Mount
+from .conftest import Mount, require_fuse
 
 import pycauset  # noqa: E402  (a test extra: the ground truth writer and reader)
 from pycauset._internal.persistence import read_typed_metadata  # noqa: E402
@@ -324,8 +324,7 @@ def test_commit_replay_every_prefix_loads(workdir):
 
 
 def test_kill_9_during_metadata_commits(workdir, tmp_path):
-    if not os.path.exists("/dev/fuse"):
-        pytest.skip("FUSE is not available")
+    require_fuse()
     rng = random.Random(3)
     path = save(pycauset.matrix(MATRICES["float64"]), workdir / "k.pycauset")
     mnt = tmp_path / "mnt"

@@ -62,12 +62,9 @@ def objects(tmp_path_factory):
 @pytest.fixture(scope="session")
 def seaweed(tmp_path_factory, objects):
     """A SeaweedFS S3 endpoint on loopback holding ``objects`` in BUCKET."""
+    server = Seaweed(tmp_path_factory.mktemp("seaweed"))  # (no weed: an error, never a skip)
     saved = {k: os.environ.get(k) for k in CREDENTIALS}
     os.environ.update(CREDENTIALS)  # for the mounts and commands the tests start
-    try:
-        server = Seaweed(tmp_path_factory.mktemp("seaweed"))
-    except FileNotFoundError as exc:
-        pytest.skip(str(exc))
     try:
         client = server.make_bucket(BUCKET)
         for path in objects.iterdir():
@@ -87,8 +84,7 @@ def seaweed(tmp_path_factory, objects):
 
 @pytest.fixture(scope="session")
 def web(tmp_path_factory, objects):
-    if shutil.which("nginx") is None:
-        pytest.skip("nginx is not installed")
+    assert shutil.which("nginx"), "nginx is not installed: run scripts/setup.sh"
     server = Nginx(objects, tmp_path_factory.mktemp("nginx"))
     yield server
     stop(server.proc)
