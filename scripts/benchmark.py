@@ -174,11 +174,7 @@ class Mounted:
         time.sleep(0.2)  # ctdsfs tunes the mount's readahead right after that
 
     def peak_rss_mb(self):
-        with open(f"/proc/{self.proc.pid}/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 1024
-        return float("nan")
+        return process_memory_mb(self.proc.pid, "VmHWM")
 
     def __enter__(self):
         return self
@@ -824,10 +820,11 @@ def fio_iops(path, block, jobs, seconds):
     return json.loads(out)["jobs"][0]["read"]["iops"]
 
 
-def process_rss_mb(pid):
+def process_memory_mb(pid, field="VmRSS"):
+    """A memory figure of process ``pid`` from /proc (VmRSS now, VmHWM its peak), in MB."""
     with open(f"/proc/{pid}/status") as f:
         for line in f:
-            if line.startswith("VmRSS:"):
+            if line.startswith(field + ":"):
                 return int(line.split()[1]) / 1024
     return float("nan")
 
@@ -882,7 +879,7 @@ def small_files_figures(tmp, pool, quick=False):
                     keep("mount of the tree's container, cold", system, m.mount_seconds)
                     keep(row, system, _shell_seconds(command, mnt))
                     if command.startswith("tar"):
-                        keep("daemon RSS after the tar (MB)", system, process_rss_mb(m.proc.pid))
+                        keep("daemon RSS after the tar (MB)", system, process_memory_mb(m.proc.pid))
             with Mounted(cmd + [str(mnt)], str(mnt)):
                 read_through(mnt / "big.bin")  # random reads from the page cache, as direct
                 for block, jobs in (("4k", 1), ("4k", 4), ("64k", 4)):

@@ -7,7 +7,7 @@ use_crc)`` if ctdsfs writes it; it joins by one line in ``FORMATS``. Files are
 recognised by content, never by name, and cheaply: a format's module (h5py
 for MultiHDF5) is imported only once a file turns out to be of that format.
 A format stored as a directory (TileDB arrays, bcolz rootdirs) names the
-entries every such directory has (``markers``); its module's
+entries one of which each such directory has (``markers``); its module's
 ``looks_like_directory(path)`` decides, and ``open_file`` opens the directory.
 A file format that can also be read from a store other than a local file (an
 object on S3 or HTTP, ``remote.py``) gives ``open_from_store(store, *,
@@ -33,7 +33,7 @@ class Format:
     module: str  # the module of this package that implements it
     magic: bytes = None  # what a file of it starts with; None: the module's looks_like()
     writes: tuple = ()  # the variants ``create_container(format=...)`` makes of it
-    markers: tuple = ()  # a directory format: entries that all its directories hold
+    markers: tuple = ()  # a directory format: entries one of which each of its directories holds
 
     def implementation(self):
         return importlib.import_module(f"{__name__}.{self.module}")
@@ -46,7 +46,7 @@ class Format:
         return self.implementation().looks_like(first)
 
     def recognises_directory(self, path):
-        if not self.markers or not all(os.path.lexists(os.path.join(path, m))
+        if not self.markers or not any(os.path.lexists(os.path.join(path, m))
                                        for m in self.markers):
             return False
         return self.implementation().looks_like_directory(path)
@@ -58,8 +58,7 @@ FORMATS = (  # in the order files are tried
     Format("casacore MultiFile", "multifile", writes=("mf2", "mf1")),
     Format("bcolz rootdir", "bcolz", markers=("__attrs__",)),
     Format("bloscpack", "bcolz", magic=b"blpk"),
-    Format("TileDB array", "tiledb", markers=("__schema",)),
-    Format("TileDB array", "tiledb", markers=("__array_schema.tdb",)),  # versions before 10
+    Format("TileDB array", "tiledb", markers=("__schema", "__array_schema.tdb")),  # (< v10)
 )
 WRITTEN_FORMATS = tuple(v for f in FORMATS for v in f.writes)
 
