@@ -98,6 +98,8 @@ def walk(container, depth=0):
         if child is not None:
             bad += walk(child, depth + 1) if depth < 4 else 0
             continue
+        if container.symlink_target(name) is not None:
+            continue  # (raw/ shows a link as a link: the VFS never reads through it)
         try:
             container.read(name, 0, container.entry_size(name))
         except BlockError:
@@ -699,3 +701,22 @@ def test_consolidated_dense_array(arrays, tmp_path):
     frag = open_container(str(uri)).nested("fragments").nested(names[1])
     whole = tile_order_to_grid(load(frag, "k.npy"), (3, 3), (4, 3), "col-major")
     assert np.array_equal(whole, ref["k"])
+
+
+def test_linked_data_file_is_never_followed(arrays, tmp_path):
+    """A data file (or __commits/__meta file) that is a symbolic link is not read through:
+    an array could otherwise hand out any file the daemon may read. The link's field
+    fails (EIO, a check problem); nothing of the outside file appears."""
+    uri = tmp_path / "a"
+    shutil.copytree(arrays / "sparse", uri)
+    secret = tmp_path / "secret"
+    secret.write_bytes(b"SECRET-" * 50_000)
+    target = data_file(uri, next(iter(FILTERED_ATTRIBUTES)))
+    secret_copy = target.read_bytes()
+    target.unlink()
+    (tmp_path / "outside.tdb").write_bytes(secret_copy)
+    target.symlink_to(tmp_path / "outside.tdb")  # a perfectly valid data file, but outside
+    array = open_container(str(uri))
+    assert walk(array) >= 1  # the linked field's tiles fail
+    problems, _ = array.check()
+    assert any(target.name in p for p in problems), problems

@@ -54,7 +54,7 @@ import numpy as np
 from ..container import Container, DerivedView, Usage, name_problem
 from ..errors import BlockError, CtdsfsError, FormatError, NotPermitted, ReadOnlyError
 from .blosc_chunk import BLOSC_HEADER, CHECKSUMS, Chunk, ChunkCache, file_identity
-from .store import fsync_path, lock_for_writing, write_synced
+from .store import fsync_path, lock_for_writing, open_regular, read_small, write_synced
 
 log = logging.getLogger(__name__)
 
@@ -71,33 +71,10 @@ SUPERCHUNK_NAME = re.compile(r"__(0|[1-9][0-9]{0,17})\.blp\Z")
 
 # ---------------------------------------------------------------- untrusted files
 
-def _open_regular(path):
-    """A read-only descriptor of ``path``, which must be a regular file (links are not followed)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
-    except OSError as exc:
-        raise FormatError(f"{path}: {exc.strerror}") from None
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise FormatError(f"{path}: not a regular file")
-    return fd
-
-
-def _read_small(path, limit=JSON_BYTES_MAX):
-    fd = _open_regular(path)
-    try:
-        size = os.fstat(fd).st_size
-        if size > limit:
-            raise FormatError(f"{path}: {size} bytes, more than the {limit} ctdsfs reads")
-        return os.pread(fd, size, 0)
-    finally:
-        os.close(fd)
-
-
 def _read_json(path):
     """The JSON object in ``path`` (small, a regular file)."""
     try:
-        value = json.loads(_read_small(path).decode("utf-8"))
+        value = json.loads(read_small(path, JSON_BYTES_MAX).decode("utf-8"))
     except (ValueError, RecursionError) as exc:
         raise FormatError(f"{path}: not JSON ({exc})") from None
     if not isinstance(value, dict):
@@ -458,7 +435,7 @@ class Carray(_View):
     def _with_chunk(self, number, use):
         """``use(chunk, fd, identity)`` with superchunk ``number`` open (links not followed)."""
         try:
-            fd = _open_regular(self._superchunk(number))
+            fd = open_regular(self._superchunk(number))
         except FormatError as exc:
             raise BlockError(str(exc), str(exc)) from None
         try:
@@ -747,7 +724,7 @@ class BloscpackFile(_View):
         super().__init__(path)
         self.path = path
         self.cache = ChunkCache()
-        self.fd = _open_regular(path)
+        self.fd = open_regular(path)
         try:
             self._load()
         except BaseException:

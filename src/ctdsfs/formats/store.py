@@ -10,9 +10,10 @@ import fcntl
 import mmap
 import os
 import queue
+import stat
 import threading
 
-from ..errors import CtdsfsError
+from ..errors import CtdsfsError, FormatError
 
 
 UNCACHED_MIN = 256 << 10  # smaller writes are better absorbed by the page cache
@@ -119,6 +120,34 @@ def fsync_path(path):
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
         os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def open_regular(path, what=None):
+    """A read-only descriptor of ``path``, which must be a regular file. Links are never
+    followed: a directory format's tree is untrusted, and a link in it could hand out any
+    file the daemon may read. Failures name ``what`` (default: the path)."""
+    what = what or path
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as exc:
+        raise FormatError(f"{what}: {exc.strerror}") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise FormatError(f"{what}: not a regular file")
+    return fd
+
+
+def read_small(path, limit, what=None):
+    """The whole of ``path`` (see open_regular), refused if it holds more than ``limit`` bytes."""
+    what = what or path
+    fd = open_regular(path, what)
+    try:
+        size = os.fstat(fd).st_size
+        if size > limit:
+            raise FormatError(f"{what}: {size} bytes, more than the {limit} ctdsfs reads")
+        return os.pread(fd, size, 0)
     finally:
         os.close(fd)
 

@@ -38,6 +38,7 @@ from ..container import Container, DerivedView, Usage, name_problem
 from ..errors import BlockError, CtdsfsError, FormatError, ReadOnlyError
 from . import tiledb_filters as tf
 from .pycauset import npy_header
+from .store import open_regular, read_small
 from .tiledb_filters import Reader
 
 log = logging.getLogger(__name__)
@@ -115,33 +116,28 @@ def read_generic_tile(data, offset, what):
 
 
 def _file_size(path, what):
+    fd = open_regular(path, what)
     try:
-        return os.stat(path).st_size
-    except OSError as exc:
-        raise FormatError(f"{what}: {exc.strerror}") from None
+        return os.fstat(fd).st_size
+    finally:
+        os.close(fd)
 
 
 def _pread(path, offset, size, what):
-    """Up to ``size`` bytes of ``path`` from ``offset``."""
+    """Up to ``size`` bytes of ``path`` (a regular file, never through a link) from ``offset``."""
     if not 0 <= offset < 1 << 62:
         raise FormatError(f"{what}: offset {offset} is past any file")
+    fd = open_regular(path, what)
     try:
-        with open(path, "rb") as f:
-            f.seek(offset)
-            return f.read(size)
+        return os.pread(fd, size, offset)
     except OSError as exc:
         raise FormatError(f"{what}: {exc.strerror}") from None
+    finally:
+        os.close(fd)
 
 
 def _read_small(path, what):
-    try:
-        with open(path, "rb") as f:
-            data = f.read(MAX_SMALL_FILE + 1)
-    except OSError as exc:
-        raise FormatError(f"{what}: {exc.strerror}") from None
-    if len(data) > MAX_SMALL_FILE:
-        raise FormatError(f"{what}: larger than {MAX_SMALL_FILE} bytes")
-    return data
+    return read_small(path, MAX_SMALL_FILE, what)
 
 
 # ---------------------------------------------------------------- schema
