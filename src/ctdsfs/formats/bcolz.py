@@ -37,7 +37,6 @@ Everything else is refused (EPERM) with a log line.
 """
 
 import contextlib
-import io
 import json
 import logging
 import os
@@ -54,6 +53,7 @@ import numpy as np
 from ..container import Container, DerivedView, Usage, name_problem
 from ..errors import BlockError, CtdsfsError, FormatError, NotPermitted, ReadOnlyError
 from .blosc_chunk import BLOSC_HEADER, CHECKSUMS, Chunk, ChunkCache, file_identity
+from .npy import npy_header
 from .store import fsync_path, lock_for_writing, open_regular, read_small, write_synced
 
 log = logging.getLogger(__name__)
@@ -96,18 +96,6 @@ def parse_dtype(text, where):
             or not 0 < dtype.itemsize <= 1 << 20:
         raise FormatError(f"{where}: dtype {text!r} is not one ctdsfs shows")
     return dtype
-
-
-def npy_header(descr, shape):
-    """A .npy header (version 1.0, or 2.0 when long), padded as numpy pads it."""
-    header = {"descr": descr, "fortran_order": False, "shape": tuple(shape)}
-    out = io.BytesIO()
-    try:
-        np.lib.format.write_array_header_1_0(out, header)
-    except ValueError:
-        out = io.BytesIO()
-        np.lib.format.write_array_header_2_0(out, header)
-    return out.getvalue()
 
 
 # ---------------------------------------------------------------- views

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 
 from ..container import Container, Usage
 from ..errors import CtdsfsError, Escaped, FormatError, NotPermitted, ReadOnlyError
+from .npy import npy_header
 from .store import open_store
 
 log = logging.getLogger(__name__)
@@ -406,14 +407,6 @@ def metadata_block(payload):
 
 
 # ---------------------------------------------------------------- the container
-
-def npy_header(descr, shape, fortran_order):
-    """A version 1.0 ``.npy`` header, padded so the data starts at a multiple of 64."""
-    text = f"{{'descr': '{descr}', 'fortran_order': {fortran_order}, 'shape': {shape!r}, }}"
-    pad = 64 - (10 + len(text) + 1) % 64
-    text += " " * (pad % 64) + "\n"
-    return b"\x93NUMPY\x01\x00" + struct.pack("<H", len(text)) + text.encode("latin-1")
-
 
 class Pycauset(Container):
     """A .pycauset file shown as payload, payload.npy, metadata.json and header.json."""

@@ -37,7 +37,7 @@ import numpy as np
 from ..container import Container, DerivedView, Usage, name_problem
 from ..errors import BlockError, CtdsfsError, FormatError, ReadOnlyError
 from . import tiledb_filters as tf
-from .pycauset import npy_header
+from .npy import npy_header
 from .store import open_regular, read_small
 from .tiledb_filters import Reader
 
