@@ -2,6 +2,7 @@
 and nginx (HTTP, and HTTPS with a self-signed certificate), started and stopped by PID (SIGKILL after a short grace), their
 sockets removed."""
 
+import json
 import os
 import random
 import shutil
@@ -59,8 +60,9 @@ def wait_until(ready, seconds, what, proc=None):
 
 
 class Seaweed:
-    """``weed server`` with S3 on a free loopback port, storing in ``directory``; requests
-    need CREDENTIALS in the environment (without an identity file any key is taken)."""
+    """``weed server`` with S3 on a free loopback port, storing in ``directory``. Requests are
+    signed with CREDENTIALS, the one identity its config file holds, so anonymous requests
+    are refused as on a real private bucket (without such a file SeaweedFS may take them)."""
 
     def __init__(self, directory, volume_limit_mb=1024):
         weed = shutil.which("weed")
@@ -69,9 +71,14 @@ class Seaweed:
         self.ports = free_ports(4, also_plus=10000)
         s3, master, volume, filer = self.ports
         self.log = open(Path(directory) / "weed.log", "wb")
+        identities = Path(directory) / "s3.json"
+        identities.write_text(json.dumps({"identities": [{
+            "name": "ctdsfs", "actions": ["Admin", "Read", "List", "Tagging", "Write"],
+            "credentials": [{"accessKey": CREDENTIALS["AWS_ACCESS_KEY_ID"],
+                             "secretKey": CREDENTIALS["AWS_SECRET_ACCESS_KEY"]}]}]}))
         self.proc = subprocess.Popen(
             [weed, "server", f"-dir={directory}", "-s3", f"-s3.port={s3}",
-             f"-master.port={master}", f"-volume.port={volume}", f"-filer.port={filer}",
+             f"-master.port={master}", f"-volume.port={volume}", f"-filer.port={filer}", f"-s3.config={identities}",
              "-ip=127.0.0.1", "-ip.bind=127.0.0.1", f"-master.volumeSizeLimitMB={volume_limit_mb}",
              "-master.telemetry=false", "-s3.port.iceberg=0", "-s3.port.lance=0"],
             stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
