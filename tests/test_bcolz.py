@@ -664,9 +664,9 @@ def test_parallel_reads_of_a_chunk_decompress_it_once():
     decompresses, the others wait for it (they used to decompress it each)."""
     import threading
 
-    from ctdsfs.formats.blosc_chunk import ChunkCache
+    from ctdsfs.formats.decoded_cache import DecodedCache
 
-    cache = ChunkCache()
+    cache = DecodedCache()
     release = threading.Event()
     loads = []
 

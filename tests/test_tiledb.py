@@ -74,7 +74,7 @@ def fragments(uri):
 def var_cells(frag, field):
     """A var-sized field's cells (bytes) from FIELD.offsets.npy and FIELD.data."""
     offsets = load(frag, f"{field}.offsets.npy")
-    data = frag.read(f"{field}.data", 0, frag.entry_size(f"{field}.data"))
+    data = bytes(frag.read(f"{field}.data", 0, frag.entry_size(f"{field}.data")))
     return [data[a:b] for a, b in zip(offsets[:-1], offsets[1:])]
 
 

@@ -76,7 +76,9 @@ class Container(ABC):
 
     @abstractmethod
     def read(self, key, offset, size):
-        """Up to ``size`` bytes from ``offset``; raises BlockError for a bad block."""
+        """Up to ``size`` bytes from ``offset``, as bytes or a read-only memoryview (a
+        decoded piece is handed to the kernel without a copy: callers that keep or parse
+        the data take ``bytes()`` of it); raises BlockError for a bad block."""
 
     def nested(self, name):
         """The container stored in virtual file ``name``, or None if it is a plain file.

@@ -148,7 +148,7 @@ class CtdsfsFileSystem(AbstractFileSystem):
         if name is None:
             raise IsADirectoryError(errno.EISDIR, "is a directory", path)
         try:
-            return container.read(name, start, max(0, end - start))
+            return bytes(container.read(name, start, max(0, end - start)))
         except CtdsfsError as exc:
             raise OSError(errno.EIO, str(exc)) from None
 

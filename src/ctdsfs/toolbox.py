@@ -154,7 +154,7 @@ def _file_chunks(path):
 
 def _chunks(container, name):
     size = container.entry_size(name)
-    return (container.read(name, offset, CHUNK) for offset in range(0, size, CHUNK))
+    return (bytes(container.read(name, offset, CHUNK)) for offset in range(0, size, CHUNK))
 
 
 def convert(source, output, *, format="mf2", block_size=None, use_crc=False, quiet=False):

@@ -52,7 +52,8 @@ import numpy as np
 
 from ..container import Container, DerivedView, Usage, name_problem
 from ..errors import BlockError, CtdsfsError, FormatError, NotPermitted, ReadOnlyError
-from .blosc_chunk import BLOSC_HEADER, CHECKSUMS, Chunk, ChunkCache, file_identity
+from .blosc_chunk import BLOSC_HEADER, CHECKSUMS, Chunk, file_identity
+from .decoded_cache import DecodedCache
 from .npy import npy_header
 from .store import fsync_path, lock_for_writing, open_regular, read_small, write_synced
 
@@ -313,7 +314,7 @@ class Carray(_View):
     def __init__(self, path, *, writable=False, label=None, cache=None, column=False):
         super().__init__(label or path, writable)
         self.path = path
-        self.cache = cache or ChunkCache()
+        self.cache = cache or DecodedCache()
         self.appendable = not column  # (a ctable's columns grow together: not one alone)
         self._partial = bytearray()  # appended bytes short of a whole item
         self.version = 0  # counts reloads and stored chunks (meta.json follows it)
@@ -609,7 +610,7 @@ class Ctable(_View):
     def __init__(self, path, *, writable=False):
         super().__init__(path, writable)
         self.path = path
-        self.cache = ChunkCache()
+        self.cache = DecodedCache()
         names = _read_json(os.path.join(path, "__rootdirs__")).get("names")
         if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
             raise FormatError(f"{path}: __rootdirs__: names is not a list of strings")
@@ -711,7 +712,7 @@ class BloscpackFile(_View):
     def __init__(self, path):
         super().__init__(path)
         self.path = path
-        self.cache = ChunkCache()
+        self.cache = DecodedCache()
         self.fd = open_regular(path)
         try:
             self._load()

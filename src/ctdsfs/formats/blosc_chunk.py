@@ -6,15 +6,13 @@ the compressor), typesize, then u32 nbytes (decompressed), blocksize and
 cbytes (the chunk's whole length). A bloscpack file may follow each chunk
 with a checksum of its bytes. Before python-blosc sees a chunk, its header
 must promise a size its place allows and a length its file holds, and its
-checksum must match; decompressed chunks are kept in a bounded cache.
+checksum must match.
 """
 
 import hashlib
 import os
 import struct
-import threading
 import zlib
-from collections import OrderedDict
 
 import blosc
 
@@ -22,7 +20,6 @@ from ..errors import BlockError
 
 BLOSC_HEADER = struct.Struct("<BBBBIII")  # (also Blosc's most overhead: a stored copy)
 CODECS = {0: "blosclz", 1: "lz4", 2: "snappy", 3: "zlib", 4: "zstd"}  # Blosc flags >> 5
-CACHE_BYTES = 64 << 20  # decompressed chunks kept per container
 
 
 def _zlib_digest(func):
@@ -48,55 +45,6 @@ def blosc_header(raw):
             "shuffle": "bit" if flags & 4 else "byte" if flags & 1 else "none",
             "memcpyed": bool(flags & 2), "typesize": typesize, "nbytes": nbytes,
             "blocksize": blocksize, "cbytes": cbytes}
-
-
-class ChunkCache:
-    """Decompressed chunks, least recently used dropped first, at most CACHE_BYTES in all.
-
-    One entry per chunk, valid for one identity of its file (inode, mtime, size): an
-    entry of a file since replaced can never come back if the inode is reused.
-    """
-
-    def __init__(self, limit=CACHE_BYTES):
-        self.limit = limit
-        self._chunks = OrderedDict()
-        self._bytes = 0
-        self._lock = threading.Lock()
-        self._loading = {}  # key -> the lock of the one thread decompressing that chunk
-
-    def get(self, key, identity):
-        with self._lock:
-            entry = self._chunks.get(key)
-            if entry is None or entry[0] != identity:
-                return None
-            self._chunks.move_to_end(key)
-            return entry[1]
-
-    def get_or_load(self, key, identity, load):
-        """The cached chunk, or ``load()``'s: reads of one chunk in parallel (the kernel's
-        readahead sends several) wait for one decompression instead of each doing it."""
-        data = self.get(key, identity)
-        if data is None:
-            with self._lock:
-                loading = self._loading.setdefault(key, threading.Lock())
-            with loading:
-                data = self.get(key, identity)
-                if data is None:
-                    data = load()
-                    self.put(key, identity, data)
-                with self._lock:
-                    self._loading.pop(key, None)
-        return data
-
-    def put(self, key, identity, data):
-        with self._lock:
-            old = self._chunks.pop(key, None)
-            if old is not None:
-                self._bytes -= len(old[1])
-            self._chunks[key] = (identity, data)
-            self._bytes += len(data)
-            while self._bytes > self.limit and len(self._chunks) > 1:
-                self._bytes -= len(self._chunks.popitem(last=False)[1][1])
 
 
 class Chunk:

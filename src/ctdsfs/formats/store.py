@@ -317,7 +317,7 @@ class VirtualFileStore:
         self.label = f"{parent.label}/{name}"
 
     def pread(self, offset, size):
-        return self.parent.read(self.name, offset, size)
+        return bytes(self.parent.read(self.name, offset, size))
 
     def pwrite(self, offset, data):
         self.parent.write(self.name, offset, data)

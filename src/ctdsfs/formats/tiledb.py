@@ -30,13 +30,14 @@ import os
 import struct
 import threading
 from collections import OrderedDict
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
 from ..container import Container, DerivedView, Usage, name_problem
 from ..errors import BlockError, CtdsfsError, FormatError, ReadOnlyError
 from . import tiledb_filters as tf
+from .decoded_cache import DecodedCache
 from .npy import npy_header
 from .store import open_regular, read_small
 from .tiledb_filters import Reader
@@ -52,7 +53,8 @@ LEGACY_SCHEMA = "__array_schema.tdb"  # the one schema of versions before 10
 LEGACY_VERSIONS = (1, 2)  # fragment metadata in one generic tile (TileDB 1.4 and 1.5)
 GENERIC_HEAD = struct.Struct("<IQQBQBI")  # version, persisted and tile size, datatype,
 # cell size, encryption, filter pipeline size
-TILE_CACHE = 16  # decoded tiles kept per fragment
+TILES = DecodedCache(128 << 20)  # decoded tiles of every fragment, bounded by bytes
+TILES_AHEAD = 3  # a read of tile i has tiles i+1.. decoded ahead, while the cache holds them
 LAYOUTS = {0: "row-major", 1: "col-major", 2: "global", 3: "unordered", 4: "hilbert"}
 EXTRA_FIELDS = (("__timestamps", "t"), ("__delete_timestamps", "dt"),
                 ("__delete_condition_index", "dci"))  # uint64 fields of consolidated fragments
@@ -63,11 +65,13 @@ _AHEAD_LOCK = threading.Lock()
 
 
 def _ahead():
-    """The one thread that decodes, ahead of the readers, the tile after one they read."""
+    """Threads that decode, ahead of the readers, the tiles after one they read: a
+    tile each, so one waits for the disk while another decodes."""
     global _AHEAD
     with _AHEAD_LOCK:
         if _AHEAD is None:
-            _AHEAD = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tiledb-ahead")
+            _AHEAD = ThreadPoolExecutor(max_workers=min(TILES_AHEAD, os.cpu_count() or 2),
+                                        thread_name_prefix="tiledb-ahead")
         return _AHEAD
 
 
@@ -737,8 +741,8 @@ class _Lazy:
             pos, stop = offset - len(header), end - len(header)
             i = int(np.searchsorted(ends, pos, side="right"))
             start = int(ends[i - 1]) if i else 0
-            if stop <= int(ends[i]):
-                return self.load(i)[pos - start:stop - start]
+            if stop <= int(ends[i]):  # handed over without a copy
+                return memoryview(self.load(i))[pos - start:stop - start]
         out = bytearray(header[offset:end])
         pos = max(offset, len(header)) - len(header)
         stop = end - len(header)
@@ -770,9 +774,7 @@ class Fragment(_Directory):
         self.name = name
         self.path = array.fragment_paths[name]
         self.meta = None
-        self._tiles = OrderedDict()
         self._counts = None
-        self._decoding = {}  # tiles being decoded: key -> Future of the bytes
         self._hidden = {}  # field name -> files not shown, with the reason
 
     def _load_meta(self):
@@ -924,56 +926,39 @@ class Fragment(_Directory):
 
     def _tile(self, index, kind, i):
         """Decoded tile i of field ``index`` (kind: data, var, validity, or offsets for
-        strings that keep them in the var tile), cached. Readers that want a tile another
-        is decoding wait for it (the kernel reads ahead in parallel)."""
-        key = (index, kind, i)
+        strings that keep them in the var tile), from the shared cache. Readers that
+        want a tile another is decoding wait for it; the next tiles are decoded ahead
+        (the kernel reads a file in order, several requests at a time)."""
         if kind == "offsets":  # decoding the var tile gives them
             self._tile(index, "var", i)
-            with self._lock:
-                data = self._tiles.get(key)
+            data = TILES.get((self.path, index, kind, i), self)
             return data if data is not None else self._decode(index, "var", i)[1]
-        with self._lock:
-            if key in self._tiles:
-                self._tiles.move_to_end(key)
-                return self._tiles[key]
-            decoding = self._decoding.get(key)
-            if decoding is None:
-                decoding = self._decoding[key] = Future()
-                mine = True
-            else:
-                mine = False
-        if not mine:
-            return decoding.result()
-        try:
-            data, offsets = self._decode(index, kind, i)
-        except BaseException as exc:
-            with self._lock:
-                del self._decoding[key]
-            decoding.set_exception(exc)
-            raise
-        with self._lock:
-            del self._decoding[key]
-            self._tiles[key] = data
-            if offsets is not None:
-                self._tiles[(index, "offsets", i)] = offsets
-            while len(self._tiles) > TILE_CACHE:
-                self._tiles.popitem(last=False)
-        decoding.set_result(data)
-        if i + 1 < len(self._counts or ()):
-            _ahead().submit(self._tile_ahead, (index, kind, i + 1))
+        data = TILES.get_or_load((self.path, index, kind, i), self,
+                                 lambda: self._decoded(index, kind, i, parallel=True))
+        tiles = len(self._counts or ())
+        room = max(0, TILES.limit // max(len(data), 1) - 2)  # the ahead ones must not evict
+        for ahead in range(i + 1, min(i + 1 + min(TILES_AHEAD, room), tiles)):
+            if TILES.wanted((self.path, index, kind, ahead), self):
+                _ahead().submit(self._tile_ahead, index, kind, ahead)
         return data
 
-    def _tile_ahead(self, key):
-        """Decode the tile after the one a read needed (sequential readers want it next)."""
-        with self._lock:
-            if key in self._tiles or key in self._decoding:
-                return
+    def _tile_ahead(self, index, kind, i):
+        """Decode a tile a sequential reader will want next (its chunks one after another:
+        the other read-ahead threads and the readers have the other cores)."""
         try:
-            self._tile(*key)
+            TILES.get_or_load((self.path, index, kind, i), self,
+                              lambda: self._decoded(index, kind, i, parallel=False))
         except BlockError:
             pass  # the read that wants it gets the error
 
-    def _decode(self, index, kind, i):
+    def _decoded(self, index, kind, i, parallel):
+        """``_decode``'s tile; the offsets it finds in a var tile go into the cache."""
+        data, offsets = self._decode(index, kind, i, parallel)
+        if offsets is not None:
+            TILES.put((self.path, index, "offsets", i), self, offsets)
+        return data
+
+    def _decode(self, index, kind, i, parallel=True):
         """Tile i of field ``index`` unfiltered, and for strings whose offsets are in the
         var tile those offsets (else None); BlockError if it cannot be decoded."""
         meta = self.meta
@@ -1011,7 +996,7 @@ class Fragment(_Directory):
                 raise FormatError(f"{where}: {expected} bytes is more than ctdsfs decodes")
             raw = self._tile_bytes(file_name, offsets, i, file_size, where)
             data = tf.unfilter_tile(raw, pipeline, datatype, cell, expected, where,
-                                    string_offsets)
+                                    string_offsets, parallel)
             if len(data) != expected:
                 raise FormatError(f"{where}: {len(data)} bytes, not the {expected} the "
                                   f"metadata declares")

@@ -153,7 +153,8 @@ def _stage_types(pipeline, datatype):
     return types
 
 
-def unfilter_tile(data, pipeline, datatype, cell_size, expected, what, string_offsets=None):
+def unfilter_tile(data, pipeline, datatype, cell_size, expected, what, string_offsets=None,
+                  parallel=True):
     """The unfiltered bytes of one tile (``data``: its on-disk bytes, chunk count first).
 
     ``expected`` bounds the result (the tile's size as the schema and metadata
@@ -161,6 +162,7 @@ def unfilter_tile(data, pipeline, datatype, cell_size, expected, what, string_of
     FormatError, and a checksum that fails a ChecksumMismatch. For var-sized
     strings under RLE or DICTIONARY (whose offsets live in the data tile, not in
     the offsets file) ``string_offsets`` is a list that receives the cell offsets.
+    A large tile's chunks are unfiltered by several threads unless not ``parallel``.
     """
     reader = Reader(data, what)
     count = reader.count("Q", 12)
@@ -190,7 +192,7 @@ def unfilter_tile(data, pipeline, datatype, cell_size, expected, what, string_of
     def unfilter_run(run):
         return [unfilter(index) for index in run]
 
-    if string_offsets is None and len(chunks) >= PARALLEL_CHUNKS and stages:
+    if parallel and string_offsets is None and len(chunks) >= PARALLEL_CHUNKS and stages:
         workers = os.cpu_count() or 2
         step = -(-len(chunks) // workers)
         runs = [range(i, min(i + step, len(chunks))) for i in range(0, len(chunks), step)]

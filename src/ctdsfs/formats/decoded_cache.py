@@ -1,0 +1,72 @@
+"""Decoded pieces of a container (Blosc chunks, TileDB tiles), bounded by bytes.
+
+Decoding is the expensive part of reading a compressed format, and the
+kernel's readahead asks for the same piece several times at once: the cache
+keeps recently decoded pieces, lets parallel readers of one piece wait for a
+single decoding, and tells read-ahead workers which pieces nobody has asked
+for yet.
+"""
+
+import threading
+from collections import OrderedDict
+
+CACHE_BYTES = 64 << 20  # decoded pieces kept per cache
+
+
+class DecodedCache:
+    """Decoded pieces, least recently used dropped first, at most ``limit`` bytes in all
+    (one piece more than that fits is kept, so a piece larger than the limit is too).
+
+    Every entry is valid for one ``identity`` of its source (for a file: inode, mtime,
+    size; for a fragment: the object that read it): an entry of a source since
+    replaced is never served, even if the inode is reused.
+    """
+
+    def __init__(self, limit=CACHE_BYTES):
+        self.limit = limit
+        self._pieces = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+        self._loading = {}  # key -> the lock of the one thread decoding that piece
+
+    def get(self, key, identity):
+        with self._lock:
+            entry = self._pieces.get(key)
+            if entry is None or entry[0] != identity:
+                return None
+            self._pieces.move_to_end(key)
+            return entry[1]
+
+    def get_or_load(self, key, identity, load):
+        """The cached piece, or ``load()``'s: reads of one piece in parallel (the kernel's
+        readahead sends several) wait for one decoding instead of each doing it."""
+        data = self.get(key, identity)
+        if data is None:
+            with self._lock:
+                loading = self._loading.setdefault(key, threading.Lock())
+            try:
+                with loading:
+                    data = self.get(key, identity)
+                    if data is None:
+                        data = load()
+                        self.put(key, identity, data)
+            finally:
+                with self._lock:
+                    self._loading.pop(key, None)
+        return data
+
+    def wanted(self, key, identity):
+        """Whether the piece is neither cached nor being decoded (worth decoding ahead)."""
+        with self._lock:
+            entry = self._pieces.get(key)
+            return key not in self._loading and (entry is None or entry[0] != identity)
+
+    def put(self, key, identity, data):
+        with self._lock:
+            old = self._pieces.pop(key, None)
+            if old is not None:
+                self._bytes -= len(old[1])
+            self._pieces[key] = (identity, data)
+            self._bytes += len(data)
+            while self._bytes > self.limit and len(self._pieces) > 1:
+                self._bytes -= len(self._pieces.popitem(last=False)[1][1])
