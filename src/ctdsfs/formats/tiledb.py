@@ -775,6 +775,7 @@ class Fragment(_Directory):
         self.path = array.fragment_paths[name]
         self.meta = None
         self._counts = None
+        self._var_bases = {}  # field index -> where each var tile starts in FIELD.data
         self._hidden = {}  # field name -> files not shown, with the reason
 
     def _load_meta(self):
@@ -878,9 +879,17 @@ class Fragment(_Directory):
         return npy_header("<u8", (sum(counts) + 1,), False), sizes
 
     def _offsets_piece(self, index, i):
-        """Tile i's cell offsets made global (into FIELD.data); the last tile adds the end."""
-        bases = np.concatenate((np.zeros(1, np.uint64),
-                                np.cumsum(self._var_sizes(index), dtype=np.uint64)))
+        """Tile i's cell offsets made global (into FIELD.data), worked out once; the last
+        tile adds the end."""
+        return TILES.get_or_load((self.path, index, "global offsets", i), self,
+                                 lambda: self._global_offsets(index, i))
+
+    def _global_offsets(self, index, i):
+        with self._lock:
+            bases = self._var_bases.get(index)
+            if bases is None:
+                bases = self._var_bases[index] = np.concatenate((
+                    np.zeros(1, np.uint64), np.cumsum(self._var_sizes(index), dtype=np.uint64)))
         counts = self.cell_counts()
         if not counts:
             return bases[-1:].astype("<u8").tobytes()
