@@ -36,7 +36,9 @@ first, ``meta/sizes`` last, so a crash leaves it never ahead of the data.
 Everything else is refused (EPERM) with a log line.
 """
 
+import bisect
 import contextlib
+import itertools
 import json
 import logging
 import os
@@ -153,17 +155,19 @@ class _ChunkFile:
 
 class _NpyFile:
     """A .npy header (``source.npy_header()``) followed by the bytes ``source.read_data``
-    gives; ``write`` if the source takes writes."""
+    gives; ``write`` if the source takes writes. The header is made once per
+    ``source.version`` (which every change of shape bumps), not on every read."""
 
     def __init__(self, source):
         self.source = source
+        self._header = _Bytes(source.npy_header, lambda: source.version)
 
     def size(self):
-        return len(self.source.npy_header()) + self.source.data_bytes()
+        return len(self._header.data()) + self.source.data_bytes()
 
     def read(self, offset, size):
-        header = self.source.npy_header()
-        end = min(offset + size, self.size())
+        header = self._header.data()
+        end = min(offset + size, len(header) + self.source.data_bytes())
         start = max(offset, len(header))
         if start >= end:
             return header[offset:end]
@@ -171,7 +175,7 @@ class _NpyFile:
                                                           end - len(header))
 
     def write(self, offset, data):
-        header = self.source.npy_header()
+        header = self._header.data()
         skip = max(0, len(header) - offset)
         if data[:skip] != header[offset:offset + skip]:
             raise refuse(self.source.label, "the .npy header cannot be changed")
@@ -316,7 +320,10 @@ class Carray(_View):
         self.cache = cache or ChunkCache()
         self.appendable = not column  # (a ctable's columns grow together: not one alone)
         self._partial = bytearray()  # appended bytes short of a whole item
-        self.version = 0  # counts reloads and stored chunks (meta.json follows it)
+        self._superchunk_prefix = self._real("data", "__")
+        # counts reloads, appends and stored chunks (what derives from them follows it),
+        # bumped after each change, so nothing made from a half-done change is kept
+        self.version = 0
         self._load()
         from ..vfs.directory import DirectorySource  # (formats do not import the VFS at load)
         self._add("array.npy", _NpyFile(self))
@@ -340,7 +347,6 @@ class Carray(_View):
             self._sizes_identity = file_identity(os.lstat(self._real("meta", "sizes")))
         except OSError as exc:
             raise FormatError(f"{where}: meta/sizes: {exc.strerror}") from None
-        self.version += 1
         self.storage = _read_json(self._real("meta", "storage"))
         self.sizes = _read_json(self._real("meta", "sizes"))
         self.attrs = _read_json(self._real("__attrs__")) \
@@ -374,6 +380,7 @@ class Carray(_View):
             self.problems.append(f"meta/sizes: nbytes {self.sizes.get('nbytes')!r} is not "
                                  f"{self.data_bytes()} (shape x itemsize)")
         self._chunks = {}
+        self.version += 1  # (last: what was made for the old version is made again)
 
     def _cparams(self):
         """What bcolz compresses with (checked: the values reach python-blosc on writes)."""
@@ -397,7 +404,7 @@ class Carray(_View):
         return self.shape[0] * self.item_bytes + len(self._partial)
 
     def _superchunk(self, number):
-        return self._real("data", f"__{number}.blp")
+        return f"{self._superchunk_prefix}{number}.blp"
 
     def _chunk(self, number, fd, identity):
         """The chunk of superchunk ``number`` (its 16-byte header checked), kept while the
@@ -440,9 +447,19 @@ class Carray(_View):
             return min(self.chunklen, self.shape[0] - number * self.chunklen) * self.item_bytes
 
     def chunk_data(self, number):
-        """Chunk ``number`` decompressed, from the cache while its file is unchanged."""
-        return self._with_chunk(number, lambda chunk, fd, identity: self.cache.get_or_load(
-            (self.path, number), identity, lambda: chunk.decompress(fd)))
+        """Chunk ``number`` decompressed, from the cache while its file is unchanged: one
+        lstat tells that (a link or anything not a regular file goes the opening way)."""
+        key = (self.path, number)
+        try:
+            st = os.lstat(self._superchunk(number))
+        except OSError:
+            st = None
+        data = self.cache.get(key, file_identity(st)) \
+            if st is not None and stat.S_ISREG(st.st_mode) else None
+        if data is None:
+            data = self._with_chunk(number, lambda chunk, fd, identity: self.cache.get_or_load(
+                key, identity, lambda: chunk.decompress(fd)))
+        return data
 
     def read_data(self, start, end):
         """Bytes ``start`` .. ``end`` of the items, decompressing only the chunks they touch
@@ -510,6 +527,7 @@ class Carray(_View):
         _replace_file(self._real("meta", "sizes"), json.dumps(sizes).encode())
         self.sizes, self.shape = sizes, (count, *self.shape[1:])
         self._sizes_identity = file_identity(os.lstat(self._real("meta", "sizes")))
+        self.version += 1
 
     def _typesize(self):
         """The Blosc typesize bcolz gave the chunks (the first chunk's), else the dtype's."""
@@ -540,7 +558,8 @@ class Carray(_View):
             try:
                 self._load()
             except FormatError:
-                self.__dict__.update(before)
+                # (a new version: a read may have made something of the half-loaded state)
+                self.__dict__.update(before, version=self.version + 1)
                 raise
             return True
 
@@ -648,6 +667,11 @@ class Ctable(_View):
             self._add(name, column)
         self._lock_rootdir(path)
 
+    @property
+    def version(self):
+        """Changes whenever a column's does (table.npy's header follows it)."""
+        return tuple(c.version for c in self.columns.values())
+
     def rows(self):
         """The rows every column holds (bcolz may have grown the columns since opening)."""
         return min(c.shape[0] for c in self.columns.values())
@@ -707,6 +731,7 @@ class BloscpackFile(_View):
     """A standalone .blp file: data, header.json, chunks/N (read-only)."""
 
     format_name = "bloscpack"
+    version = 0  # (the file is open, never reloaded)
 
     def __init__(self, path):
         super().__init__(path)
@@ -718,6 +743,8 @@ class BloscpackFile(_View):
         except BaseException:
             os.close(self.fd)
             raise
+        # where each chunk's bytes start in ``data`` (and where the last one ends)
+        self._starts = [0, *itertools.accumulate(c.nbytes_range[1] for c in self._chunks)]
         self._add("data", _NpyFile(self))
         self._add("header.json", _json_file(self.header_json))
         self._add("chunks", _ChunkDir(self))
@@ -843,17 +870,16 @@ class BloscpackFile(_View):
                                       lambda: self._chunks[number].decompress(self.fd))
 
     def data_bytes(self):
-        return sum(c.nbytes_range[1] for c in self._chunks)
+        return self._starts[-1]
 
     def read_data(self, start, end):
+        """The chunks that hold ``start`` .. ``end``, found by bisection, not a walk."""
         parts = []
-        for number, chunk in enumerate(self._chunks):
-            length = chunk.nbytes_range[1]
-            if start < length and end > 0:
-                parts.append(self.chunk_data(number)[max(0, start):end])
-            start, end = start - length, end - length
-            if end <= 0:
-                break
+        number = bisect.bisect_right(self._starts, start) - 1
+        while start < end and number < len(self._chunks):
+            first = self._starts[number]
+            parts.append(self.chunk_data(number)[start - first:end - first])
+            start, number = self._starts[number + 1], number + 1
         return b"".join(parts)
 
     def header_json(self):
