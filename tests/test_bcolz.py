@@ -588,6 +588,31 @@ def test_read_only_mount_refuses_writes(damaged, mount):
     assert before == {p: p.read_bytes() for p in root.rglob("*") if p.is_file()}
 
 
+def test_derived_views_answer_alike(rootdirs, tmp_path):
+    """bcolz and TileDB views share one base (container.DerivedView): a subdirectory is
+    no file to read, a read-only view refuses changes naming itself, every nested view
+    describes its files and problems."""
+    from .tiledb_arrays import write_dense
+
+    write_dense(str(tmp_path / "dense"))
+    carray = open_container(rootdirs / "trimmed")
+    array = open_container(tmp_path / "dense")
+    for view, subdirectory, label in ((carray, "chunks", rootdirs / "trimmed"),
+                                      (array, "fragments", tmp_path / "dense")):
+        assert view.contains(subdirectory) and not view.contains("nothing")
+        assert view.entry_size(subdirectory) == 0
+        with pytest.raises(IsADirectoryError):
+            view.read(subdirectory, 0, 10)
+        with pytest.raises(CtdsfsError, match=f"^{label} is read-only"):
+            view.write(view.names()[0], 0, b"x")
+        nested = view.nested(subdirectory)
+        info = nested.describe()
+        assert info["problems"] == [] and [f["name"] for f in info["files"]] == nested.names()
+        assert view.usage().block_size == 4096 and not view.dirty
+    carray.close()
+    array.close()
+
+
 def test_kill_9_during_writes_leaves_old_or_new(damaged, tmp_path):
     """Generation k overwrites every item with k, then appends 500 items of k; a daemon
     killed at any moment leaves bcolz reading values k or k + 1 only (each superchunk old

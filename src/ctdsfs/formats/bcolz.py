@@ -45,15 +45,14 @@ import os
 import re
 import stat
 import struct
-import threading
 import zlib
 from collections import OrderedDict
 
 import blosc
 import numpy as np
 
-from ..container import Container, DerivedView, Usage, name_problem
-from ..errors import BlockError, CtdsfsError, FormatError, NotPermitted, ReadOnlyError
+from ..container import DerivedView, name_problem
+from ..errors import BlockError, CtdsfsError, FormatError, NotPermitted
 from .blosc_chunk import BLOSC_HEADER, CHECKSUMS, Chunk, ChunkCache, file_identity
 from .npy import npy_header
 from .store import fsync_path, lock_for_writing, open_regular, read_small, write_synced
@@ -67,7 +66,6 @@ METADATA_HEADER = struct.Struct("<8sBBBBIII8s")
 META_CODECS = ("None", "zlib")
 JSON_BYTES_MAX = 1 << 20  # meta/*, __attrs__, __rootdirs__, bloscpack metadata
 CHUNK_BYTES_MAX = 256 << 20  # one decompressed chunk (what a read may allocate)
-BLOCK_SIZE = 4096
 SUPERCHUNK_NAME = re.compile(r"__(0|[1-9][0-9]{0,17})\.blp\Z")
 
 
@@ -191,7 +189,9 @@ def refuse(label, why):
 
 
 class _View(DerivedView):
-    """A translated directory: file objects (``size``, ``read``, ``write``) and subdirectories."""
+    """A translated directory whose entries (file objects with ``size``, ``read`` and
+    maybe ``write``, and subdirectories) are added as it opens; with ``-o rw`` the
+    items of its .npy files take writes, every other change is refused (EPERM)."""
 
     checks_reads = True  # reads decompress
     kernel_write_cache = False
@@ -201,13 +201,8 @@ class _View(DerivedView):
         return not self.writable  # (an append changes the .npy header's shape)
 
     def __init__(self, label, writable=False):
-        self.label = label
+        super().__init__(label)
         self.writable = writable
-        self.failure = None
-        self.problems = []
-        self._lock = threading.RLock()
-        self._nested = {}
-        self._entries = OrderedDict()  # name -> file object or Container
         self._writer_lock = None  # a descriptor of the rootdir, flocked while writable
 
     def _lock_rootdir(self, path):
@@ -230,31 +225,9 @@ class _View(DerivedView):
         else:
             self._entries[name] = entry
 
-    def names(self):
-        return list(self._entries)
-
-    def entry_size(self, key):
-        entry = self._entry(key)
-        return 0 if isinstance(entry, Container) else entry.size()
-
-    def entry_blocks(self, key):
-        return -(-self.entry_size(key) // BLOCK_SIZE)
-
-    def read(self, key, offset, size):
-        entry = self._entry(key)
-        return b"" if isinstance(entry, Container) else entry.read(offset, size)
-
-    def nested(self, name):
-        entry = self._entry(name)
-        return entry if isinstance(entry, Container) else None
-
-    def usage(self):
-        return Usage(BLOCK_SIZE, 0, 0)
-
-
     def _writable_entry(self, key):
         if not self.writable:
-            raise ReadOnlyError(f"{self.label} is read-only")
+            self._refuse_read_only()
         entry = self._entry(key)
         if not hasattr(entry, "write"):
             raise refuse(f"{self.label}/{key}", "this file is read-only (it is derived)")
@@ -275,9 +248,6 @@ class _View(DerivedView):
         raise refuse(self.label, f"cannot add, remove or rename entries ({name!r})")
 
     make_nested = remove = rename = create
-
-    def _shown_views(self):
-        return [e for e in self._entries.values() if isinstance(e, Container)]
 
     def close(self):
         super().close()
@@ -303,10 +273,6 @@ class _ChunkDir(_View):
                 and int(key) < self.source.chunk_count()):
             raise FileNotFoundError(key)
         return _ChunkFile(self.source, int(key))
-
-    def describe(self):
-        return {"container": self.label, "format": self.format_name, "files": [
-            {"name": n, "size": self.entry_size(n)} for n in self.names()]}
 
 
 class Carray(_View):
