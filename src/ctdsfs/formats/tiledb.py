@@ -38,8 +38,8 @@ from ..container import DerivedView, name_problem
 from ..errors import BlockError, CtdsfsError, FormatError
 from . import tiledb_filters as tf
 from .npy import npy_header
+from .byte_reader import Reader
 from .store import open_regular, read_small
-from .tiledb_filters import Reader
 
 log = logging.getLogger(__name__)
 
