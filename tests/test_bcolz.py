@@ -177,6 +177,41 @@ def test_changes_by_bcolz_are_seen(damaged):
     assert len(c.nested("chunks").names()) == c.chunk_count() == 6
 
 
+def test_reads_reuse_the_layout_until_the_array_changes(damaged, monkeypatch):
+    """A read of a cached chunk builds no .npy header and opens no superchunk (one lstat
+    tells the file is unchanged); an append, or bcolz replacing a superchunk, is seen."""
+    import ctdsfs.formats.bcolz as module
+
+    calls = {"npy_header": 0, "open_regular": 0}
+
+    def counted(name):
+        real = getattr(module, name)
+
+        def call(*args, **kwargs):
+            calls[name] += 1
+            return real(*args, **kwargs)
+        monkeypatch.setattr(module, name, call)
+
+    counted("npy_header")
+    counted("open_regular")
+    root = damaged("trimmed")  # 27 int32 items, chunklen 8
+    c = open_container(root, writable=True)
+    table = open_container(damaged("table"))
+    for view, name in ((c, "array.npy"), (table, "table.npy"), (table, "price.npy")):
+        whole(view, name)
+        before = dict(calls)
+        for offset in range(0, view.entry_size(name), 7):
+            view.read(name, offset, 13)
+        assert calls == before, name
+    size = c.entry_size("array.npy")
+    c.write("array.npy", size, struct.pack("<i", 27))
+    assert npy(c, "array.npy").tolist() == list(range(28))
+    carr = bcolz.open(str(root), mode="a")
+    carr[0] = 99
+    carr.flush()
+    assert c.read("array.npy", size - 27 * 4, 4) == struct.pack("<i", 99)
+
+
 def test_mount_directory_of_rootdirs(rootdirs, mount):
     m = mount(rootdirs)
     top = m.mountpoint
@@ -253,6 +288,9 @@ def test_standalone_bloscpack(tmp_path, checksum, offsets, metadata):
     c = open_container(path)
     assert whole(c, "data") == data
     assert c.read("data", 16380, 10) == data[16380:16390]
+    assert c.read("data", 100, 40000) == data[100:40100]  # (three chunks)
+    assert c.read("data", len(data) - 5, 100) == data[-5:]
+    assert c.read("data", len(data), 100) == b""
     header = json.loads(whole(c, "header.json"))
     assert header["header"]["nchunks"] == 5 and header["header"]["chunk_size"] == 16384
     assert (header["metadata"] or {}).get("value") == metadata
@@ -548,6 +586,31 @@ def test_read_only_mount_refuses_writes(damaged, mount):
     assert info.value.errno in (30, 13)
     m.close()
     assert before == {p: p.read_bytes() for p in root.rglob("*") if p.is_file()}
+
+
+def test_derived_views_answer_alike(rootdirs, tmp_path):
+    """bcolz and TileDB views share one base (container.DerivedView): a subdirectory is
+    no file to read, a read-only view refuses changes naming itself, every nested view
+    describes its files and problems."""
+    from .tiledb_arrays import write_dense
+
+    write_dense(str(tmp_path / "dense"))
+    carray = open_container(rootdirs / "trimmed")
+    array = open_container(tmp_path / "dense")
+    for view, subdirectory, label in ((carray, "chunks", rootdirs / "trimmed"),
+                                      (array, "fragments", tmp_path / "dense")):
+        assert view.contains(subdirectory) and not view.contains("nothing")
+        assert view.entry_size(subdirectory) == 0
+        with pytest.raises(IsADirectoryError):
+            view.read(subdirectory, 0, 10)
+        with pytest.raises(CtdsfsError, match=f"^{label} is read-only"):
+            view.write(view.names()[0], 0, b"x")
+        nested = view.nested(subdirectory)
+        info = nested.describe()
+        assert info["problems"] == [] and [f["name"] for f in info["files"]] == nested.names()
+        assert view.usage().block_size == 4096 and not view.dirty
+    carray.close()
+    array.close()
 
 
 def test_kill_9_during_writes_leaves_old_or_new(damaged, tmp_path):

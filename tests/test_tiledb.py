@@ -720,3 +720,28 @@ def test_linked_data_file_is_never_followed(arrays, tmp_path):
     assert walk(array) >= 1  # the linked field's tiles fail
     problems, _ = array.check()
     assert any(target.name in p for p in problems), problems
+
+
+def test_one_bounded_reader_for_tiledb_and_pycauset(arrays, tmp_path):
+    """TileDB's generic tiles and pycauset's metadata map read through one bounded reader
+    (formats/byte_reader.py): a length past the end is refused before anything is taken,
+    each format saying so in its own words."""
+    from ctdsfs.errors import FormatError
+    from ctdsfs.formats.byte_reader import Reader
+    from ctdsfs.formats.pycauset import decode_typed
+
+    reader = Reader(b"\x05\x00\x00\x00ab", "x")
+    with pytest.raises(FormatError, match=r"^x: truncated \(wanted 5 bytes, 2 left\)$"):
+        reader.take(reader.unpack("I"))
+    assert reader.pos == 4 and bytes(reader.take(2)) == b"ab" and not reader.left()
+    with pytest.raises(FormatError, match=r"^metadata payload is truncated$"):
+        decode_typed(b"\x08\x01\x00\x00\x00\x01\x00k\x05\xff\xff\xff\x7f")
+    assert decode_typed(b"\x08\x01\x00\x00\x00\x01\x00k\x05\x02\x00\x00\x00hi") == \
+        ("map", [("k", ("str", "hi"))])
+    uri = tmp_path / "a"
+    shutil.copytree(arrays / "dense_row", uri)
+    schema = next(p for p in (uri / "__schema").iterdir() if p.is_file())
+    truncate(schema, 80)
+    with pytest.raises(FormatError, match=rf"^{uri}: __schema/{schema.name}: truncated "
+                                          r"\(wanted \d+ bytes, \d+ left\)$"):
+        open_container(str(uri))

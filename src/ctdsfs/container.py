@@ -6,10 +6,11 @@ which is how hierarchy arises (casacore nests a subtable's MultiFile inside its
 parent's). The VFS only ever talks to this interface.
 """
 
+import threading
 from abc import ABC, abstractmethod
 from typing import NamedTuple
 
-from .errors import CtdsfsError
+from .errors import CtdsfsError, ReadOnlyError
 
 MAX_NAME_BYTES = 255
 
@@ -246,10 +247,84 @@ class Container(ABC):
 class DerivedView(Container):
     """A directory computed from a source's own files (a bcolz rootdir, a TileDB array).
 
-    What it shows is worked out from those files, and what it writes (if it
-    writes) goes to them at once: nothing waits for a commit unless a subclass
-    says so. Closing closes the views shown inside it (``_shown_views``).
+    Its entries (name -> bytes, a file object with ``size()`` and ``read(offset,
+    size)``, or a nested container) are made by ``_build()`` on first use, or
+    added as the view opens. What it shows is worked out from the source's
+    files, and what it writes (if it writes) goes to them at once: nothing
+    waits for a commit unless a subclass says so. Closing closes the views
+    shown inside it (``_shown_views``).
     """
+
+    BLOCK_SIZE = 4096  # (only for stat: a view has no blocks of its own)
+    writable = False
+    failure = None
+    read_only_note = ""  # what a refused change adds to "LABEL is read-only"
+
+    def __init__(self, label):
+        self.label = label
+        self.problems = []
+        self._lock = threading.RLock()
+        self._nested = {}
+        self._built = None
+
+    def _build(self):
+        """The entries, in order (a view that adds them as it opens starts with none)."""
+        return {}
+
+    @property
+    def _entries(self):
+        with self._lock:
+            if self._built is None:
+                self._built = self._build()
+            return self._built
+
+    def names(self):
+        return list(self._entries)
+
+    def contains(self, name):
+        try:
+            self._entry(name)
+        except FileNotFoundError:
+            return False
+        return True
+
+    def _file_size(self, entry):
+        """A file object's size (a format whose objects say it otherwise overrides this)."""
+        return entry.size()
+
+    def entry_size(self, key):
+        entry = self._entry(key)
+        if isinstance(entry, Container):
+            return 0
+        return len(entry) if isinstance(entry, bytes) else self._file_size(entry)
+
+    def entry_blocks(self, key):
+        return -(-self.entry_size(key) // self.BLOCK_SIZE)
+
+    def read(self, key, offset, size):
+        entry = self._entry(key)
+        if isinstance(entry, Container):
+            raise IsADirectoryError(key)
+        if isinstance(entry, bytes):
+            return entry[offset:offset + size]
+        return entry.read(offset, size)
+
+    def nested(self, name):
+        entry = self._entry(name)
+        return entry if isinstance(entry, Container) else None
+
+    def usage(self):
+        return Usage(self.BLOCK_SIZE, 0, 0)
+
+    def describe(self):
+        return {"container": self.label, "format": self.format_name,
+                "files": [{"name": n, "size": self.entry_size(n)} for n in self.names()],
+                "problems": list(self.problems)}
+
+    def _refuse_read_only(self, *args, **kwargs):
+        raise ReadOnlyError(f"{self.label} is read-only{self.read_only_note}")
+
+    create = write = truncate = remove = rename = make_nested = _refuse_read_only
 
     @property
     def dirty(self):
@@ -262,7 +337,8 @@ class DerivedView(Container):
         return False
 
     def _shown_views(self):
-        return ()
+        """The nested views among the entries made so far (none are made to close them)."""
+        return [e for e in list((self._built or {}).values()) if isinstance(e, Container)]
 
     def close(self):
         for view in self._shown_views():

@@ -36,22 +36,23 @@ first, ``meta/sizes`` last, so a crash leaves it never ahead of the data.
 Everything else is refused (EPERM) with a log line.
 """
 
+import bisect
 import contextlib
+import itertools
 import json
 import logging
 import os
 import re
 import stat
 import struct
-import threading
 import zlib
 from collections import OrderedDict
 
 import blosc
 import numpy as np
 
-from ..container import Container, DerivedView, Usage, name_problem
-from ..errors import BlockError, CtdsfsError, FormatError, NotPermitted, ReadOnlyError
+from ..container import DerivedView, name_problem
+from ..errors import BlockError, CtdsfsError, FormatError, NotPermitted
 from .blosc_chunk import BLOSC_HEADER, CHECKSUMS, Chunk, file_identity
 from .decoded_cache import DecodedCache
 from .npy import npy_header
@@ -66,7 +67,6 @@ METADATA_HEADER = struct.Struct("<8sBBBBIII8s")
 META_CODECS = ("None", "zlib")
 JSON_BYTES_MAX = 1 << 20  # meta/*, __attrs__, __rootdirs__, bloscpack metadata
 CHUNK_BYTES_MAX = 256 << 20  # one decompressed chunk (what a read may allocate)
-BLOCK_SIZE = 4096
 SUPERCHUNK_NAME = re.compile(r"__(0|[1-9][0-9]{0,17})\.blp\Z")
 
 
@@ -154,17 +154,19 @@ class _ChunkFile:
 
 class _NpyFile:
     """A .npy header (``source.npy_header()``) followed by the bytes ``source.read_data``
-    gives; ``write`` if the source takes writes."""
+    gives; ``write`` if the source takes writes. The header is made once per
+    ``source.version`` (which every change of shape bumps), not on every read."""
 
     def __init__(self, source):
         self.source = source
+        self._header = _Bytes(source.npy_header, lambda: source.version)
 
     def size(self):
-        return len(self.source.npy_header()) + self.source.data_bytes()
+        return len(self._header.data()) + self.source.data_bytes()
 
     def read(self, offset, size):
-        header = self.source.npy_header()
-        end = min(offset + size, self.size())
+        header = self._header.data()
+        end = min(offset + size, len(header) + self.source.data_bytes())
         start = max(offset, len(header))
         if start >= end:
             return header[offset:end]
@@ -172,7 +174,7 @@ class _NpyFile:
                                                           end - len(header))
 
     def write(self, offset, data):
-        header = self.source.npy_header()
+        header = self._header.data()
         skip = max(0, len(header) - offset)
         if data[:skip] != header[offset:offset + skip]:
             raise refuse(self.source.label, "the .npy header cannot be changed")
@@ -188,7 +190,9 @@ def refuse(label, why):
 
 
 class _View(DerivedView):
-    """A translated directory: file objects (``size``, ``read``, ``write``) and subdirectories."""
+    """A translated directory whose entries (file objects with ``size``, ``read`` and
+    maybe ``write``, and subdirectories) are added as it opens; with ``-o rw`` the
+    items of its .npy files take writes, every other change is refused (EPERM)."""
 
     checks_reads = True  # reads decompress
     kernel_write_cache = False
@@ -198,13 +202,8 @@ class _View(DerivedView):
         return not self.writable  # (an append changes the .npy header's shape)
 
     def __init__(self, label, writable=False):
-        self.label = label
+        super().__init__(label)
         self.writable = writable
-        self.failure = None
-        self.problems = []
-        self._lock = threading.RLock()
-        self._nested = {}
-        self._entries = OrderedDict()  # name -> file object or Container
         self._writer_lock = None  # a descriptor of the rootdir, flocked while writable
 
     def _lock_rootdir(self, path):
@@ -227,31 +226,9 @@ class _View(DerivedView):
         else:
             self._entries[name] = entry
 
-    def names(self):
-        return list(self._entries)
-
-    def entry_size(self, key):
-        entry = self._entry(key)
-        return 0 if isinstance(entry, Container) else entry.size()
-
-    def entry_blocks(self, key):
-        return -(-self.entry_size(key) // BLOCK_SIZE)
-
-    def read(self, key, offset, size):
-        entry = self._entry(key)
-        return b"" if isinstance(entry, Container) else entry.read(offset, size)
-
-    def nested(self, name):
-        entry = self._entry(name)
-        return entry if isinstance(entry, Container) else None
-
-    def usage(self):
-        return Usage(BLOCK_SIZE, 0, 0)
-
-
     def _writable_entry(self, key):
         if not self.writable:
-            raise ReadOnlyError(f"{self.label} is read-only")
+            self._refuse_read_only()
         entry = self._entry(key)
         if not hasattr(entry, "write"):
             raise refuse(f"{self.label}/{key}", "this file is read-only (it is derived)")
@@ -272,9 +249,6 @@ class _View(DerivedView):
         raise refuse(self.label, f"cannot add, remove or rename entries ({name!r})")
 
     make_nested = remove = rename = create
-
-    def _shown_views(self):
-        return [e for e in self._entries.values() if isinstance(e, Container)]
 
     def close(self):
         super().close()
@@ -301,10 +275,6 @@ class _ChunkDir(_View):
             raise FileNotFoundError(key)
         return _ChunkFile(self.source, int(key))
 
-    def describe(self):
-        return {"container": self.label, "format": self.format_name, "files": [
-            {"name": n, "size": self.entry_size(n)} for n in self.names()]}
-
 
 class Carray(_View):
     """A carray rootdir: array.npy, attrs.json, meta.json, chunks/, raw/."""
@@ -317,7 +287,10 @@ class Carray(_View):
         self.cache = cache or DecodedCache()
         self.appendable = not column  # (a ctable's columns grow together: not one alone)
         self._partial = bytearray()  # appended bytes short of a whole item
-        self.version = 0  # counts reloads and stored chunks (meta.json follows it)
+        self._superchunk_prefix = self._real("data", "__")
+        # counts reloads, appends and stored chunks (what derives from them follows it),
+        # bumped after each change, so nothing made from a half-done change is kept
+        self.version = 0
         self._load()
         from ..vfs.directory import DirectorySource  # (formats do not import the VFS at load)
         self._add("array.npy", _NpyFile(self))
@@ -341,7 +314,6 @@ class Carray(_View):
             self._sizes_identity = file_identity(os.lstat(self._real("meta", "sizes")))
         except OSError as exc:
             raise FormatError(f"{where}: meta/sizes: {exc.strerror}") from None
-        self.version += 1
         self.storage = _read_json(self._real("meta", "storage"))
         self.sizes = _read_json(self._real("meta", "sizes"))
         self.attrs = _read_json(self._real("__attrs__")) \
@@ -375,6 +347,7 @@ class Carray(_View):
             self.problems.append(f"meta/sizes: nbytes {self.sizes.get('nbytes')!r} is not "
                                  f"{self.data_bytes()} (shape x itemsize)")
         self._chunks = {}
+        self.version += 1  # (last: what was made for the old version is made again)
 
     def _cparams(self):
         """What bcolz compresses with (checked: the values reach python-blosc on writes)."""
@@ -398,7 +371,7 @@ class Carray(_View):
         return self.shape[0] * self.item_bytes + len(self._partial)
 
     def _superchunk(self, number):
-        return self._real("data", f"__{number}.blp")
+        return f"{self._superchunk_prefix}{number}.blp"
 
     def _chunk(self, number, fd, identity):
         """The chunk of superchunk ``number`` (its 16-byte header checked), kept while the
@@ -441,9 +414,19 @@ class Carray(_View):
             return min(self.chunklen, self.shape[0] - number * self.chunklen) * self.item_bytes
 
     def chunk_data(self, number):
-        """Chunk ``number`` decompressed, from the cache while its file is unchanged."""
-        return self._with_chunk(number, lambda chunk, fd, identity: self.cache.get_or_load(
-            (self.path, number), identity, lambda: chunk.decompress(fd)))
+        """Chunk ``number`` decompressed, from the cache while its file is unchanged: one
+        lstat tells that (a link or anything not a regular file goes the opening way)."""
+        key = (self.path, number)
+        try:
+            st = os.lstat(self._superchunk(number))
+        except OSError:
+            st = None
+        data = self.cache.get(key, file_identity(st)) \
+            if st is not None and stat.S_ISREG(st.st_mode) else None
+        if data is None:
+            data = self._with_chunk(number, lambda chunk, fd, identity: self.cache.get_or_load(
+                key, identity, lambda: chunk.decompress(fd)))
+        return data
 
     def read_data(self, start, end):
         """Bytes ``start`` .. ``end`` of the items, decompressing only the chunks they touch
@@ -511,6 +494,7 @@ class Carray(_View):
         _replace_file(self._real("meta", "sizes"), json.dumps(sizes).encode())
         self.sizes, self.shape = sizes, (count, *self.shape[1:])
         self._sizes_identity = file_identity(os.lstat(self._real("meta", "sizes")))
+        self.version += 1
 
     def _typesize(self):
         """The Blosc typesize bcolz gave the chunks (the first chunk's), else the dtype's."""
@@ -541,7 +525,8 @@ class Carray(_View):
             try:
                 self._load()
             except FormatError:
-                self.__dict__.update(before)
+                # (a new version: a read may have made something of the half-loaded state)
+                self.__dict__.update(before, version=self.version + 1)
                 raise
             return True
 
@@ -649,6 +634,11 @@ class Ctable(_View):
             self._add(name, column)
         self._lock_rootdir(path)
 
+    @property
+    def version(self):
+        """Changes whenever a column's does (table.npy's header follows it)."""
+        return tuple(c.version for c in self.columns.values())
+
     def rows(self):
         """The rows every column holds (bcolz may have grown the columns since opening)."""
         return min(c.shape[0] for c in self.columns.values())
@@ -708,6 +698,7 @@ class BloscpackFile(_View):
     """A standalone .blp file: data, header.json, chunks/N (read-only)."""
 
     format_name = "bloscpack"
+    version = 0  # (the file is open, never reloaded)
 
     def __init__(self, path):
         super().__init__(path)
@@ -719,6 +710,8 @@ class BloscpackFile(_View):
         except BaseException:
             os.close(self.fd)
             raise
+        # where each chunk's bytes start in ``data`` (and where the last one ends)
+        self._starts = [0, *itertools.accumulate(c.nbytes_range[1] for c in self._chunks)]
         self._add("data", _NpyFile(self))
         self._add("header.json", _json_file(self.header_json))
         self._add("chunks", _ChunkDir(self))
@@ -844,17 +837,16 @@ class BloscpackFile(_View):
                                       lambda: self._chunks[number].decompress(self.fd))
 
     def data_bytes(self):
-        return sum(c.nbytes_range[1] for c in self._chunks)
+        return self._starts[-1]
 
     def read_data(self, start, end):
+        """The chunks that hold ``start`` .. ``end``, found by bisection, not a walk."""
         parts = []
-        for number, chunk in enumerate(self._chunks):
-            length = chunk.nbytes_range[1]
-            if start < length and end > 0:
-                parts.append(self.chunk_data(number)[max(0, start):end])
-            start, end = start - length, end - length
-            if end <= 0:
-                break
+        number = bisect.bisect_right(self._starts, start) - 1
+        while start < end and number < len(self._chunks):
+            first = self._starts[number]
+            parts.append(self.chunk_data(number)[start - first:end - first])
+            start, number = self._starts[number + 1], number + 1
         return b"".join(parts)
 
     def header_json(self):

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 
 from ..container import Container, Usage
 from ..errors import CtdsfsError, Escaped, FormatError, NotPermitted, ReadOnlyError
+from .byte_reader import Reader
 from .npy import npy_header
 from .store import open_store
 
@@ -77,27 +78,11 @@ LOADABLE_MATRIX_TYPES = set(LOADABLE_DATA_TYPES) | SQUARE_MATRIX_TYPES | {"IDENT
 
 # ---------------------------------------------------------------- typed metadata
 
-class _Cursor:
-    def __init__(self, data):
-        self.data = data
-        self.pos = 0
-
-    def take(self, n):
-        if self.pos + n > len(self.data):
-            raise FormatError("metadata payload is truncated")
-        self.pos += n
-        return self.data[self.pos - n:self.pos]
-
-    def unpack(self, fmt):
-        st = struct.Struct(fmt)
-        return st.unpack(self.take(st.size))[0]
-
-
 def decode_typed(payload):
     """The top-level typed map, as ``(tag, value)`` trees that keep i64 vs u64 apart."""
-    cur = _Cursor(bytes(payload))
+    cur = Reader(payload, "metadata payload", truncated="{what} is truncated")
     value = _decode_value(cur, 0)
-    if cur.pos != len(cur.data):
+    if cur.left():
         raise FormatError("trailing bytes after the metadata map")
     if value[0] != "map":
         raise FormatError("top-level metadata is not a map")
@@ -107,17 +92,17 @@ def decode_typed(payload):
 def _decode_value(cur, depth):
     if depth > MAX_DEPTH:
         raise FormatError("metadata nested too deeply")
-    tag = cur.unpack("<B")
+    tag = cur.unpack("B")
     if tag == 0x01:
-        return ("bool", cur.unpack("<B") != 0)
+        return ("bool", cur.unpack("B") != 0)
     if tag == 0x02:
-        return ("i64", cur.unpack("<q"))
+        return ("i64", cur.unpack("q"))
     if tag == 0x03:
-        return ("u64", cur.unpack("<Q"))
+        return ("u64", cur.unpack("Q"))
     if tag == 0x04:
-        return ("f64", cur.unpack("<d"))
+        return ("f64", cur.unpack("d"))
     if tag in (0x05, 0x06):
-        raw = cur.take(cur.unpack("<I"))
+        raw = bytes(cur.take(cur.unpack("I")))
         if tag == 0x06:
             return ("bytes", raw)
         try:
@@ -125,17 +110,17 @@ def _decode_value(cur, depth):
         except UnicodeDecodeError:
             raise FormatError("metadata string is not UTF-8") from None
     if tag == 0x07:
-        count = cur.unpack("<I")
-        if count > len(cur.data) - cur.pos:  # every value takes at least one byte
+        count = cur.unpack("I")
+        if count > cur.left():  # every value takes at least one byte
             raise FormatError("metadata array count exceeds the payload")
         return ("array", [_decode_value(cur, depth + 1) for _ in range(count)])
     if tag == 0x08:
-        count = cur.unpack("<I")
-        if count > len(cur.data) - cur.pos:
+        count = cur.unpack("I")
+        if count > cur.left():
             raise FormatError("metadata map count exceeds the payload")
         items = []
         for _ in range(count):
-            key = cur.take(cur.unpack("<H"))
+            key = bytes(cur.take(cur.unpack("H")))
             try:
                 items.append((key.decode("utf-8"), _decode_value(cur, depth + 1)))
             except UnicodeDecodeError:

@@ -34,13 +34,13 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from ..container import Container, DerivedView, Usage, name_problem
-from ..errors import BlockError, CtdsfsError, FormatError, ReadOnlyError
+from ..container import DerivedView, name_problem
+from ..errors import BlockError, CtdsfsError, FormatError
 from . import tiledb_filters as tf
 from .decoded_cache import DecodedCache
 from .npy import npy_header
+from .byte_reader import Reader
 from .store import open_regular, read_small
-from .tiledb_filters import Reader
 
 log = logging.getLogger(__name__)
 
@@ -630,75 +630,11 @@ class _Directory(DerivedView):
     """
 
     format_name = "TileDB"
-    writable = False
     checks_reads = True
-    failure = None
+    read_only_note = " (TileDB arrays are shown read-only)"
 
-    def __init__(self, label):
-        self.label = label
-        self.problems = []
-        self._lock = threading.RLock()
-        self._entries_cache = None
-        self._nested = {}
-
-    def _build(self):
-        raise NotImplementedError
-
-    def _all(self):
-        with self._lock:
-            if self._entries_cache is None:
-                self._entries_cache = self._build()
-            return self._entries_cache
-
-    def _get(self, name):
-        try:
-            return self._all()[name]
-        except KeyError:
-            raise FileNotFoundError(name) from None
-
-    def names(self):
-        return list(self._all())
-
-    def contains(self, name):
-        return name in self._all()
-
-    def entry_size(self, name):
-        entry = self._get(name)
-        if isinstance(entry, Container):
-            return 0
-        return len(entry) if isinstance(entry, bytes) else entry.size
-
-    def entry_blocks(self, name):
-        return -(-self.entry_size(name) // 4096)
-
-    def nested(self, name):
-        entry = self._get(name)
-        return entry if isinstance(entry, Container) else None
-
-    def read(self, name, offset, size):
-        entry = self._get(name)
-        if isinstance(entry, Container):
-            raise IsADirectoryError(name)
-        if isinstance(entry, bytes):
-            return entry[offset:offset + size]
-        return entry.read(offset, size)
-
-    def usage(self):
-        return Usage(4096, 0, 0)
-
-    def describe(self):
-        return {"container": self.label, "format": self.format_name,
-                "files": [{"name": n, "size": self.entry_size(n)} for n in self.names()],
-                "problems": list(self.problems)}
-
-
-    def _refuse(self, *args, **kwargs):
-        raise ReadOnlyError(f"{self.label} is read-only (TileDB arrays are shown read-only)")
-
-    create = write = truncate = remove = rename = make_nested = _refuse
-
-    def _shown_views(self):
-        return [e for e in list((self._entries_cache or {}).values()) if isinstance(e, Container)]
+    def _file_size(self, entry):
+        return entry.size  # (a _Lazy's size is a property)
 
 
 class _Lazy:
@@ -1066,7 +1002,7 @@ class Fragment(_Directory):
     def check(self, bar=None):
         """Decode every tile of every field (checksums verified); problems and notes."""
         problems, notes = [], []
-        self._all()
+        self.names()  # (listing reads the metadata, or says what is wrong with it)
         problems += [p if p.startswith(self.label) else f"{self.label}: {p}"
                      for p in self.problems]
         if self.meta is None:
@@ -1366,7 +1302,7 @@ class TileDBArray(_Directory):
             if t and any(o != t and o[0] <= t[0] and t[1] <= o[1] for o in ranges.values()):
                 continue
             frag = self.fragment(name)
-            frag._all()
+            frag.names()  # (listing reads its metadata)
             meta = frag.meta
             if meta is None or not meta.dense or meta.non_empty_domain is None or \
                     meta.fields[attr_index].name != schema["attributes"][attr_index]["name"]:

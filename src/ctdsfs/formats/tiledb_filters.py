@@ -13,7 +13,6 @@ there, and no output grows past the size the chunk declares.
 import bz2
 import hashlib
 import os
-import struct
 import threading
 import zlib
 from concurrent.futures import ThreadPoolExecutor
@@ -23,6 +22,7 @@ import numpy as np
 import zstandard
 
 from ..errors import FormatError
+from .byte_reader import Reader
 
 # datatype id -> (name, NumPy dtype string); sizes follow from the dtype
 DATATYPES = {
@@ -72,36 +72,6 @@ def dtype_of(datatype, what="TileDB"):
 
 def datatype_name(datatype):
     return DATATYPES.get(datatype, (f"unknown({datatype})",))[0]
-
-
-class Reader:
-    """Little-endian fields from an untrusted byte string; running off its end is a FormatError."""
-
-    def __init__(self, data, what):
-        self.data = memoryview(data)
-        self.pos = 0
-        self.what = what
-
-    def left(self):
-        return len(self.data) - self.pos
-
-    def take(self, n):
-        if n < 0 or n > self.left():
-            raise FormatError(f"{self.what}: truncated (wanted {n} bytes, {self.left()} left)")
-        self.pos += n
-        return self.data[self.pos - n:self.pos]
-
-    def unpack(self, fmt):
-        st = struct.Struct("<" + fmt)
-        values = st.unpack(self.take(st.size))
-        return values[0] if len(values) == 1 else values
-
-    def count(self, fmt, item_bytes):
-        """A count read as ``fmt``, refused if that many items of ``item_bytes`` cannot be left."""
-        n = self.unpack(fmt)
-        if n * item_bytes > self.left():
-            raise FormatError(f"{self.what}: count {n} exceeds the {self.left()} bytes left")
-        return n
 
 
 def parse_pipeline(reader):
