@@ -751,13 +751,11 @@ def tiledb_figures(tmp, mib, fragment_count=1000):
         attrs=[tiledb.Attr("v", dtype=np.float64, filters=tiledb.FilterList(
             [tiledb.ZstdFilter(level=1)]))])
     tiledb.Array.create(uri, schema)
-    step = 16 * tile
-    with tiledb.open(uri, "w") as A:
-        for start in range(0, cells, step):
-            n = min(step, cells - start)
-            x = np.arange(start, start + n, dtype=np.float64)
-            A[start:start + n] = np.round(np.sin(x * 1e-4) * 1000 + (x % 17), 3)
-    fragment = os.listdir(os.path.join(uri, "__fragments"))[0]
+    with tiledb.open(uri, "w") as A:  # one write: one fragment, the array tiledb-py reads
+        x = np.arange(cells, dtype=np.float64)
+        A[:] = np.round(np.sin(x * 1e-4) * 1000 + (x % 17), 3)
+        del x
+    fragment, = os.listdir(os.path.join(uri, "__fragments"))
     npy = tmp / "mt" / "fragments" / fragment / "v.npy"
     native, mounted = [], []
     for _ in range(3):
