@@ -745,3 +745,41 @@ def test_one_bounded_reader_for_tiledb_and_pycauset(arrays, tmp_path):
     with pytest.raises(FormatError, match=rf"^{uri}: __schema/{schema.name}: truncated "
                                           r"\(wanted \d+ bytes, \d+ left\)$"):
         open_container(str(uri))
+
+
+def test_tiles_decoded_ahead_are_queued_once_and_waited_for():
+    """A tile queued for decoding ahead counts as being decoded: asking again queues
+    nothing (duplicates used to hold a second read-ahead thread waiting on the first,
+    so tiles were decoded one at a time), and a reader that wants it waits for that one
+    decoding; a tile that fails ahead is decoded again by its reader, who gets the error."""
+    import threading
+
+    from ctdsfs.formats.decoded_cache import DecodedCache
+
+    cache = DecodedCache()
+    queued, loads, got = [], [], []
+
+    def load():
+        loads.append(1)
+        return b"tile"
+
+    cache.load_ahead("k", 1, load, queued.append)
+    cache.load_ahead("k", 1, load, queued.append)
+    assert len(queued) == 1
+    reader = threading.Thread(target=lambda: got.append(cache.get_or_load("k", 1, load)))
+    reader.start()
+    reader.join(0.05)
+    assert reader.is_alive()  # (waits for the queued decoding instead of doing its own)
+    queued[0]()
+    reader.join(10)
+    assert got == [b"tile"] and loads == [1]
+    cache.load_ahead("k", 1, load, queued.append)  # cached: nothing to do
+    assert len(queued) == 1
+
+    def bad():
+        raise BlockError("tile 3: checksum mismatch", "tile 3: checksum mismatch")
+
+    cache.load_ahead("bad", 1, bad, queued.append)
+    queued[-1]()
+    with pytest.raises(BlockError, match="checksum"):
+        cache.get_or_load("bad", 1, bad)

@@ -3,12 +3,13 @@
 Decoding is the expensive part of reading a compressed format, and the
 kernel's readahead asks for the same piece several times at once: the cache
 keeps recently decoded pieces, lets parallel readers of one piece wait for a
-single decoding, and tells read-ahead workers which pieces nobody has asked
-for yet.
+single decoding, and has pieces nobody has asked for yet decoded ahead.
 """
 
 import threading
 from collections import OrderedDict
+
+from ..errors import CtdsfsError
 
 CACHE_BYTES = 64 << 20  # decoded pieces kept per cache
 
@@ -55,11 +56,27 @@ class DecodedCache:
                     self._loading.pop(key, None)
         return data
 
-    def wanted(self, key, identity):
-        """Whether the piece is neither cached nor being decoded (worth decoding ahead)."""
+    def load_ahead(self, key, identity, load, submit):
+        """Have ``submit`` run ``load()`` for a piece nobody has asked for yet, unless it
+        is cached or being decoded. It counts as being decoded from now on: readers
+        that want it wait for that decoding, and asking again queues nothing."""
         with self._lock:
             entry = self._pieces.get(key)
-            return key not in self._loading and (entry is None or entry[0] != identity)
+            if key in self._loading or (entry is not None and entry[0] == identity):
+                return
+            loading = self._loading[key] = threading.Lock()
+            loading.acquire()
+
+        def run():
+            try:
+                self.put(key, identity, load())
+            except CtdsfsError:
+                pass  # a reader that wants the piece decodes it again and gets the error
+            finally:
+                with self._lock:
+                    self._loading.pop(key, None)
+                loading.release()
+        submit(run)
 
     def put(self, key, identity, data):
         with self._lock:

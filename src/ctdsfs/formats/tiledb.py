@@ -883,18 +883,11 @@ class Fragment(_Directory):
         tiles = len(self._counts or ())
         room = max(0, TILES.limit // max(len(data), 1) - 2)  # the ahead ones must not evict
         for ahead in range(i + 1, min(i + 1 + min(TILES_AHEAD, room), tiles)):
-            if TILES.wanted((self.path, index, kind, ahead), self):
-                _ahead().submit(self._tile_ahead, index, kind, ahead)
+            # (its chunks one after another: the other threads have the other cores)
+            TILES.load_ahead((self.path, index, kind, ahead), self,
+                             lambda ahead=ahead: self._decoded(index, kind, ahead, False),
+                             _ahead().submit)
         return data
-
-    def _tile_ahead(self, index, kind, i):
-        """Decode a tile a sequential reader will want next (its chunks one after another:
-        the other read-ahead threads and the readers have the other cores)."""
-        try:
-            TILES.get_or_load((self.path, index, kind, i), self,
-                              lambda: self._decoded(index, kind, i, parallel=False))
-        except BlockError:
-            pass  # the read that wants it gets the error
 
     def _decoded(self, index, kind, i, parallel):
         """``_decode``'s tile; the offsets it finds in a var tile go into the cache."""
