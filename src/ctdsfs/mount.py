@@ -218,7 +218,9 @@ def mount(source, mountpoint, opts, foreground=False):
 
         container = open_remote_directory(source, RemoteOptions(**opts.remote),
                                           recurse=opts.recurse, verify_crc=opts.verify_crc)
-        source_stat = container.stat
+
+        def source_stat():  # of the root shown now (a prefix reopened as a table view)
+            return fs.root.stat()
     elif remote:
         from .formats.remote import RemoteOptions, open_remote
 

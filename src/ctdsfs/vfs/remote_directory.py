@@ -161,8 +161,12 @@ class RemotePrefix(DirectorySource):
         changed = listing is not None and self._apply(listing)
         for name, child in children:
             changed = child.reload_if_changed() or changed
-            if child.outdated:
-                self._reopen(name, child)
+            new = child.reopened()
+            if new is not None:
+                with self._lock:
+                    if self._nested.get(name) is child:
+                        self._nested[name] = new
+                child.close()
         return changed
 
     def _relist(self):
@@ -211,28 +215,27 @@ class RemotePrefix(DirectorySource):
         return True
 
     def _is_outdated(self):
-        """A table appeared: the parent reopens this prefix as a table view."""
+        """A table appeared: this prefix is reopened as a table view (``reopened``)."""
         return _is_table(self._files)
 
     def _listing_now(self):
         """The listing shown, as ``_listing`` gives one (its problems already logged)."""
         return self._files, self._dirs, []
 
-    def _reopen(self, name, child):
-        """Open sub-prefix ``name`` again (a table appeared in it, or its table went); if
-        that fails it stays as it is until its listing changes again."""
-        child.outdated = False
+    def reopened(self):
+        """This prefix opened again when its listing asks for another kind (a table
+        appeared in it, or its table went), else None; if that fails it stays as it is
+        until its listing changes again."""
+        if not self.outdated:
+            return None
+        self.outdated = False
         try:
-            new = remote_directory_or_table(self.backend, child.prefix, self.options,
-                                            listing=child._listing_now(), recurse=self.recurse,
-                                            verify_crc=self.verify_crc)
+            return remote_directory_or_table(self.backend, self.prefix, self.options,
+                                             listing=self._listing_now(), recurse=self.recurse,
+                                             verify_crc=self.verify_crc)
         except CtdsfsError as exc:
-            log.warning("%s: cannot open it again: %s", child.label, exc)
-            return
-        with self._lock:
-            if self._nested.get(name) is child:
-                self._nested[name] = new
-        child.close()
+            log.warning("%s: cannot open it again: %s", self.label, exc)
+            return None
 
     def close(self):
         super().close()
@@ -267,7 +270,7 @@ class RemoteTableView(TableView, RemotePrefix):
         return True
 
     def _is_outdated(self):
-        """No table any more: the parent reopens this prefix as a plain one."""
+        """No table any more: this prefix is reopened as a plain one (``reopened``)."""
         return self.container_name not in self._files or not _is_table(self._files)
 
     def _stored_table_dat(self):
