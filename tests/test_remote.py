@@ -525,3 +525,20 @@ def test_s3_prefix_mounted_root_becomes_the_table_view_and_back(seaweed, mount, 
     # (SeaweedFS keeps the emptied sub-prefix ANTENNA/ as a directory)
     wait_until(lambda: set(os.listdir(root)) - {"ANTENNA"} == {"readme.txt"}, 20,
                "the plain prefix again")
+
+
+def test_fsspec_walks_a_path_once(objects, ctdsfs_protocol, monkeypatch):
+    """``cat_file`` finds its file once (not once for the size and again to read it), and
+    an open file keeps what it found: its reads walk no path."""
+    fs = ctdsfs_protocol.filesystem("ctdsfs", fo=str(objects / "mf2_nested.mf"),
+                                    skip_instance_cache=True)
+    expected = snapshot(open_container(objects / "mf2_nested.mf"))["SUB/x"]
+    looked_up, contains = [], fs.container.contains
+    monkeypatch.setattr(fs.container, "contains",
+                        lambda name: looked_up.append(name) or contains(name))
+    assert fs.cat_file("SUB/x", 100, 150) == expected[100:150]
+    assert looked_up == ["SUB"]
+    looked_up.clear()
+    with fs.open("SUB/x", block_size=1000, cache_type="none") as f:
+        assert [f.read(1500) for _ in range(3)] == [expected[i:i + 1500] for i in (0, 1500, 3000)]
+    assert looked_up == ["SUB"]
