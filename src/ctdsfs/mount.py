@@ -213,10 +213,9 @@ def mount(source, mountpoint, opts, foreground=False):
     _setup_logging(opts, foreground=True)  # problems found while opening reach the terminal
     source_stat = None
     if remote:
-        from .formats.remote import RemoteOptions, keep_chunk_memory
+        from .formats.remote import RemoteOptions
 
         remote_options = RemoteOptions(**opts.remote)
-        keep_chunk_memory(remote_options)
     if remote and source.endswith("/"):
         from .vfs.remote_directory import open_remote_directory
 

@@ -31,7 +31,6 @@ what was asked for, and a body is never read past the range requested.
 
 import contextlib
 import copy
-import ctypes
 import dataclasses
 import hashlib
 import io
@@ -56,24 +55,6 @@ SPEC_ENV = "CTDSFS_REMOTE_SPEC"  # how an HDF5 probe child gets the same pinned 
 BACKOFF_FIRST, BACKOFF_MAX = 0.2, 2.0  # seconds between attempts, doubling
 UNREACHABLE_RECHECK = 10.0  # seconds between version checks while the server does not answer
 DATE_PIN = "Last-Modified: "  # a version pinned by its date and size (a server without ETags)
-
-
-M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters
-
-
-def keep_chunk_memory(options):
-    """Have glibc's malloc keep freed chunks' memory for the next chunks: by default a
-    chunk-sized buffer is mapped and unmapped each time, so a cold read faults in every
-    page of every chunk again (README: about 70,000 page faults less per GiB). It changes
-    the whole process's malloc, so only a mount daemon calls it; what is kept stays
-    within the cache's bound. Elsewhere than glibc nothing changes."""
-    try:
-        mallopt = ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError):
-        return
-    kept = options.cache_size + (options.concurrency + options.readahead) * options.chunk_size
-    mallopt(M_MMAP_THRESHOLD, ctypes.c_int(min(options.chunk_size + (1 << 20), 1 << 30)))
-    mallopt(M_TRIM_THRESHOLD, ctypes.c_int(min(kept, 1 << 30)))
 
 
 def is_remote(source):
