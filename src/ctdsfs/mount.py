@@ -212,21 +212,18 @@ def mount(source, mountpoint, opts, foreground=False):
     check_mountpoint(mountpoint, nonempty=opts.nonempty)
     _setup_logging(opts, foreground=True)  # problems found while opening reach the terminal
     source_stat = None
-    if remote:
-        from .formats.remote import RemoteOptions
-
-        remote_options = RemoteOptions(**opts.remote)
     if remote and source.endswith("/"):
+        from .formats.remote import RemoteOptions
         from .vfs.remote_directory import open_remote_directory
 
-        container = open_remote_directory(source, remote_options,
+        container = open_remote_directory(source, RemoteOptions(**opts.remote),
                                           recurse=opts.recurse, verify_crc=opts.verify_crc)
         # of the root shown now (the prefix may be reopened as a table view)
         source_stat = lambda: fs.root.stat()  # noqa: E731 (fs is made below)
     elif remote:
-        from .formats.remote import open_remote
+        from .formats.remote import RemoteOptions, open_remote
 
-        store = open_remote(source, remote_options)
+        store = open_remote(source, RemoteOptions(**opts.remote))
         source_stat = store.stat
         container = open_from_store(store, verify_crc=opts.verify_crc)
     elif opts.create and not os.path.exists(source):
