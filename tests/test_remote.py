@@ -499,3 +499,46 @@ def test_s3_prefix_follows_new_removed_and_replaced_objects(seaweed, objects, mo
     finally:
         os.kill(seaweed.proc.pid, signal.SIGCONT)
     assert (root / "sub" / "second.txt").read_bytes() == b"second\n"
+
+
+@pytest.mark.fuse
+def test_s3_prefix_mounted_root_becomes_the_table_view_and_back(seaweed, mount, tmp_path):
+    """The mounted prefix itself follows its kind as a sub-prefix does: a table put into
+    it while mounted shows as the table view, and a plain prefix again once the table's
+    objects are gone."""
+    def put(key, body):
+        seaweed.client.put_object(Bucket=BUCKET, Key=f"grows/{key}", Body=body)
+    put("readme.txt", b"a table comes\n")
+    m = mount(f"s3://{BUCKET}/grows/", [seaweed.options, "revalidate=0.2"])
+    root = m.mountpoint
+    assert os.listdir(root) == ["readme.txt"]
+    table = make_casacore_table(tmp_path / "tab", rows=10, multifile=True)
+    keys = [str(path.relative_to(table)) for path in table.rglob("*") if path.is_file()]
+    for key in keys:
+        put(key, (table / key).read_bytes())
+    wait_until(lambda: "table.f0" in os.listdir(root), 20, "the table view of the root")
+    assert "table.mf" not in os.listdir(root)
+    assert (root / "readme.txt").read_bytes() == b"a table comes\n"
+    assert dump_values(root) == dump_values(table)
+    for key in keys:
+        seaweed.client.delete_object(Bucket=BUCKET, Key=f"grows/{key}")
+    # (SeaweedFS keeps the emptied sub-prefix ANTENNA/ as a directory)
+    wait_until(lambda: set(os.listdir(root)) - {"ANTENNA"} == {"readme.txt"}, 20,
+               "the plain prefix again")
+
+
+def test_fsspec_walks_a_path_once(objects, ctdsfs_protocol, monkeypatch):
+    """``cat_file`` finds its file once (not once for the size and again to read it), and
+    an open file keeps what it found: its reads walk no path."""
+    fs = ctdsfs_protocol.filesystem("ctdsfs", fo=str(objects / "mf2_nested.mf"),
+                                    skip_instance_cache=True)
+    expected = snapshot(open_container(objects / "mf2_nested.mf"))["SUB/x"]
+    looked_up, contains = [], fs.container.contains
+    monkeypatch.setattr(fs.container, "contains",
+                        lambda name: looked_up.append(name) or contains(name))
+    assert fs.cat_file("SUB/x", 100, 150) == expected[100:150]
+    assert looked_up == ["SUB"]
+    looked_up.clear()
+    with fs.open("SUB/x", block_size=1000, cache_type="none") as f:
+        assert [f.read(1500) for _ in range(3)] == [expected[i:i + 1500] for i in (0, 1500, 3000)]
+    assert looked_up == ["SUB"]

@@ -132,6 +132,12 @@ class Container(ABC):
     def reload_if_changed(self):
         """Re-read the header if another process committed since; True if it did."""
 
+    def reopened(self):
+        """The container to show in this one's place now that what it holds asks for
+        another kind (a prefix a table was put into), else None. A parent asks its
+        children; the mount asks its root."""
+        return None
+
     # -- writing
 
     @abstractmethod

@@ -142,30 +142,44 @@ class CtdsfsFileSystem(AbstractFileSystem):
                        for n in container.names()]
         return entries if detail else [e["name"] for e in entries]
 
-    def read_range(self, path, start, end):
-        """Bytes ``start`` to ``end`` (exclusive) of a virtual file."""
+    def _file(self, path):
+        """``(container, name)`` of a virtual file (IsADirectoryError for a directory)."""
         container, name = self._locate(path)
         if name is None:
             raise IsADirectoryError(errno.EISDIR, "is a directory", path)
-        try:
-            return bytes(container.read(name, start, max(0, end - start)))
-        except CtdsfsError as exc:
-            raise OSError(errno.EIO, str(exc)) from None
+        return container, name
 
     def cat_file(self, path, start=None, end=None, **kwargs):
-        size = self.info(path)["size"]
+        container, name = self._file(path)
+        size = container.entry_size(name)
         start = 0 if start is None else (size + start if start < 0 else start)
         end = size if end is None else (size + end if end < 0 else min(end, size))
-        return self.read_range(path, max(0, start), end)
+        return read_range(container, name, max(0, start), end)
 
     def _open(self, path, mode="rb", block_size=None, autocommit=True, cache_options=None,
               **kwargs):
         if mode != "rb":
             raise OSError(errno.EROFS, "ctdsfs filesystems are read-only", path)
+        container, name = self._file(path)
         return CtdsfsFile(self, path, mode, block_size=block_size or "default",
-                          cache_options=cache_options, size=self.info(path)["size"])
+                          cache_options=cache_options, size=container.entry_size(name),
+                          entry=(container, name), **kwargs)
+
+
+def read_range(container, name, start, end):
+    """Bytes ``start`` to ``end`` (exclusive) of virtual file ``name``."""
+    try:
+        return bytes(container.read(name, start, max(0, end - start)))
+    except CtdsfsError as exc:
+        raise OSError(errno.EIO, str(exc)) from None
 
 
 class CtdsfsFile(AbstractBufferedFile):
+    """A virtual file opened for reading; the file is found once, at the open."""
+
+    def __init__(self, fs, path, mode, *, entry, **kwargs):
+        self.entry = entry  # (container, name)
+        super().__init__(fs, path, mode, **kwargs)
+
     def _fetch_range(self, start, end):
-        return self.fs.read_range(self.path, start, end)
+        return read_range(*self.entry, start, end)

@@ -239,7 +239,8 @@ def mount(source, mountpoint, opts, foreground=False):
 
         container = open_remote_directory(source, RemoteOptions(**opts.remote),
                                           recurse=opts.recurse, verify_crc=opts.verify_crc)
-        source_stat = container.stat
+        # of the root shown now (the prefix may be reopened as a table view)
+        source_stat = lambda: fs.root.stat()  # noqa: E731 (fs is made below)
     elif remote:
         from .formats.remote import RemoteOptions, open_remote
 

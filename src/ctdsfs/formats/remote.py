@@ -417,6 +417,61 @@ def retried(label, options, what, request, *args):
     raise RemoteError(f"{label}: {detail}", detail)
 
 
+class Revalidation:
+    """Background checks for a newer state of remote things (an object's version, a
+    prefix's listing), shared by RemoteStore and the directory sources: at most every
+    ``interval`` seconds, at once when ``take(urgent=True)`` (a read found another
+    version), one attempt each, so a lookup never waits for the network. An unreachable
+    server is logged once until it answers again, and asked only every
+    UNREACHABLE_RECHECK seconds meanwhile."""
+
+    def __init__(self, label, interval, check, what, start=None):
+        self.label, self.interval, self.what = label, interval, what
+        self._check = check  # one attempt: what it found (None: nothing new), or raises
+        self._start = start or self._in_thread  # runs a function in the background
+        self._lock = threading.Lock()
+        self._checked = time.monotonic()  # when the last check ended
+        self._running = False  # a check in flight
+        self._found = None  # what a finished check found, until taken
+        self.unreachable = False  # the last check failed
+
+    @staticmethod
+    def _in_thread(function):
+        threading.Thread(target=function, name="ctdsfs-check", daemon=True).start()
+
+    def take(self, urgent=False):
+        """What the last finished check found (None if nothing, or taken already);
+        the next check starts here when it is due."""
+        interval = max(self.interval, UNREACHABLE_RECHECK) if self.unreachable \
+            else self.interval
+        with self._lock:
+            start = not self._running and (urgent
+                                           or time.monotonic() - self._checked >= interval)
+            self._running = self._running or start
+            found, self._found = self._found, None
+        if start:
+            self._start(self._run)
+        return found
+
+    def _run(self):
+        found = None
+        try:
+            found = self._check()
+        except (_Transient, _Missing, CtdsfsError) as exc:
+            if not self.unreachable:
+                log.warning("%s: cannot %s (%s)", self.label, self.what,
+                            str(exc) or "no such object")
+            self.unreachable = True
+        else:
+            if self.unreachable:
+                log.info("%s: reachable again", self.label)
+            self.unreachable = False
+        finally:  # whatever happened, the next check may start
+            with self._lock:
+                self._found, self._running = found, False
+                self._checked = time.monotonic()
+
+
 _STORES = weakref.WeakSet()  # reset in a forked child (a daemonizing mount)
 
 
@@ -445,11 +500,8 @@ class RemoteStore:
         self._cache = OrderedDict()  # (etag, chunk index) -> bytes
         self._pending = {}  # (etag, chunk index) -> Future of a GET in flight
         self._pool = None
-        self._checked = time.monotonic()  # when the last version check ended
-        self._check = None  # the Future of a version check in flight
-        self._newer = None  # a version a finished check found
+        self._revalidation = self._new_revalidation()
         self._stale = False  # a GET found another version: check at once
-        self._unreachable = False  # the last check failed (logged once until it recovers)
         self._next_chunk = None  # where a sequential reader goes on
         self._read_ahead_to = 0  # the chunks before it were asked for by readahead
         self._siblings = []
@@ -461,8 +513,8 @@ class RemoteStore:
         """In a forked child: the pool's threads and the parent's connections are not ours."""
         self._pool = None
         self._pending = {}
-        self._check = None
         self._lock = threading.Lock()
+        self._revalidation = self._new_revalidation()
         self._backend_made = None
         self._owns_backend = True
 
@@ -593,22 +645,22 @@ class RemoteStore:
         """What a mount shows as the source's owner, modes and times."""
         return source_stat(self.version().mtime)
 
+    def _new_revalidation(self):
+        return Revalidation(self.label, self.options.revalidate, self._check_version,
+                            "check for a new version", start=self._in_pool)
+
+    def _in_pool(self, function):
+        with self._lock:
+            self._executor().submit(function)
+
     def replaced(self):
         """Whether a check found the object replaced (a new ETag) since last asked; the
         store then serves the new version. Never waits for the network: checks run in the
-        background, at most every ``revalidate`` seconds (at once after a read found
-        another version), one attempt each, so a lookup waits for no timeout. An
-        unreachable server is logged once until it answers again, and asked only every
-        UNREACHABLE_RECHECK seconds meanwhile."""
-        interval = max(self.options.revalidate, UNREACHABLE_RECHECK) if self._unreachable \
-            else self.options.revalidate
+        background (``Revalidation``), at once after a read found another version."""
+        new = self._revalidation.take(urgent=self._stale)
+        if new is None:
+            return False
         with self._lock:
-            if self._check is None and (self._stale
-                                        or time.monotonic() - self._checked >= interval):
-                self._check = self._executor().submit(self._check_version)
-            new, self._newer = self._newer, None
-            if new is None:
-                return False
             old, self._version = self._version, new
             self._cache.clear()
             self._next_chunk = None
@@ -620,26 +672,13 @@ class RemoteStore:
         return True
 
     def _check_version(self):
-        """One HEAD; a version other than the one served waits in ``_newer``."""
-        try:
-            new = self._backend.head()
-        except (_Transient, _Missing, CtdsfsError) as exc:
-            if not self._unreachable:
-                log.warning("%s: cannot check for a new version (%s)", self.label,
-                            str(exc) or "no such object")
-            self._unreachable = True
-            return
-        finally:
-            with self._lock:
-                self._checked, self._check = time.monotonic(), None
-        if self._unreachable:
-            log.info("%s: reachable again", self.label)
-        self._unreachable = False
+        """One HEAD: a version other than the one served, else None."""
+        new = self._backend.head()
         with self._lock:
             self._stale = False
             old = self._version
-            if old is not None and (new.etag, new.size) != (old.etag, old.size):
-                self._newer = new
+        return new if old is not None and (new.etag, new.size) != (old.etag, old.size) \
+            else None
 
     def sibling(self, suffix):
         """The object named like this one plus ``suffix`` (a v1 MultiFile's ``_hdrext``),

@@ -262,9 +262,15 @@ class ContainerFS:
         """Reload the tree if another process changed the container; rebind nodes by path."""
         try:
             changed = self.root.reload_if_changed()
+            replacement = self.root.reopened()
         except (CtdsfsError, OSError) as exc:
             log.error("cannot re-read the changed container: %s", exc)
             return
+        if replacement is not None:
+            old, self.root = self.root, replacement
+            self._nodes[ROOT_INO].directory = replacement
+            old.close()
+            changed = True
         if not changed:
             return
         self.generation += 1

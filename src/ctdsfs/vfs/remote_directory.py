@@ -17,13 +17,12 @@ container is reopened), so a read serves one version whole or fails (EIO).
 
 import dataclasses
 import logging
-import threading
 import time
 
 from ..container import Usage, name_problem
 from ..errors import CtdsfsError
 from ..formats import open_from_store
-from ..formats.remote import UNREACHABLE_RECHECK, RemoteStore, retried, s3_backend, source_stat
+from ..formats.remote import Revalidation, RemoteStore, retried, s3_backend, source_stat
 from .directory import CONTAINER_SUFFIXES, TABLE_CONTAINERS, DirectorySource, TableView
 
 log = logging.getLogger(__name__)
@@ -79,10 +78,8 @@ class RemotePrefix(DirectorySource):
         self._stores = {}  # name -> the RemoteStore of a plain file
         self._container_stores = {}  # name -> the RemoteStore under a nested container
         self.listed_at = time.time()
-        self._listed = time.monotonic()  # when the last listing ended
-        self._relisting = False  # a listing in flight (a background thread)
-        self._relisted = None  # a listing it found, applied at the next check
-        self._unreachable = False  # the last listing failed (logged once until it recovers)
+        self._revalidation = Revalidation(self.label, options.revalidate, self._relist,
+                                          "list it again")
         self.outdated = False  # the listing now asks for another kind of directory source
 
     def _new_store(self, name):
@@ -148,42 +145,25 @@ class RemotePrefix(DirectorySource):
         do the same in the sub-prefixes looked at; True if anything shown changed.
         Never waits for the server."""
         with self._lock:
-            listing, self._relisted = self._relisted, None
             stale = any(s.stale for s in [*self._stores.values(),
                                           *self._container_stores.values()])
-            interval = max(self.options.revalidate, UNREACHABLE_RECHECK) \
-                if self._unreachable else self.options.revalidate
-            if not self._relisting and listing is None \
-                    and (stale or time.monotonic() - self._listed >= interval):
-                self._relisting = True
-                threading.Thread(target=self._relist, name="ctdsfs-list", daemon=True).start()
             children = [(n, c) for n, c in self._nested.items() if isinstance(c, RemotePrefix)]
+        listing = self._revalidation.take(urgent=stale)
         changed = listing is not None and self._apply(listing)
         for name, child in children:
             changed = child.reload_if_changed() or changed
-            if child.outdated:
-                self._reopen(name, child)
+            new = child.reopened()
+            if new is not None:
+                with self._lock:
+                    if self._nested.get(name) is child:
+                        self._nested[name] = new
+                child.close()
         return changed
 
     def _relist(self):
-        """One LIST (no retries: the next check asks again); its listing waits in
-        ``_relisted``, a failure is logged once until the server answers again."""
-        once = dataclasses.replace(self.options, retries=0)
-        listing = None
-        try:
-            listing = _listing(self.backend, self.prefix, once, self.label)
-        except CtdsfsError as exc:
-            if not self._unreachable:
-                log.warning("%s: cannot list it again (%s)", self.label, exc)
-            self._unreachable = True
-        else:
-            if self._unreachable:
-                log.info("%s: reachable again", self.label)
-            self._unreachable = False
-        finally:  # whatever happened, the next check may list again
-            with self._lock:
-                self._relisted, self._relisting = listing, False
-                self._listed = time.monotonic()
+        """One LIST, no retries (the next check asks again)."""
+        return _listing(self.backend, self.prefix, dataclasses.replace(self.options, retries=0),
+                        self.label)
 
     def _apply(self, listing):
         """Show ``listing``; the stores and containers of objects replaced or gone are
@@ -211,28 +191,27 @@ class RemotePrefix(DirectorySource):
         return True
 
     def _is_outdated(self):
-        """A table appeared: the parent reopens this prefix as a table view."""
+        """A table appeared: this prefix is reopened as a table view (``reopened``)."""
         return _is_table(self._files)
 
     def _listing_now(self):
         """The listing shown, as ``_listing`` gives one (its problems already logged)."""
         return self._files, self._dirs, []
 
-    def _reopen(self, name, child):
-        """Open sub-prefix ``name`` again (a table appeared in it, or its table went); if
-        that fails it stays as it is until its listing changes again."""
-        child.outdated = False
+    def reopened(self):
+        """This prefix opened again when its listing asks for another kind (a table
+        appeared in it, or its table went), else None; if that fails it stays as it is
+        until its listing changes again."""
+        if not self.outdated:
+            return None
+        self.outdated = False
         try:
-            new = remote_directory_or_table(self.backend, child.prefix, self.options,
-                                            listing=child._listing_now(), recurse=self.recurse,
-                                            verify_crc=self.verify_crc)
+            return remote_directory_or_table(self.backend, self.prefix, self.options,
+                                             listing=self._listing_now(), recurse=self.recurse,
+                                             verify_crc=self.verify_crc)
         except CtdsfsError as exc:
-            log.warning("%s: cannot open it again: %s", child.label, exc)
-            return
-        with self._lock:
-            if self._nested.get(name) is child:
-                self._nested[name] = new
-        child.close()
+            log.warning("%s: cannot open it again: %s", self.label, exc)
+            return None
 
     def close(self):
         super().close()
@@ -267,7 +246,7 @@ class RemoteTableView(TableView, RemotePrefix):
         return True
 
     def _is_outdated(self):
-        """No table any more: the parent reopens this prefix as a plain one."""
+        """No table any more: this prefix is reopened as a plain one (``reopened``)."""
         return self.container_name not in self._files or not _is_table(self._files)
 
     def _stored_table_dat(self):
