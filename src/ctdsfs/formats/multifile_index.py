@@ -1,0 +1,183 @@
+"""A small persistent index of the plain files in a MultiFile, so a cold listing need not
+read them.
+
+Only content tells a nested MultiFile from a plain file (casacore never sets
+the nested flag), so the first listing of a mount reads the first bytes of
+every file: for a container of small files, all of it. The index remembers,
+per container file, which virtual files' first bytes were not a MultiFile
+header, and a later read-only mount of the same, unchanged file skips those
+reads. It only ever saves a read: a file it does not name is read as before,
+and a nested container is always opened (and checked) as before.
+
+An index applies only to the file it was made for: the same device, inode,
+size, mtime and ctime (``identity``), and within it to the nested container
+whose header is byte for byte the one recorded (``Header.fingerprint``). A
+file changed so recently that a further change could keep its timestamps
+(they are coarser than the clock) gets no index. Anything else about an index
+file (garbage, too big, wrong types, another file's) makes it ignored and
+rewritten at the next unmount. Files are written whole under a temporary name
+and renamed into place, so two daemons never see half of one; the directory
+holds at most ``MAX_FILES`` of them (the oldest go) of at most ``MAX_BYTES``.
+"""
+
+import hashlib
+import json
+import logging
+import os
+import stat
+import tempfile
+import time
+
+from ..errors import FormatError
+from .store import read_small
+
+log = logging.getLogger(__name__)
+
+FORMAT_TAG = "ctdsfs nested index 1"
+MAX_BYTES = 8 << 20  # an index file larger than this is neither read nor written
+MAX_FILES = 256  # index files kept in the directory (the least recently written go)
+# A file changed less than this long ago may change again without its timestamps moving
+# (they follow a clock that ticks every few ms; whole-second ones on coarse file systems).
+RACY_NS = 100_000_000
+RACY_COARSE_NS = 2_000_000_000
+
+_directory = None  # where index files live; None: no index (``enable``)
+
+
+def enable(directory=None):
+    """Use the index (mounts do, unless ``-o no_index``); ``directory`` defaults to
+    ``${XDG_CACHE_HOME:-~/.cache}/ctdsfs/index``."""
+    global _directory
+    if directory is None:
+        cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"),
+                                                                 ".cache")
+        directory = os.path.join(cache, "ctdsfs", "index")
+    _directory = directory
+
+
+def open_index(fd):
+    """The :class:`NestedIndex` of the container file open as ``fd``, or None when the
+    index is off or the file's identity cannot be established."""
+    if _directory is None:
+        return None
+    try:
+        st = os.fstat(fd)
+    except OSError:
+        return None
+    if not stat.S_ISREG(st.st_mode) or st.st_ino == 0:
+        return None
+    identity = [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+    key = hashlib.sha256(f"{st.st_dev}:{st.st_ino}".encode()).hexdigest()[:32]
+    return NestedIndex(os.path.join(_directory, key + ".json"), fd, identity)
+
+
+def _racy(identity, now_ns):
+    """Whether the file changed so recently that a change now could leave it the same."""
+    changed = max(identity[3], identity[4])
+    coarse = all(t % 1_000_000 == 0 for t in identity[3:])
+    return now_ns - changed < (RACY_COARSE_NS if coarse else RACY_NS)
+
+
+class NestedIndex:
+    """The index of one container file: ``records`` maps a nested container's path
+    ('' for the top, else its names joined by '/') to (header fingerprint, plain names)."""
+
+    def __init__(self, path, fd, identity):
+        self.path = path
+        self.fd = fd
+        self.identity = identity
+        self.savable = not _racy(identity, time.time_ns())
+        self.records = self._load()
+
+    def _load(self):
+        try:
+            data = json.loads(read_small(self.path, MAX_BYTES))
+        except FileNotFoundError:
+            return {}
+        except (OSError, FormatError, ValueError, RecursionError) as exc:
+            log.info("%s: index ignored (%s)", self.path, exc)
+            return {}
+        records = _valid_records(data, self.identity)
+        if records is None:
+            log.info("%s: index ignored (another file's, a changed file's, or damaged)",
+                     self.path)
+            return {}
+        return records
+
+    def plain_names(self, path, fingerprint):
+        """Names the index says are plain files in the container at ``path``, if that
+        container's header is still the one recorded."""
+        record = self.records.get(path)
+        if record is None or record[0] != fingerprint:
+            return ()
+        return record[1]
+
+    def save(self, visited):
+        """Record ``visited`` ({path: (fingerprint, plain names)}) over what was loaded,
+        if the file is still the one opened; never raises (the index only saves reads)."""
+        try:
+            current = os.fstat(self.fd)
+        except OSError:
+            return
+        same = [current.st_dev, current.st_ino, current.st_size, current.st_mtime_ns,
+                current.st_ctime_ns] == self.identity
+        if not (self.savable and same):
+            return
+        records = {**self.records, **visited}
+        if records == self.records:
+            return  # nothing learnt: no write
+        text = json.dumps({"format": FORMAT_TAG, "identity": self.identity,
+                           "containers": {p: [f, sorted(n)] for p, (f, n) in records.items()}},
+                          separators=(",", ":")).encode()
+        if len(text) > MAX_BYTES:
+            log.info("%s: index of %d bytes not written (limit %d)", self.path, len(text),
+                     MAX_BYTES)
+            return
+        try:
+            self._write(text)
+        except OSError as exc:
+            log.info("%s: index not written (%s)", self.path, exc.strerror)
+
+    def _write(self, text):
+        directory = os.path.dirname(self.path)
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+        fd, temporary = tempfile.mkstemp(dir=directory, prefix=".new-")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(text)
+            os.replace(temporary, self.path)
+        except BaseException:
+            os.unlink(temporary)
+            raise
+        _prune(directory)
+
+
+def _valid_records(data, identity):
+    """The records of a loaded index that is well-formed and made for ``identity``, else
+    None. Every value is checked for its type: the file is as untrusted as the container."""
+    if not (isinstance(data, dict) and data.get("format") == FORMAT_TAG
+            and data.get("identity") == identity and isinstance(data.get("containers"), dict)):
+        return None
+    records = {}
+    for path, record in data["containers"].items():
+        if not (isinstance(record, list) and len(record) == 2 and isinstance(record[0], str)
+                and isinstance(record[1], list)
+                and all(isinstance(name, str) for name in record[1])):
+            return None
+        records[path] = (record[0], frozenset(record[1]))
+    return records
+
+
+def _prune(directory):
+    """Keep at most MAX_FILES files in ``directory`` (index files and the temporary files
+    of daemons that died writing one), removing the least recently written."""
+    try:
+        with os.scandir(directory) as entries:
+            files = [(e.stat(follow_symlinks=False).st_mtime_ns, e.path) for e in entries]
+    except OSError:
+        return
+    for _, path in sorted(files)[:max(0, len(files) - MAX_FILES)]:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
