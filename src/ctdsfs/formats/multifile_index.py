@@ -20,12 +20,10 @@ and renamed into place, so two daemons never see half of one; the directory
 holds at most ``MAX_FILES`` of them (the oldest go) of at most ``MAX_BYTES``.
 """
 
-import hashlib
 import json
 import logging
 import os
 import stat
-import tempfile
 import time
 
 from ..errors import FormatError
@@ -67,8 +65,8 @@ def open_index(fd):
     if not stat.S_ISREG(st.st_mode) or st.st_ino == 0:
         return None
     identity = [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
-    key = hashlib.sha256(f"{st.st_dev}:{st.st_ino}".encode()).hexdigest()[:32]
-    return NestedIndex(os.path.join(_directory, key + ".json"), fd, identity)
+    name = f"{st.st_dev:x}-{st.st_ino:x}.json"  # one file per container file
+    return NestedIndex(os.path.join(_directory, name), fd, identity)
 
 
 def _racy(identity, now_ns):
@@ -95,11 +93,11 @@ class NestedIndex:
         except FileNotFoundError:
             return {}
         except (OSError, FormatError, ValueError, RecursionError) as exc:
-            log.info("%s: index ignored (%s)", self.path, exc)
+            log.debug("%s: index ignored (%s)", self.path, exc)
             return {}
         records = _valid_records(data, self.identity)
         if records is None:
-            log.info("%s: index ignored (another file's, a changed file's, or damaged)",
+            log.debug("%s: index ignored (another file's, a changed file's, or damaged)",
                      self.path)
             return {}
         return records
@@ -130,15 +128,17 @@ class NestedIndex:
                            "containers": {p: [f, sorted(n)] for p, (f, n) in records.items()}},
                           separators=(",", ":")).encode()
         if len(text) > MAX_BYTES:
-            log.info("%s: index of %d bytes not written (limit %d)", self.path, len(text),
+            log.debug("%s: index of %d bytes not written (limit %d)", self.path, len(text),
                      MAX_BYTES)
             return
         try:
             self._write(text)
         except OSError as exc:
-            log.info("%s: index not written (%s)", self.path, exc.strerror)
+            log.debug("%s: index not written (%s)", self.path, exc.strerror)
 
     def _write(self, text):
+        import tempfile  # (only here, at unmount: it costs a mount milliseconds)
+
         directory = os.path.dirname(self.path)
         os.makedirs(directory, mode=0o700, exist_ok=True)
         fd, temporary = tempfile.mkstemp(dir=directory, prefix=".new-")
