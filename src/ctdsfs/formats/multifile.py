@@ -170,12 +170,13 @@ class MultiFile(Container):
             self._crcs = _grown(self._crcs, self._nblocks)
         self._buffers = {}  # id(entry) -> [block index, bytearray, entry]: a dirty partial block
         self._nested = {}
-        self._plain = set()  # names whose first bytes are no MultiFile header (for the index)
+        # Names shown as files for another reason than their first bytes (a bad block, a
+        # nested container that failed to open): the index never records them as plain.
+        self._unsure = set()
         if self.index is not None:
-            self._plain.update(name for name in self.index.plain_names(self.index_path,
-                                                                       header.fingerprint)
-                               if name in self._entries)
-            self._nested.update(dict.fromkeys(self._plain))
+            self._nested.update(dict.fromkeys(
+                name for name in self.index.plain_names(self.index_path, header.fingerprint)
+                if name in self._entries))
         self._dirty = False
         self._verified = OrderedDict()  # block number -> bytes already CRC-checked
         self._verified_max = max(4, VERIFIED_CACHE_BYTES // self.block_size)
@@ -459,17 +460,20 @@ class MultiFile(Container):
             return None
         try:
             if not looks_like_v2(first or self.read(name, 0, FIXED_V2.size)):
-                self._plain.add(name)
                 return None
         except BlockError:
+            self._unsure.add(name)
             return None
+        self._unsure.add(name)  # (until it opens)
         if self.depth + 1 > MAX_NESTING:
             self._problem(f"{name!r} shown as a file: nested more than {MAX_NESTING} deep")
             return None
         try:
-            return MultiFile(VirtualFileStore(self, name), verify_crc=self.verify_crc,
-                             writable=self.writable, depth=self.depth + 1, lock=self._lock,
-                             index=self.index, index_path=f"{self.index_path}/{name}")
+            child = MultiFile(VirtualFileStore(self, name), verify_crc=self.verify_crc,
+                              writable=self.writable, depth=self.depth + 1, lock=self._lock,
+                              index=self.index, index_path=f"{self.index_path}/{name}")
+            self._unsure.discard(name)
+            return child
         except (FormatError, BlockError) as exc:
             self._problem(f"{name!r} shown as a file: looks nested but {exc}")
             return None
@@ -1079,7 +1083,10 @@ class MultiFile(Container):
     def _index_records(self):
         """{index path: (header fingerprint, plain names)} of this container and every
         nested one opened, for ``NestedIndex.save``."""
-        records = {self.index_path: (self.header.fingerprint, self._plain & self._entries.keys())}
+        plain = [name for name, child in self._nested.items()
+                 if child is None and name not in self._unsure and name in self._entries
+                 and self._may_be_nested(name, self._entries[name])]
+        records = {self.index_path: (self.header.fingerprint, plain)}
         for child in self._nested.values():
             if child is not None:
                 records.update(child._index_records())

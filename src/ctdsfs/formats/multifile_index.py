@@ -104,15 +104,17 @@ class NestedIndex:
 
     def plain_names(self, path, fingerprint):
         """Names the index says are plain files in the container at ``path``, if that
-        container's header is still the one recorded."""
-        record = self.records.get(path)
+        container's header is still the one recorded. Asked once per container opened: the
+        record is handed over (``save`` gets it back from the container)."""
+        record = self.records.pop(path, None)
         if record is None or record[0] != fingerprint:
             return ()
         return record[1]
 
     def save(self, visited):
-        """Record ``visited`` ({path: (fingerprint, plain names)}) over what was loaded,
-        if the file is still the one opened; never raises (the index only saves reads)."""
+        """Record ``visited`` ({path: (fingerprint, plain names)}) and what was loaded for
+        containers not opened, if the file is still the one opened; never raises (the index
+        only saves reads). Written even when unchanged: the least recently used go first."""
         try:
             current = os.fstat(self.fd)
         except OSError:
@@ -122,8 +124,6 @@ class NestedIndex:
         if not (self.savable and same):
             return
         records = {**self.records, **visited}
-        if records == self.records:
-            return  # nothing learnt: no write
         text = json.dumps({"format": FORMAT_TAG, "identity": self.identity,
                            "containers": {p: [f, sorted(n)] for p, (f, n) in records.items()}},
                           separators=(",", ":")).encode()
@@ -164,7 +164,7 @@ def _valid_records(data, identity):
                 and isinstance(record[1], list)
                 and all(isinstance(name, str) for name in record[1])):
             return None
-        records[path] = (record[0], frozenset(record[1]))
+        records[path] = tuple(record)
     return records
 
 
