@@ -9,7 +9,6 @@ the mount being there when the command returns.
 """
 
 import logging
-import logging.handlers
 import os
 import sys
 from dataclasses import dataclass, field
@@ -192,6 +191,8 @@ def _setup_logging(opts, foreground):
     elif foreground:
         handler = logging.StreamHandler(sys.stderr)
     elif os.path.exists("/dev/log"):
+        import logging.handlers  # (sockets and pickle: only a daemon that logs to syslog)
+
         handler = logging.handlers.SysLogHandler("/dev/log")
         fmt = PrintableFormatter("ctdsfs[%(process)d]: %(levelname)s: %(message)s")
     else:
