@@ -191,9 +191,9 @@ def _setup_logging(opts, foreground):
     elif foreground:
         handler = logging.StreamHandler(sys.stderr)
     elif os.path.exists("/dev/log"):
-        import logging.handlers  # (sockets and pickle: only a daemon that logs to syslog)
+        from logging.handlers import SysLogHandler  # (sockets, pickle: only for syslog)
 
-        handler = logging.handlers.SysLogHandler("/dev/log")
+        handler = SysLogHandler("/dev/log")
         fmt = PrintableFormatter("ctdsfs[%(process)d]: %(levelname)s: %(message)s")
     else:
         handler = logging.NullHandler()

@@ -42,15 +42,14 @@ RACY_COARSE_NS = 2_000_000_000
 _directory = None  # where index files live; None: no index (``enable``)
 
 
-def enable(directory=None):
-    """Use the index (mounts do, unless ``-o no_index``); ``directory`` defaults to
+def enable():
+    """Use the index (mounts do, unless ``-o no_index``), in
     ``${XDG_CACHE_HOME:-~/.cache}/ctdsfs/index``."""
     global _directory
-    if directory is None:
-        cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"),
-                                                                 ".cache")
-        directory = os.path.join(cache, "ctdsfs", "index")
-    _directory = directory
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    directory = os.path.join(cache, "ctdsfs", "index")
+    # (no home to expand "~" in: no index, rather than one relative to wherever we are)
+    _directory = directory if os.path.isabs(directory) else None
 
 
 def open_index(fd):
