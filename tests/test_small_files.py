@@ -234,13 +234,14 @@ def hostile_indexes(valid):
     """Index files to be ignored, made from ``valid`` (the index a mount wrote)."""
     good = json.loads(valid)
     dev, ino, size, mtime, ctime = good["identity"]
-    everything_plain = {path: [fingerprint, [f"d{d}" for d in range(4)] + [f"f{i}" for i in range(40)]]
-                        for path, (fingerprint, _) in good["containers"].items()}
+    fingerprint = good["containers"]["/d0"][0]
+    everything_plain = {path: [fingerprint, "ff"] for path, (fingerprint, _) in
+                        good["containers"].items()}
     yield b"\x00\xffnot an index"
     yield b"[" * 100_000
     yield valid + b" " * (9 << 20)
-    for containers in ([], {"": "x"}, {"": ["x"]}, {"": [1, []]}, {"": ["x", "f1"]},
-                       {"": ["x", [1, 2]]}):
+    for containers in ([], {"": "x"}, {"": ["x"]}, {"": [1, "ff"]}, {"": ["x", ["f1"]]},
+                       {"/d0": [fingerprint, "not hex"]}, {"/d0": [fingerprint, "ffff"]}):
         yield json.dumps({**good, "containers": containers}).encode()
     yield json.dumps({**good, "identity": "me"}).encode()
     yield json.dumps({**good, "format": 1}).encode()

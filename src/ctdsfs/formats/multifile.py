@@ -43,7 +43,7 @@ from .crc import crc32_bzip2
 from .multifile_header import (FIXED_V2, Entry, Header, encode_body_v2, encode_header_v1,
                                encode_header_v2, looks_like_multifile, looks_like_v2,
                                read_header)
-from .multifile_index import open_index
+from .multifile_index import open_index, plain_bitmap
 from .store import VirtualFileStore, open_store
 
 log = logging.getLogger(__name__)
@@ -174,9 +174,8 @@ class MultiFile(Container):
         # nested container that failed to open): the index never records them as plain.
         self._unsure = set()
         if self.index is not None:
-            self._nested.update(dict.fromkeys(
-                name for name in self.index.plain_names(self.index_path, header.fingerprint)
-                if name in self._entries))
+            self._nested.update(dict.fromkeys(self.index.plain_names(
+                self.index_path, header.fingerprint, list(self._entries))))
         self._dirty = False
         self._verified = OrderedDict()  # block number -> bytes already CRC-checked
         self._verified_max = max(4, VERIFIED_CACHE_BYTES // self.block_size)
@@ -1081,12 +1080,11 @@ class MultiFile(Container):
             self.store.close()
 
     def _index_records(self):
-        """{index path: (header fingerprint, plain names)} of this container and every
+        """{index path: (header fingerprint, plain_bitmap)} of this container and every
         nested one opened, for ``NestedIndex.save``."""
-        plain = [name for name, child in self._nested.items()
-                 if child is None and name not in self._unsure and name in self._entries
-                 and self._may_be_nested(name, self._entries[name])]
-        records = {self.index_path: (self.header.fingerprint, plain)}
+        plain = [self._nested.get(name, False) is None and name not in self._unsure
+                 and self._may_be_nested(name, e) for name, e in self._entries.items()]
+        records = {self.index_path: (self.header.fingerprint, plain_bitmap(plain))}
         for child in self._nested.values():
             if child is not None:
                 records.update(child._index_records())

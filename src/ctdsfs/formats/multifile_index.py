@@ -75,9 +75,19 @@ def _racy(identity, now_ns):
     return now_ns - changed < (RACY_COARSE_NS if coarse else RACY_NS)
 
 
+def plain_bitmap(flags):
+    """Which entries (in the container's order, as ``flags``) are plain, as hex: one bit
+    an entry, so an index costs a mount little to read and to hold (names would)."""
+    bits = bytearray((len(flags) + 7) // 8)
+    for i, plain in enumerate(flags):
+        if plain:
+            bits[i >> 3] |= 1 << (i & 7)
+    return bits.hex()
+
+
 class NestedIndex:
     """The index of one container file: ``records`` maps a nested container's path
-    ('' for the top, else its names joined by '/') to (header fingerprint, plain names)."""
+    ('' for the top, else its names joined by '/') to (header fingerprint, plain_bitmap)."""
 
     def __init__(self, path, fd, identity):
         self.path = path
@@ -101,17 +111,24 @@ class NestedIndex:
             return {}
         return records
 
-    def plain_names(self, path, fingerprint):
-        """Names the index says are plain files in the container at ``path``, if that
-        container's header is still the one recorded. Asked once per container opened: the
-        record is handed over (``save`` gets it back from the container)."""
+    def plain_names(self, path, fingerprint, names):
+        """Those of ``names`` (the entries of the container at ``path``, in order) that the
+        index says are plain files, if that container's header is still the one recorded.
+        Asked once per container opened: the record is handed over (``save`` gets it back
+        from the container)."""
         record = self.records.pop(path, None)
         if record is None or record[0] != fingerprint:
             return ()
-        return record[1]
+        try:
+            bits = bytes.fromhex(record[1])
+        except ValueError:
+            return ()
+        if len(bits) != (len(names) + 7) // 8:
+            return ()
+        return [name for i, name in enumerate(names) if bits[i >> 3] >> (i & 7) & 1]
 
     def save(self, visited):
-        """Record ``visited`` ({path: (fingerprint, plain names)}) and what was loaded for
+        """Record ``visited`` ({path: (fingerprint, plain_bitmap)}) and what was loaded for
         containers not opened, if the file is still the one opened; never raises (the index
         only saves reads). Written even when unchanged: the least recently used go first."""
         try:
@@ -124,7 +141,7 @@ class NestedIndex:
             return
         records = {**self.records, **visited}
         text = json.dumps({"format": FORMAT_TAG, "identity": self.identity,
-                           "containers": {p: [f, sorted(n)] for p, (f, n) in records.items()}},
+                           "containers": {p: list(r) for p, r in records.items()}},
                           separators=(",", ":")).encode()
         if len(text) > MAX_BYTES:
             log.debug("%s: index of %d bytes not written (limit %d)", self.path, len(text),
@@ -159,9 +176,8 @@ def _valid_records(data, identity):
         return None
     records = {}
     for path, record in data["containers"].items():
-        if not (isinstance(record, list) and len(record) == 2 and isinstance(record[0], str)
-                and isinstance(record[1], list)
-                and all(isinstance(name, str) for name in record[1])):
+        if not (isinstance(record, list) and len(record) == 2
+                and all(isinstance(part, str) for part in record)):
             return None
         records[path] = tuple(record)
     return records
