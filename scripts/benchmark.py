@@ -861,6 +861,8 @@ def small_files_figures(tmp, pool, quick=False):
     }
     with Mounted(systems["ratarmount"][0] + [str(tmp / "mr")], str(tmp / "mr")):
         pass  # ratarmount writes its index on the first mount: not part of the figures
+    with Mounted(systems["ctdsfs"][0] + [str(tmp / "mc")], str(tmp / "mc")):
+        _shell_seconds("find . -type f", tmp / "mc")  # ctdsfs's index (-o no_index: none)
     best = {}  # (row, system) -> best value
 
     def keep(row, system, value, larger_is_better=False):

@@ -6,6 +6,7 @@ answers from its own caches still works, whatever reaches the daemon hangs
 """
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -136,3 +137,130 @@ def test_a_large_read_waiting_for_its_disk_holds_up_no_other_request(mount, tmp_
     assert reader.wait(20) == 0
     assert answered
     inner.close()  # before the mount it reads from
+
+
+# -- the persistent index of plain files (formats/multifile_index.py)
+
+def varied_tree_container(path):
+    """A MultiFile of 4 nested directories of 40 files of 2-8 KiB: a cold listing that
+    reads every file's first bytes reads them all."""
+    c = create_container(path, block_size=1024)
+    for d in range(4):
+        sub = c.make_nested(f"d{d}")
+        for i in range(40):
+            sub.create(f"f{i}")
+            sub.write(f"f{i}", 0, bytes([65 + i % 26]) * (2048 + 151 * i))
+    c.commit()
+    c.close()
+    return path
+
+
+def bytes_read(pid):
+    """What process ``pid`` has read so far (``rchar``: page cache hits count too)."""
+    with open(f"/proc/{pid}/io") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("rchar:"))
+
+
+def tree_and_bytes_read(m):
+    """(every path under the mount, with a '/' after directories; bytes the daemon read
+    to list them)."""
+    before = bytes_read(m.proc.pid)
+    tree = sorted(os.path.relpath(os.path.join(top, n), m.mountpoint) + ("/" if n in dirs else "")
+                  for top, dirs, files in os.walk(m.mountpoint) for n in dirs + files)
+    return tree, bytes_read(m.proc.pid) - before
+
+
+def index_files(cache):
+    return sorted((cache / "ctdsfs" / "index").glob("*.json"))
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    """The daemons' ``XDG_CACHE_HOME``: where they keep the index."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+def test_a_second_mount_lists_a_tree_without_reading_its_files(mount, tmp_path, cache):
+    container = varied_tree_container(tmp_path / "tree.mf")
+    m = mount(container, options=["no_index"])
+    tree, cold = tree_and_bytes_read(m)
+    m.close()
+    assert len(tree) == 4 + 4 * 40 and "d2/" in tree and "d2/f7" in tree
+    assert cold > 4 * 40 * 2048  # every file was read
+    assert not (cache / "ctdsfs").exists()  # no_index: none kept
+    m = mount(container)
+    first_tree, first = tree_and_bytes_read(m)
+    m.close()
+    assert first_tree == tree and first > cold * 0.9  # nothing to use yet
+    assert len(index_files(cache)) == 1
+    m = mount(container)
+    second_tree, second = tree_and_bytes_read(m)
+    assert second_tree == tree
+    assert second * 10 < cold  # the four nested headers only
+
+
+def rewrite_in_place_as_a_container(container, directory, name):
+    """Another writer makes ``directory/name`` hold an (empty) MultiFile: its first bytes
+    change in place, so no header changes, and the container's mtime is set back."""
+    before = os.stat(container)
+    top = open_container(container)
+    sub = top.nested(directory)
+    offset = int(sub._entries[name].blocks[0]) * sub.block_size  # (both: 1024-byte blocks)
+    at = int(top._entries[directory].blocks[offset // top.block_size]) * top.block_size
+    top.close()
+    image = container.with_name("empty.mf")
+    create_container(image, block_size=512).close()
+    with open(container, "r+b") as f:
+        f.seek(at)
+        f.write(image.read_bytes())
+    os.utime(container, ns=(before.st_atime_ns, before.st_mtime_ns))
+
+
+def test_an_index_of_a_container_changed_since_is_never_believed(mount, tmp_path, cache):
+    container = varied_tree_container(tmp_path / "tree.mf")
+    m = mount(container)
+    tree, _ = tree_and_bytes_read(m)
+    m.close()
+    assert "d1/f30" in tree and len(index_files(cache)) == 1
+    rewrite_in_place_as_a_container(container, "d1", "f30")
+    m = mount(container)
+    changed, _ = tree_and_bytes_read(m)
+    assert changed == sorted(tree[:tree.index("d1/f30")] + ["d1/f30/"]
+                             + tree[tree.index("d1/f30") + 1:])
+
+
+def hostile_indexes(valid):
+    """Index files to be ignored, made from ``valid`` (the index a mount wrote)."""
+    good = json.loads(valid)
+    dev, ino, size, mtime, ctime = good["identity"]
+    fingerprint = good["containers"]["/d0"][0]
+    everything_plain = {path: [fingerprint, "ff"] for path, (fingerprint, _) in
+                        good["containers"].items()}
+    yield b"\x00\xffnot an index"
+    yield b"[" * 100_000
+    yield valid + b" " * (9 << 20)
+    for containers in ([], {"": "x"}, {"": ["x"]}, {"": [1, "ff"]}, {"": ["x", ["f1"]]},
+                       {"/d0": [fingerprint, "not hex"]}, {"/d0": [fingerprint, "ffff"]}):
+        yield json.dumps({**good, "containers": containers}).encode()
+    yield json.dumps({**good, "identity": "me"}).encode()
+    yield json.dumps({**good, "format": 1}).encode()
+    # Another container file's (a ctime of its own) that says every file is plain:
+    yield json.dumps({**good, "identity": [dev, ino, size, mtime, ctime + 1],
+                      "containers": everything_plain}).encode()
+
+
+def test_a_damaged_foreign_or_huge_index_is_ignored_and_rewritten(mount, tmp_path, cache):
+    container = small_tree_container(tmp_path / "tree.mf", dirs=2, files=5)
+    m = mount(container)
+    tree, _ = tree_and_bytes_read(m)
+    m.close()
+    [index] = index_files(cache)
+    valid = index.read_bytes()
+    for hostile in hostile_indexes(valid):
+        index.write_bytes(hostile)
+        m = mount(container)
+        assert tree_and_bytes_read(m)[0] == tree, hostile[:100]
+        assert m.close() == 0
+        assert "Traceback" not in m.log.read_text()
+        assert index.read_bytes() == valid  # rewritten

@@ -62,8 +62,8 @@ def test_readdir_builds_only_the_batch_asked_for(nested_fs, monkeypatch):
     whole = nested_fs.readdir(ROOT_INO)
     built = []
     attr = nested_fs._attr
-    monkeypatch.setattr(nested_fs, "_attr", lambda node, st=None: built.append(node) or
-                        attr(node, st))
+    monkeypatch.setattr(nested_fs, "_attr", lambda node, *given: built.append(node) or
+                        attr(node, *given))
     batches, start = [], 0
     while batch := nested_fs.readdir(ROOT_INO, start, 2):
         batches.append([name for name, _, _ in batch])

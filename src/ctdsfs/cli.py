@@ -71,6 +71,10 @@ mount options (-o, comma separated):
   nocrc                do not verify block CRCs on read (faster; corruption
                        then goes unnoticed)
   norecurse            directory sources: show container files as files
+  no_index             do not keep or use the index of which files in a
+                       MultiFile are plain (${XDG_CACHE_HOME:-~/.cache}/ctdsfs/
+                       index): without it the first listing of each mount
+                       reads the start of every file to find nested ones
   allow_other          let other users access the mount (root, or
                        user_allow_other in /etc/fuse.conf); implies
                        default_permissions, so the kernel checks every

@@ -9,12 +9,12 @@ the mount being there when the command returns.
 """
 
 import logging
-import logging.handlers
 import os
 import sys
 from dataclasses import dataclass, field
 
-from .formats import REMOTE_SCHEMES, create_container, open_container, open_from_store
+from .formats import REMOTE_SCHEMES, create_container, multifile_index, open_container, \
+    open_from_store
 from .errors import CtdsfsError, PrintableFormatter, printable
 
 log = logging.getLogger("ctdsfs")
@@ -61,6 +61,7 @@ class MountOptions:
     commit_seconds: float = DEFAULT_COMMIT_SECONDS
     verify_crc: bool = True
     recurse: bool = True  # directory sources: container files shown as directories
+    index: bool = True  # keep and use the persistent index of plain files (multifile_index)
     logfile: str = None
     debug: bool = False
     nonempty: bool = False  # mount over a mount point that holds files
@@ -129,6 +130,8 @@ def parse_options(text):
             opts.verify_crc = False
         elif item == "norecurse":
             opts.recurse = False
+        elif item == "no_index":
+            opts.index = False
         elif item == "debug":
             opts.debug = True
         elif item == "nonempty":
@@ -189,7 +192,9 @@ def _setup_logging(opts, foreground):
     elif foreground:
         handler = logging.StreamHandler(sys.stderr)
     elif os.path.exists("/dev/log"):
-        handler = logging.handlers.SysLogHandler("/dev/log")
+        from logging.handlers import SysLogHandler  # (sockets, pickle: only for syslog)
+
+        handler = SysLogHandler("/dev/log")
         fmt = PrintableFormatter("ctdsfs[%(process)d]: %(levelname)s: %(message)s")
     else:
         handler = logging.NullHandler()
@@ -233,6 +238,8 @@ def mount(source, mountpoint, opts, foreground=False):
     _reuse_freed_memory()
     _setup_logging(opts, foreground=True)  # problems found while opening reach the terminal
     source_stat = None
+    if opts.index:
+        multifile_index.enable()
     if remote and source.endswith("/"):
         from .formats.remote import RemoteOptions
         from .vfs.remote_directory import open_remote_directory

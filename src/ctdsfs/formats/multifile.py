@@ -43,6 +43,7 @@ from .crc import crc32_bzip2
 from .multifile_header import (FIXED_V2, Entry, Header, encode_body_v2, encode_header_v1,
                                encode_header_v2, looks_like_multifile, looks_like_v2,
                                read_header)
+from .multifile_index import open_index, plain_bitmap
 from .store import VirtualFileStore, open_store
 
 log = logging.getLogger(__name__)
@@ -111,8 +112,12 @@ class MultiFile(Container):
         return self.verify_crc and self.header.use_crc
 
     def __init__(self, store, *, hdrext_path=None, verify_crc=True, writable=False, depth=0,
-                 lock=None, header=None):
+                 lock=None, header=None, index=None, index_path=""):
         self.store = store
+        # A persistent index of plain files (read-only trees): multifile_index.NestedIndex,
+        # in which this container's record is ``index_path``.
+        self.index = index
+        self.index_path = index_path
         self.label = store.label
         self.hdrext_path = hdrext_path
         self.verify_crc = verify_crc
@@ -165,6 +170,12 @@ class MultiFile(Container):
             self._crcs = _grown(self._crcs, self._nblocks)
         self._buffers = {}  # id(entry) -> [block index, bytearray, entry]: a dirty partial block
         self._nested = {}
+        # Names shown as files for another reason than their first bytes (a bad block, a
+        # nested container that failed to open): the index never records them as plain.
+        self._unsure = set()
+        if self.index is not None:
+            self._nested.update(dict.fromkeys(self.index.plain_names(
+                self.index_path, header.fingerprint, list(self._entries))))
         self._dirty = False
         self._verified = OrderedDict()  # block number -> bytes already CRC-checked
         self._verified_max = max(4, VERIFIED_CACHE_BYTES // self.block_size)
@@ -200,6 +211,7 @@ class MultiFile(Container):
             for child in self._nested.values():
                 if child is not None:
                     child._set_read_only(f"{child.label} was reloaded")
+            self.index = None  # made for the file as it was
             try:
                 self._load(header)
             except FormatError as exc:  # damaged by the other writer: keep serving, read-only
@@ -449,13 +461,18 @@ class MultiFile(Container):
             if not looks_like_v2(first or self.read(name, 0, FIXED_V2.size)):
                 return None
         except BlockError:
+            self._unsure.add(name)
             return None
+        self._unsure.add(name)  # (until it opens)
         if self.depth + 1 > MAX_NESTING:
             self._problem(f"{name!r} shown as a file: nested more than {MAX_NESTING} deep")
             return None
         try:
-            return MultiFile(VirtualFileStore(self, name), verify_crc=self.verify_crc,
-                             writable=self.writable, depth=self.depth + 1, lock=self._lock)
+            child = MultiFile(VirtualFileStore(self, name), verify_crc=self.verify_crc,
+                              writable=self.writable, depth=self.depth + 1, lock=self._lock,
+                              index=self.index, index_path=f"{self.index_path}/{name}")
+            self._unsure.discard(name)
+            return child
         except (FormatError, BlockError) as exc:
             self._problem(f"{name!r} shown as a file: looks nested but {exc}")
             return None
@@ -1054,9 +1071,24 @@ class MultiFile(Container):
         return info
 
     def abandon(self):
-        """Release the file of a top-level container (a nested one has none of its own)."""
+        """Release the file of a top-level container (a nested one has none of its own),
+        recording what the index learnt first."""
         if self.depth == 0:
+            if self.index is not None:
+                with self._lock:
+                    self.index.save(self._index_records())
             self.store.close()
+
+    def _index_records(self):
+        """{index path: (header fingerprint, plain_bitmap)} of this container and every
+        nested one opened, for ``NestedIndex.save``."""
+        plain = [self._nested.get(name, False) is None and name not in self._unsure
+                 and self._may_be_nested(name, e) for name, e in self._entries.items()]
+        records = {self.index_path: (self.header.fingerprint, plain_bitmap(plain))}
+        for child in self._nested.values():
+            if child is not None:
+                records.update(child._index_records())
+        return records
 
 
 # ---------------------------------------------------------------- the registry's entry points
@@ -1068,8 +1100,9 @@ def open_file(path, *, verify_crc=True, writable=False):
     """The MultiFile at ``path`` (a version 1 header continues in ``PATH_hdrext``)."""
     store = open_store(path, writable=writable, lock=writable)
     try:
+        index = None if writable else open_index(store.fd)
         return MultiFile(store, hdrext_path=path + "_hdrext", verify_crc=verify_crc,
-                         writable=writable)
+                         writable=writable, index=index)
     except BaseException:
         store.close()
         raise

@@ -21,6 +21,7 @@ of failing the whole container.
 
 import os
 import struct
+import zlib
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -63,6 +64,7 @@ class Header:
     cont_sets: tuple = (np.zeros(0, np.int64), np.zeros(0, np.int64))
     cont_used: tuple = (0, 0)
     has_hdrext: bool = False
+    fingerprint: str = ""  # a digest of the header bytes as read (multifile_index.py)
 
     @property
     def active_cont_set(self):
@@ -288,7 +290,7 @@ def _read_header_v1(store, physical, header_size, block_size, counter, hdrext_pa
     entries = [Entry(name, size, blocks) for name, size, blocks in raw_entries]
     return Header(version=1, block_size=block_size, counter=counter, nblocks=nblocks,
                   header_size=header_size, entries=entries, free_blocks=free,
-                  has_hdrext=has_hdrext)
+                  has_hdrext=has_hdrext, fingerprint=_fingerprint(data))
 
 
 def _assemble_v2(store, physical, block_size, header_size, cont_first):
@@ -369,7 +371,13 @@ def _read_header_v2(store, physical, verify_crc):
     return Header(version=2, block_size=block_size, counter=counter, nblocks=nblocks,
                   header_size=header_size, entries=entries, free_blocks=free,
                   use_crc=use_crc, header_crc=header_crc, crcs=crcs, cont_first=cont_first,
-                  cont_sets=cont_sets, cont_used=cont_used)
+                  cont_sets=cont_sets, cont_used=cont_used, fingerprint=_fingerprint(data))
+
+
+def _fingerprint(header_bytes):
+    """What tells one header from any other: a persistent index recorded for a container
+    applies only while its header is byte for byte the one it was recorded with."""
+    return f"{len(header_bytes)}-{zlib.crc32(header_bytes):08x}"
 
 
 # ---------------------------------------------------------------- header encode

@@ -183,8 +183,9 @@ class ContainerFS:
     def _forget_name(self, container, name):
         self._inos.pop((id(container), name), None)
 
-    def _attr(self, node, st=None):
-        """Attributes of ``node``; ``st`` is the source's stat when the caller has one."""
+    def _attr(self, node, st=None, blksize=None):
+        """Attributes of ``node``; ``st`` is the source's stat and ``blksize`` the block size
+        of ``node``'s container when the caller has them (a listing: once per batch)."""
         st = st or self._source_stat()
         perms = st.st_mode & (0o666 if self.writable else 0o444)
         if node.directory is not None:
@@ -201,7 +202,7 @@ class ContainerFS:
         else:
             size = node.owner.entry_size(node.key)
             nblocks = node.owner.entry_blocks(node.key)
-            blksize = node.owner.usage().block_size
+            blksize = blksize or node.owner.usage().block_size
         return Attr(ino=node.ino, mode=mode, nlink=nlink, size=size,
                     blocks=nblocks * blksize // 512, blksize=blksize,
                     uid=st.st_uid, gid=st.st_gid, atime_ns=st.st_atime_ns,
@@ -355,14 +356,16 @@ class ContainerFS:
                                                                              names)
             stop = len(names) + 2 if limit is None else min(len(names) + 2, start + limit)
             st = self._source_stat()  # once for the whole batch
+            blksize = parent.directory.usage().block_size  # (a directory source's: statvfs)
             out = []
             for i in range(start, stop):
                 if i < 2:
-                    name, node = (".", parent) if i == 0 else ("..", self._node(parent.parent))
+                    name = "." if i == 0 else ".."
+                    out.append((name, self._attr(parent if i == 0 else self._node(parent.parent),
+                                                 st), i + 1))
                 else:
                     name = names[i - 2]
-                    node = self._child(parent, name)
-                out.append((name, self._attr(node, st), i + 1))
+                    out.append((name, self._attr(self._child(parent, name), st, blksize), i + 1))
             return out
 
     def readlink(self, ino):
