@@ -37,9 +37,9 @@ import numpy as np
 from ..container import DerivedView, name_problem
 from ..errors import BlockError, CtdsfsError, FormatError
 from . import tiledb_filters as tf
+from .byte_reader import Reader
 from .decoded_cache import DecodedCache
 from .npy import npy_header
-from .byte_reader import Reader
 from .store import open_regular, read_small
 
 log = logging.getLogger(__name__)
