@@ -20,6 +20,14 @@ DATA = Path(__file__).parent / "data"
 SCRIPTS = Path(__file__).parent.parent / "scripts"
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _session_cache_home(tmp_path_factory):
+    """Mounts keep their index of a MultiFile's plain files under ``XDG_CACHE_HOME``:
+    the session gets a cache of its own, so no test meets an index an earlier run left
+    and none is left in the user's cache."""
+    os.environ["XDG_CACHE_HOME"] = str(tmp_path_factory.mktemp("cache-home"))
+
+
 @pytest.fixture
 def data_dir():
     return DATA

@@ -82,9 +82,13 @@ def apt_debian_mirror():
     pytest.fail("no Debian bookworm mirror in the apt sources of this machine")
 
 
+# the user's cache, as the tests found it (conftest gives the mounts one of their own)
+USER_CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+
+
 def debian_rootfs_tarball():
     """A slim bookworm minbase rootfs as a tarball, cached for the day (debootstrap ~30 s)."""
-    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "ctdsfs-tests"
+    cache = USER_CACHE / "ctdsfs-tests"
     cache.mkdir(parents=True, exist_ok=True)
     tarball = cache / f"debian-bookworm-minbase-{datetime.date.today():%Y%m%d}.tar"
     if tarball.exists():
