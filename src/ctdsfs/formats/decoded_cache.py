@@ -52,8 +52,7 @@ class DecodedCache:
                         data = load()
                         self.put(key, identity, data)
             finally:
-                with self._lock:
-                    self._loading.pop(key, None)
+                self._done_loading(key, loading)
         return data
 
     def load_ahead(self, key, identity, load, submit):
@@ -73,10 +72,16 @@ class DecodedCache:
             except CtdsfsError:
                 pass  # a reader that wants the piece decodes it again and gets the error
             finally:
-                with self._lock:
-                    self._loading.pop(key, None)
+                self._done_loading(key, loading)
                 loading.release()
         submit(run)
+
+    def _done_loading(self, key, loading):
+        """Forget ``loading`` as the lock of ``key``'s decoding, unless a newer decoding
+        of the piece (one queued ahead since) holds that place now."""
+        with self._lock:
+            if self._loading.get(key) is loading:
+                del self._loading[key]
 
     def put(self, key, identity, data):
         with self._lock:
