@@ -326,6 +326,13 @@ class MultiFile(Container):
     def entry_blocks(self, key):
         return len(self._entry(key).blocks)
 
+    def entry_stats(self, names):
+        with self._lock:
+            entries = self._entries
+            if not all(name in entries for name in names):
+                return super().entry_stats(names)  # (raises FileNotFoundError)
+            return [(e.size, len(e.blocks)) for e in map(entries.__getitem__, names)]
+
     def usage(self):
         return Usage(self.block_size, self._nblocks, len(self._free) + len(self._pending_free))
 
@@ -418,9 +425,10 @@ class MultiFile(Container):
     def classify(self, names):
         with self._lock:
             unknown = [name for name in names if name not in self._nested]
+            nested = self._nested
             for name, first in self._first_bytes(unknown).items():
-                self._nested[name] = self._open_nested(name, first)
-            return [self.nested(name) for name in names]
+                nested[name] = self._open_nested(name, first)
+            return [nested[name] if name in nested else self.nested(name) for name in names]
 
     def _first_bytes(self, names):
         """name -> the first bytes of each file in ``names`` that may hold a nested
