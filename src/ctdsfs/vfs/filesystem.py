@@ -388,11 +388,11 @@ class ContainerFS:
             return [self._attr(node, st, blksize) for node in nodes]
         perms = st.st_mode & (0o666 if self.writable else 0o444)
         mode, uid, gid = stat.S_IFREG | perms, st.st_uid, st.st_gid
-        times = st.st_atime_ns, st.st_mtime_ns, st.st_ctime_ns
+        atime, mtime, ctime = st.st_atime_ns, st.st_mtime_ns, st.st_ctime_ns
         stats = self._call(directory.entry_stats, [node.key for node in nodes])
         return [Attr(node.ino, mode, 1, size, nblocks * blksize // 512, blksize, uid, gid,
-                     *times) if node.directory is None else self._attr(node, st, blksize)
-                for node, (size, nblocks) in zip(nodes, stats)]
+                     atime, mtime, ctime) if node.directory is None
+                else self._attr(node, st, blksize) for node, (size, nblocks) in zip(nodes, stats)]
 
     def readlink(self, ino):
         """A symbolic link's text, as stored (never resolved here)."""
