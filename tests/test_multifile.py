@@ -277,6 +277,10 @@ def test_nested_header_fault_names_the_virtual_file(tmp_path):
      lambda h: setattr(h, "free_blocks", np.array([2]))),
     ("continuation sets names a block twice or one that a file uses",
      lambda h: setattr(h, "cont_sets", (np.array([1]), np.zeros(0, np.int64)))),
+    ("continuation sets names block -5, outside the container",
+     lambda h: setattr(h, "cont_sets", (np.array([-5]), np.zeros(0, np.int64)))),
+    ("continuation sets names block 100, outside the container",  # (a long list: numpy)
+     lambda h: setattr(h, "cont_sets", (np.arange(100, 140), np.zeros(0, np.int64)))),
 ])
 def test_reusable_block_lists_are_checked_before_any_write(tmp_path, what, patch):
     """A free list or continuation set that names the header or a file's block would have

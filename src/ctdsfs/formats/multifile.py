@@ -263,7 +263,7 @@ class MultiFile(Container):
             if len(blocks) <= SHORT_BLOCK_LIST:  # (most: numpy would cost more than it saves)
                 values = [int(b) for b in blocks]
                 outside = [b for b in values if not 0 < b < self._nblocks]
-                shared = any(b < len(used) and used[b] for b in values)
+                shared = any(0 <= b < len(used) and used[b] for b in values)
                 repeats = len(set(values)) < len(values)
             else:
                 blocks = np.asarray(blocks, np.int64)
