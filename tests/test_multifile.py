@@ -277,6 +277,10 @@ def test_nested_header_fault_names_the_virtual_file(tmp_path):
      lambda h: setattr(h, "free_blocks", np.array([2]))),
     ("continuation sets names a block twice or one that a file uses",
      lambda h: setattr(h, "cont_sets", (np.array([1]), np.zeros(0, np.int64)))),
+    ("continuation sets names block -5, outside the container",
+     lambda h: setattr(h, "cont_sets", (np.array([-5]), np.zeros(0, np.int64)))),
+    ("continuation sets names block 100, outside the container",  # (a long list: numpy)
+     lambda h: setattr(h, "cont_sets", (np.arange(100, 140), np.zeros(0, np.int64)))),
 ])
 def test_reusable_block_lists_are_checked_before_any_write(tmp_path, what, patch):
     """A free list or continuation set that names the header or a file's block would have
@@ -449,3 +453,22 @@ def test_short_and_long_block_lists_split_into_the_same_runs(blocks, monkeypatch
     for limit in (0, len(blocks)):  # numpy, then the loop
         monkeypatch.setattr(multifile, "SHORT_BLOCK_LIST", limit)
         assert list(multifile._runs(array)) == (expected or [(0, 0)])
+
+
+def test_few_and_many_block_checks_agree(monkeypatch):
+    """Containers using few blocks are checked with plain ints, others with numpy: both
+    hide the same entries for the same reasons (blocks outside, blocks used twice)."""
+    from ctdsfs.formats import multifile
+    rng = random.Random(7)
+    for _ in range(300):
+        limit = rng.randrange(1, 40)
+        candidates = [(slot, Entry(f"f{slot}", 0, np.array(
+            [rng.randrange(-2, 45) for _ in range(rng.randrange(0, 4))], np.int64)))
+            for slot in range(rng.randrange(0, 8))]
+        few, used = multifile.MultiFile._bad_blocks(candidates, limit)
+        monkeypatch.setattr(multifile, "SMALL_BLOCK_COUNT", -1)
+        many, _ = multifile.MultiFile._bad_blocks(candidates, limit)
+        monkeypatch.undo()
+        assert few == many, (candidates, limit)
+        if not few:  # the blocks in use, handed on to the bitmap of committed blocks
+            assert used == {b for _, e in candidates for b in e.blocks.tolist()}

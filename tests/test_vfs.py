@@ -51,6 +51,14 @@ def test_inodes_are_stable_and_unique(nested_fs):
     assert fs.lookup(sub_ino, ".").ino == sub_ino
 
 
+def test_listing_attributes_are_those_of_lookup(nested_fs):
+    """A listing builds a file's attributes in bulk: they must be exactly lookup's."""
+    fs = nested_fs
+    for parent in (ROOT_INO, fs.lookup(ROOT_INO, "SUB").ino):
+        entries = listing(fs, parent)
+        assert entries and all(attr == fs.lookup(parent, name) for name, attr in entries)
+
+
 def test_readdir_resumes_at_offset(nested_fs):
     entries = list(nested_fs.readdir(ROOT_INO, 0))
     assert [e[0] for e in nested_fs.readdir(ROOT_INO, entries[2][2])] == [entries[3][0]]
@@ -61,15 +69,16 @@ def test_readdir_builds_only_the_batch_asked_for(nested_fs, monkeypatch):
     entries only, so a listing costs its length, not its square."""
     whole = nested_fs.readdir(ROOT_INO)
     built = []
-    attr = nested_fs._attr
-    monkeypatch.setattr(nested_fs, "_attr", lambda node, *given: built.append(node) or
-                        attr(node, *given))
+    listed_attrs = nested_fs._listed_attrs
+    monkeypatch.setattr(nested_fs, "_listed_attrs", lambda directory, nodes, *given:
+                        built.extend(nodes) or listed_attrs(directory, nodes, *given))
     batches, start = [], 0
     while batch := nested_fs.readdir(ROOT_INO, start, 2):
         batches.append([name for name, _, _ in batch])
         start = batch[-1][2]
     assert sum(batches, []) == [name for name, _, _ in whole]
-    assert all(len(b) <= 2 for b in batches) and len(built) == len(whole)
+    assert all(len(b) <= 2 for b in batches)
+    assert [node.key for node in built] == [name for name, _, _ in whole[2:]]
 
 
 def test_readdir_lists_dot_entries_and_counts_subdirectories(nested_fs, monkeypatch):

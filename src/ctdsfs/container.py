@@ -52,6 +52,7 @@ class Container(ABC):
     kernel_write_cache = False  # the kernel may gather writes and send them late
     kernel_keeps_pages = True  # False: a write may change other bytes (a view's header),
     # so the kernel must drop a file's cached pages when it is opened again
+    holds_links = False  # some names may be symbolic links (``symlink_target`` says which)
 
     # -- reading
 
@@ -74,6 +75,11 @@ class Container(ABC):
     @abstractmethod
     def entry_blocks(self, key):
         """Number of container blocks the virtual file occupies."""
+
+    def entry_stats(self, names):
+        """``[(entry_size, entry_blocks)]`` of ``names``: a listing asks for a batch at once,
+        which a format may answer without a call per name."""
+        return [(self.entry_size(name), self.entry_blocks(name)) for name in names]
 
     @abstractmethod
     def read(self, key, offset, size):

@@ -22,6 +22,7 @@ import errno
 import functools
 import logging
 import os
+import sys
 import tempfile
 
 import pyfuse3
@@ -45,6 +46,7 @@ THREADED_READ_MIN = 128 << 10
 # but not taken are built again for the next request: with 128 a listing built each
 # entry 2.6 times.
 READDIR_BATCH = 32
+FS_ENCODING = sys.getfilesystemencoding()  # names as os.fsencode gives them
 
 
 def _fuse_errors(method):
@@ -157,8 +159,8 @@ class FuseOperations(pyfuse3.Operations):
         while True:
             batch = self.fs.readdir(fh, start_id, READDIR_BATCH)
             for name, attr, next_id in batch:
-                if not pyfuse3.readdir_reply(token, os.fsencode(name), self._entry(attr),
-                                             next_id):
+                if not pyfuse3.readdir_reply(token, name.encode(FS_ENCODING, "surrogateescape"),
+                                             self._entry(attr), next_id):
                     return
                 start_id = next_id
             if len(batch) < READDIR_BATCH:

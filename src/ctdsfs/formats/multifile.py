@@ -58,6 +58,7 @@ VERIFIED_CACHE_BYTES = 32 << 20
 GATHER_GAP = 64 << 10
 GATHER_SPAN = 1 << 20
 SHORT_BLOCK_LIST = 32  # block lists up to this long are split into runs without numpy
+SMALL_BLOCK_COUNT = 1 << 14  # a container using at most this many blocks is checked without numpy
 INT64_MAX = (1 << 63) - 1  # casacore keeps sizes and offsets in Int64
 ZERO_CHUNK = 8 << 20  # zeros that must really be written go out in pieces this large
 HOLE_PIECE_BLOCKS = 1 << 16  # a hole is filled this many blocks at a time
@@ -156,8 +157,8 @@ class MultiFile(Container):
         self.block_size = header.block_size
         self.problems = []
         self._nblocks = self._blocks_present(header) if on_disk else header.nblocks
-        self._entries = self._validate()
-        self._committed = self._referenced_blocks()
+        self._entries, used = self._validate()
+        self._committed = self._referenced_blocks(used)
         self._check_spare_lists()
         self._orphans = 0  # unlinked files still open: their blocks are in no header list
         if self.writable and self.problems:
@@ -181,8 +182,13 @@ class MultiFile(Container):
         self._verified_max = max(4, VERIFIED_CACHE_BYTES // self.block_size)
         self._store_bytes = None  # the container file's size, once the write path needs it
 
-    def _referenced_blocks(self):
-        """A bitmap of the blocks that the visible entries (as they are now) use."""
+    def _referenced_blocks(self, used=None):
+        """A bitmap of the blocks that the visible entries (as they are now) use; ``used``:
+        those blocks as a set, if known."""
+        if used is not None:
+            bitmap = np.zeros(max(used) + 1 if used else 0, bool)
+            bitmap[list(used)] = True
+            return bitmap
         lists = [np.asarray(e.blocks, dtype=np.int64) for e in self._entries.values()
                  if len(e.blocks)]
         if not lists:
@@ -254,18 +260,26 @@ class MultiFile(Container):
         used = self._committed
         for what, blocks in (("free list", self.header.free_blocks),
                              ("continuation sets", np.concatenate(self.header.cont_sets))):
-            blocks = np.asarray(blocks, np.int64)
-            outside = (blocks < 1) | (blocks >= self._nblocks)
-            inside = blocks[~outside]
-            shared = inside[inside < len(used)]
-            if outside.any():
-                self._problem(f"{what} names block {int(blocks[outside][0])}, outside the "
-                              "container")
-            elif used[shared].any() or _has_repeats(inside):
+            if len(blocks) <= SHORT_BLOCK_LIST:  # (most: numpy would cost more than it saves)
+                values = [int(b) for b in blocks]
+                outside = [b for b in values if not 0 < b < self._nblocks]
+                shared = any(0 <= b < len(used) and used[b] for b in values)
+                repeats = len(set(values)) < len(values)
+            else:
+                blocks = np.asarray(blocks, np.int64)
+                outside_mask = (blocks < 1) | (blocks >= self._nblocks)
+                outside = blocks[outside_mask].tolist()
+                inside = blocks[~outside_mask]
+                shared = used[inside[inside < len(used)]].any()
+                repeats = _has_repeats(inside)
+            if outside:
+                self._problem(f"{what} names block {outside[0]}, outside the container")
+            elif shared or repeats:
                 self._problem(f"{what} names a block twice or one that a file uses")
 
     def _validate(self):
-        """The entries that can be served, by name; every other one is reported and hidden."""
+        """The entries that can be served, by name, and the set of blocks they use (None if
+        not gathered); every other entry is reported and hidden."""
         h = self.header
         bs = h.block_size
         limit = self._nblocks
@@ -283,22 +297,26 @@ class MultiFile(Container):
                 candidates[e.name] = (slot, e)
             else:
                 hidden[slot] = (e.name, why)
-        for slot, name, why in self._bad_blocks(candidates.values(), limit):
+        bad, used = self._bad_blocks(candidates.values(), limit)
+        for slot, name, why in bad:
             hidden[slot] = (name, why)
             del candidates[name]
         for slot in sorted(hidden):
             name, why = hidden[slot]
             h.entries[slot].problem = h.entries[slot].problem or why
             self._problem(f"entry {slot} {name!r} hidden: {why}")
-        return {name: e for name, (_, e) in candidates.items()}
+        return {name: e for name, (_, e) in candidates.items()}, (None if bad else used)
 
     @staticmethod
     def _bad_blocks(candidates, limit):
         """(slot, name, reason) of entries with a block outside ``1 .. limit-1``, or one that
-        an earlier entry (or the entry itself) already uses; all entries in one pass."""
+        an earlier entry (or the entry itself) already uses; all entries in one pass. Also
+        the set of blocks the entries use when there are few (else None)."""
         candidates = [(slot, e) for slot, e in candidates if len(e.blocks)]
         if not candidates:
-            return []
+            return [], set()
+        if sum(len(e.blocks) for _, e in candidates) <= SMALL_BLOCK_COUNT:
+            return MultiFile._bad_blocks_few(candidates, limit)
         lengths = [len(e.blocks) for _, e in candidates]
         blocks = np.concatenate([e.blocks for _, e in candidates])
         owner = np.repeat(np.arange(len(candidates)), lengths)
@@ -312,7 +330,24 @@ class MultiFile(Container):
         repeated = blocks[order][1:] == blocks[order][:-1]
         for i in owner[order[1:][repeated]].tolist():
             bad[i] = "uses a block that an earlier entry (or itself) uses"
-        return [(candidates[i][0], candidates[i][1].name, why) for i, why in sorted(bad.items())]
+        return ([(candidates[i][0], candidates[i][1].name, why) for i, why in sorted(bad.items())],
+                None)
+
+    @staticmethod
+    def _bad_blocks_few(candidates, limit):
+        """``_bad_blocks`` with plain ints (numpy's fixed costs would dominate the opening of
+        a small nested container)."""
+        bad, used = [], set()
+        for slot, e in candidates:
+            blocks = e.blocks.tolist() if isinstance(e.blocks, np.ndarray) else list(e.blocks)
+            if min(blocks) < 1 or max(blocks) >= limit:
+                bad.append((slot, e.name, "block number outside the container"))
+                continue
+            before = len(used)
+            used.update(blocks)
+            if len(used) - before != len(blocks):
+                bad.append((slot, e.name, "uses a block that an earlier entry (or itself) uses"))
+        return bad, used
 
     # ------------------------------------------------------------ reading
 
@@ -325,6 +360,13 @@ class MultiFile(Container):
 
     def entry_blocks(self, key):
         return len(self._entry(key).blocks)
+
+    def entry_stats(self, names):
+        with self._lock:
+            entries = self._entries
+            if not all(name in entries for name in names):
+                return super().entry_stats(names)  # (raises FileNotFoundError)
+            return [(e.size, len(e.blocks)) for e in map(entries.__getitem__, names)]
 
     def usage(self):
         return Usage(self.block_size, self._nblocks, len(self._free) + len(self._pending_free))
@@ -418,9 +460,10 @@ class MultiFile(Container):
     def classify(self, names):
         with self._lock:
             unknown = [name for name in names if name not in self._nested]
+            nested = self._nested
             for name, first in self._first_bytes(unknown).items():
-                self._nested[name] = self._open_nested(name, first)
-            return [self.nested(name) for name in names]
+                nested[name] = self._open_nested(name, first)
+            return [nested[name] if name in nested else self.nested(name) for name in names]
 
     def _first_bytes(self, names):
         """name -> the first bytes of each file in ``names`` that may hold a nested

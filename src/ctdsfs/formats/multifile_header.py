@@ -33,6 +33,12 @@ from .crc import crc32_bzip2
 FIXED_V2 = struct.Struct(">qqqiIqqqB7s")  # the 64-byte fixed part of a v2 header
 LEAD_V1 = struct.Struct(">qqq")
 MAX_BLOCK_SIZE = 1 << 31  # casacore stores the block size as an Int
+# Block indexes of at most this many packed words, expanding to at most this many blocks,
+# are unpacked with plain ints: numpy's fixed costs (~0.1 ms a call) would dominate the
+# opening of every small nested container (a cold listing opens hundreds).
+SMALL_INDEX = 1 << 14
+INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
+MALFORMED = "packed block index is malformed"
 
 
 @dataclass(slots=True)
@@ -99,6 +105,10 @@ def unpack_indexes(packed_list, max_blocks):
     (a container cannot hold more distinct blocks than it has), gets a problem
     instead of blocks: hostile counts never turn into huge allocations.
     """
+    if sum(map(len, packed_list)) <= SMALL_INDEX:
+        results = _unpack_small(packed_list, max_blocks)
+        if results is not None:
+            return results
     count = len(packed_list)
     empty = np.zeros(0, np.int64)
     results = [(empty, None)] * count
@@ -119,10 +129,9 @@ def unpack_indexes(packed_list, max_blocks):
     too_many = nonempty & ~malformed & ~(fits & (running <= max_blocks))
     usable = nonempty & ~malformed & ~too_many
     for i in np.flatnonzero(malformed).tolist():
-        results[i] = (None, "packed block index is malformed")
+        results[i] = (None, MALFORMED)
     for i in np.flatnonzero(too_many).tolist():
-        results[i] = (None, f"block index claims {claims[i]:.0f} blocks, more than the "
-                            f"container has ({max_blocks})")
+        results[i] = (None, _too_many(claims[i], max_blocks))
     if not usable.any():
         return results
     flat = flat[usable[owner]]
@@ -143,6 +152,61 @@ def unpack_indexes(packed_list, max_blocks):
     return results
 
 
+def _too_many(claims, max_blocks):
+    return f"block index claims {claims:.0f} blocks, more than the container has ({max_blocks})"
+
+
+def _unpack_small(packed_list, max_blocks):
+    """:func:`unpack_indexes` with plain ints, the same results; None if the indexes expand
+    to more than SMALL_INDEX blocks, or to a number past Int64 (numpy's path wraps it).
+    Most files are one run of blocks (``b`` or ``b, -n``): those take the short way."""
+    empty = np.zeros(0, np.int64)
+    results, flat, spans, running = [], [], [], 0
+    for packed in packed_list:
+        items = packed.tolist() if isinstance(packed, np.ndarray) else list(packed)
+        n = len(items)
+        if n == 0:
+            results.append((empty, None))
+            continue
+        first = items[0]
+        if n == 2 and items[1] < 0 and first >= 0 and items[1] != INT64_MIN:
+            claims = 1 - items[1]
+        elif n == 1 and first >= 0:
+            claims = 1
+        elif first < 0 or INT64_MIN in items:
+            results.append((None, MALFORMED))
+            continue
+        else:
+            claims = sum(1 if x >= 0 else -x for x in items)
+        fits = claims <= max_blocks
+        running += claims if fits else 0
+        if not (fits and running <= max_blocks):
+            results.append((None, _too_many(claims, max_blocks)))
+            continue
+        if running > SMALL_INDEX:
+            return None
+        begin = len(flat)
+        if n == 1:
+            flat.append(first)
+        else:
+            last = None
+            for x in items:
+                if x >= 0:
+                    flat.append(x)
+                    last = x
+                elif last - x > INT64_MAX:
+                    return None
+                else:
+                    flat.extend(range(last + 1, last + 1 - x))
+                    last -= x
+        spans.append((len(results), begin, len(flat)))
+        results.append(None)
+    expanded = np.array(flat, dtype=np.int64)
+    for i, begin, end in spans:
+        results[i] = (expanded[begin:end], None)
+    return results
+
+
 def unpack_index(packed, max_blocks):
     """Expand one packed index (see :func:`unpack_indexes`)."""
     blocks, problem = unpack_indexes([packed], max_blocks)[0]
@@ -157,6 +221,8 @@ def _packed_vectors(reader, count):
     """``count`` consecutive ``Int64 n`` + n ``Int64`` vectors, read as one int64 view."""
     avail = (reader.limit - reader.pos) // 8
     words = np.frombuffer(reader.buf, dtype=">i8", count=avail, offset=reader.pos)
+    if avail <= SMALL_INDEX:
+        words = words.tolist()  # (plain ints: see SMALL_INDEX)
     vectors, k = [], 0
     for _ in range(count):
         n = int(words[k]) if k < avail else -1

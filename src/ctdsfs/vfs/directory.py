@@ -50,6 +50,7 @@ class DirectorySource(Container):
     """A real directory. Entries are its files and subdirectories, sorted by name."""
 
     format_name = "directory"
+    holds_links = True
 
     def __init__(self, path, *, writable=False, recurse=True, verify_crc=True, hide=()):
         self.path = os.fspath(path)

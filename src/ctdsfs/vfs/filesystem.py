@@ -175,6 +175,20 @@ class ContainerFS:
         self._nodes[ino] = _Node(ino, parent.ino, parent.directory, name, nested)
         return self._nodes[ino]
 
+    def _children(self, parent, names):
+        """``_child`` of each of ``names`` (a listing's batch; most are new on a first one)."""
+        container, inos, nodes = parent.directory, self._inos, self._nodes
+        out = []
+        for name, nested in zip(names, container.classify(names)):
+            key = (id(container), name)
+            ino = inos.get(key)
+            if ino is None:
+                ino = inos[key] = self._next_ino
+                self._next_ino += 1
+                nodes[ino] = _Node(ino, parent.ino, container, name, nested)
+            out.append(nodes[ino])
+        return out
+
     def _existing_child(self, parent, name):
         if not parent.directory.contains(name):
             raise FSError(errno.ENOENT)
@@ -357,16 +371,28 @@ class ContainerFS:
             stop = len(names) + 2 if limit is None else min(len(names) + 2, start + limit)
             st = self._source_stat()  # once for the whole batch
             blksize = parent.directory.usage().block_size  # (a directory source's: statvfs)
-            out = []
-            for i in range(start, stop):
-                if i < 2:
-                    name = "." if i == 0 else ".."
-                    out.append((name, self._attr(parent if i == 0 else self._node(parent.parent),
-                                                 st), i + 1))
-                else:
-                    name = names[i - 2]
-                    out.append((name, self._attr(self._child(parent, name), st, blksize), i + 1))
+            out = [("." if i == 0 else "..",
+                    self._attr(parent if i == 0 else self._node(parent.parent), st), i + 1)
+                   for i in range(start, min(stop, 2))]
+            first = max(start, 2)
+            wanted = names[first - 2:stop - 2]
+            nodes = self._children(parent, wanted)
+            out += zip(wanted, self._listed_attrs(parent.directory, nodes, st, blksize),
+                       range(first + 1, stop + 1))
             return out
+
+    def _listed_attrs(self, directory, nodes, st, blksize):
+        """``_attr`` of each of ``nodes`` (entries of ``directory``), a plain file's without
+        a call per attribute: a listing builds one for every entry it returns."""
+        if directory.holds_links:
+            return [self._attr(node, st, blksize) for node in nodes]
+        perms = st.st_mode & (0o666 if self.writable else 0o444)
+        mode, uid, gid = stat.S_IFREG | perms, st.st_uid, st.st_gid
+        atime, mtime, ctime = st.st_atime_ns, st.st_mtime_ns, st.st_ctime_ns
+        stats = self._call(directory.entry_stats, [node.key for node in nodes])
+        return [Attr(node.ino, mode, 1, size, nblocks * blksize // 512, blksize, uid, gid,
+                     atime, mtime, ctime) if node.directory is None
+                else self._attr(node, st, blksize) for node, (size, nblocks) in zip(nodes, stats)]
 
     def readlink(self, ino):
         """A symbolic link's text, as stored (never resolved here)."""
