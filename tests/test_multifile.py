@@ -437,7 +437,9 @@ def test_random_garbage_never_crashes(tmp_path):
 @pytest.mark.parametrize("blocks", [[], [7], [1, 2, 3], [4, 3, 2], [1, 3, 4, 5, 9, 10],
                                     [*range(10, 50), 3, *range(60, 100)]])
 def test_short_and_long_block_lists_split_into_the_same_runs(blocks, monkeypatch):
-    """Short lists (small reads) are split by a Python loop, long ones by numpy."""
+    """Block lists (ranges, arrays) are split by a Python loop, very long ones by numpy."""
+    from array import array
+
     from ctdsfs.formats import multifile
 
     expected, start = [], 0
@@ -445,7 +447,8 @@ def test_short_and_long_block_lists_split_into_the_same_runs(blocks, monkeypatch
         if i == len(blocks) or blocks[i] != blocks[i - 1] + 1:
             expected.append((start, i))
             start = i
-    array = np.array(blocks, np.int64)
-    for limit in (0, len(blocks)):  # numpy, then the loop
-        monkeypatch.setattr(multifile, "SHORT_BLOCK_LIST", limit)
-        assert list(multifile._runs(array)) == (expected or [(0, 0)])
+    for limit in (1, len(blocks) + 1):  # numpy, then the loop
+        monkeypatch.setattr(multifile, "LONG_BLOCK_LIST", limit)
+        assert multifile._runs(array("q", blocks)) == expected
+    if len(expected) <= 1:
+        assert multifile._runs(range(7, 7 + len(blocks))) == expected

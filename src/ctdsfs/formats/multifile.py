@@ -35,14 +35,12 @@ import threading
 from array import array
 from collections import OrderedDict
 
-import numpy as np
-
 from ..container import Container, Usage, name_problem
 from ..errors import BlockError, ContainerFull, CtdsfsError, FormatError, ReadOnlyError, TooLarge
 from .crc import crc32_bzip2
-from .multifile_header import (FIXED_V2, Entry, Header, encode_body_v2, encode_header_v1,
-                               encode_header_v2, looks_like_multifile, looks_like_v2,
-                               read_header)
+from .multifile_header import (FIXED_V2, BlockRuns, Entry, Header, encode_body_v2,
+                               encode_header_v1, encode_header_v2, looks_like_multifile,
+                               looks_like_v2, read_header)
 from .multifile_index import open_index, plain_bitmap
 from .store import VirtualFileStore, open_store
 
@@ -57,7 +55,7 @@ VERIFIED_CACHE_BYTES = 32 << 20
 # are read together, in pieces of at most GATHER_SPAN.
 GATHER_GAP = 64 << 10
 GATHER_SPAN = 1 << 20
-SHORT_BLOCK_LIST = 32  # block lists up to this long are split into runs without numpy
+LONG_BLOCK_LIST = 1 << 16  # block lists at least this long are split into runs by numpy
 INT64_MAX = (1 << 63) - 1  # casacore keeps sizes and offsets in Int64
 ZERO_CHUNK = 8 << 20  # zeros that must really be written go out in pieces this large
 HOLE_PIECE_BLOCKS = 1 << 16  # a hole is filled this many blocks at a time
@@ -65,30 +63,78 @@ GROW_AHEAD = 64 << 20  # how far past the last block a growing container file is
 
 
 def _grown(values, length):
-    """``values`` zero-padded to at least ``length`` items."""
+    """``values`` (an ``array``) zero-padded to at least ``length`` items."""
     if len(values) >= length:
         return values
-    return np.concatenate([values, np.zeros(length - len(values), values.dtype)])
+    return values + array(values.typecode, bytes((length - len(values)) * values.itemsize))
+
+
+def _is_run(blocks, start, stop):
+    """Whether ``blocks[start:stop]`` (an ``array``) are consecutive numbers: compared
+    as a whole, in C."""
+    first = blocks[start]
+    return blocks[stop - 1] - first == stop - 1 - start \
+        and blocks[start:stop] == array("q", range(first, first + stop - start))
 
 
 def _runs(blocks):
-    """``(start, stop)`` index pairs of the runs of consecutive numbers in ``blocks``: small
-    blocks make long block lists, so their breaks are found by numpy; a short list (a small
-    read's) by a Python loop, which costs a third of numpy's per-call overhead."""
-    if len(blocks) <= SHORT_BLOCK_LIST:
-        values = blocks.tolist()
-        breaks = [i for i in range(1, len(values)) if values[i] != values[i - 1] + 1]
-    else:
-        breaks = (np.flatnonzero(np.diff(blocks) != 1) + 1).tolist()
-    edges = [0, *breaks, len(blocks)]
-    return zip(edges[:-1], edges[1:])
+    """``(start, stop)`` index pairs of the runs of consecutive numbers in ``blocks``.
+
+    A ``range`` is one run, ``BlockRuns`` knows its runs. In an ``array`` each run's end
+    is found by galloping and
+    bisection on its last number (a few steps per run, not one per block), then the run
+    is compared as a whole, in C; a list that is not ascending is walked instead.
+    A very long fragmented list is split by numpy (never on the small-read path)."""
+    count = len(blocks)
+    if not count:
+        return []
+    if isinstance(blocks, range):
+        return [(0, count)]
+    if isinstance(blocks, BlockRuns):
+        runs, last = [], None
+        for first, stop, at in blocks.runs():
+            if first == last:  # (a packed index may split one run in two)
+                runs[-1] = (runs[-1][0], at + stop - first)
+            else:
+                runs.append((at, at + stop - first))
+            last = stop
+        return runs
+    if not isinstance(blocks, array):
+        blocks = array("q", blocks)
+    if count >= LONG_BLOCK_LIST and not _is_run(blocks, 0, count):
+        import numpy as np
+
+        breaks = (np.flatnonzero(np.diff(np.asarray(blocks)) != 1) + 1).tolist()
+        edges = [0, *breaks, count]
+        return list(zip(edges[:-1], edges[1:]))
+    runs, start = [], 0
+    while start < count:
+        first = blocks[start]
+        good, step = start + 1, 1  # blocks[start:good] may be one run; past bad it is not
+        while good + step <= count and blocks[good + step - 1] - first == good + step - 1 - start:
+            good += step
+            step *= 2
+        bad = min(good + step, count + 1)
+        while bad - good > 1:
+            middle = (good + bad) // 2
+            if blocks[middle - 1] - first == middle - 1 - start:
+                good = middle
+            else:
+                bad = middle
+        if not _is_run(blocks, start, good):  # not ascending: walk
+            good = start + 1
+            while good < count and blocks[good] == blocks[good - 1] + 1:
+                good += 1
+        runs.append((start, good))
+        start = good
+    return runs
 
 
-def _has_repeats(values):
-    """Whether a value occurs twice (without np.unique, which imports numpy.ma: 1.3 MB
-    and milliseconds of every mount)."""
-    ordered = np.sort(values)
-    return bool((ordered[1:] == ordered[:-1]).any())
+def _block_runs(blocks):
+    """``(first block, stop)`` of each run of consecutive block numbers in ``blocks``."""
+    if type(blocks) is range:
+        return [(blocks.start, blocks.stop)] if blocks else []
+    return [(blocks[i], blocks[j - 1] + 1) for i, j in _runs(blocks)]
 
 
 @functools.lru_cache(maxsize=None)
@@ -141,8 +187,8 @@ class MultiFile(Container):
         if version == 1 and use_crc:
             raise CtdsfsError("MultiFile version 1 has no CRCs")
         header = Header(version=version, block_size=block_size, counter=0, nblocks=1,
-                        header_size=0, entries=[], free_blocks=np.zeros(0, np.int64),
-                        use_crc=use_crc, crcs=np.zeros(1 if use_crc else 0, np.uint32))
+                        header_size=0, entries=[], free_blocks=array("q"),
+                        use_crc=use_crc, crcs=array("I", [0] * (1 if use_crc else 0)))
         container = cls(store, hdrext_path=hdrext_path, writable=True, depth=depth, lock=lock,
                         header=header)
         container._dirty = True
@@ -156,16 +202,16 @@ class MultiFile(Container):
         self.block_size = header.block_size
         self.problems = []
         self._nblocks = self._blocks_present(header) if on_disk else header.nblocks
-        self._entries = self._validate()
-        self._committed = self._referenced_blocks()
+        self._entries, runs = self._validate()
+        self._committed = self._referenced_blocks(runs)
         self._check_spare_lists()
         self._orphans = 0  # unlinked files still open: their blocks are in no header list
         if self.writable and self.problems:
             raise FormatError(f"{self.label}: damaged ({self.problems[0]}); "
                               "mount it read-only")
-        self._free = sorted(header.free_blocks.tolist(), reverse=True)  # allocatable now
+        self._free = sorted(header.free_blocks, reverse=True)  # allocatable now
         self._pending_free = []  # freed since the last commit, still in the committed state
-        self._crcs = np.array(header.crcs, dtype=np.uint32)
+        self._crcs = array("I", header.crcs)
         if header.use_crc:
             self._crcs = _grown(self._crcs, self._nblocks)
         self._buffers = {}  # id(entry) -> [block index, bytearray, entry]: a dirty partial block
@@ -181,15 +227,15 @@ class MultiFile(Container):
         self._verified_max = max(4, VERIFIED_CACHE_BYTES // self.block_size)
         self._store_bytes = None  # the container file's size, once the write path needs it
 
-    def _referenced_blocks(self):
-        """A bitmap of the blocks that the visible entries (as they are now) use."""
-        lists = [np.asarray(e.blocks, dtype=np.int64) for e in self._entries.values()
-                 if len(e.blocks)]
-        if not lists:
-            return np.zeros(0, bool)
-        blocks = np.concatenate(lists)  # validated: all within the container
-        used = np.zeros(int(blocks.max()) + 1, bool)
-        used[blocks] = True
+    def _referenced_blocks(self, runs=None):
+        """A bitmap (a byte per block) of the blocks that the visible entries (as they are
+        now) use, or that ``runs`` (their ``_block_runs``) cover; validated: all within
+        the container."""
+        if runs is None:
+            runs = [run for e in self._entries.values() for run in _block_runs(e.blocks)]
+        used = bytearray(max((stop for _, stop in runs), default=0))
+        for first, stop in runs:
+            used[first:stop] = b"\1" * (stop - first)
         return used
 
     def reload_if_changed(self):
@@ -252,20 +298,17 @@ class MultiFile(Container):
         """The free list and continuation sets name blocks a write may reuse: each must be
         a block of the container that no file uses (else a problem, so never written to)."""
         used = self._committed
-        for what, blocks in (("free list", self.header.free_blocks),
-                             ("continuation sets", np.concatenate(self.header.cont_sets))):
-            blocks = np.asarray(blocks, np.int64)
-            outside = (blocks < 1) | (blocks >= self._nblocks)
-            inside = blocks[~outside]
-            shared = inside[inside < len(used)]
-            if outside.any():
-                self._problem(f"{what} names block {int(blocks[outside][0])}, outside the "
-                              "container")
-            elif used[shared].any() or _has_repeats(inside):
+        for what, blocks in (("free list", list(self.header.free_blocks)),
+                             ("continuation sets", [b for s in self.header.cont_sets for b in s])):
+            outside = [b for b in blocks if not 1 <= b < self._nblocks]
+            if outside:
+                self._problem(f"{what} names block {int(outside[0])}, outside the container")
+            elif any(b < len(used) and used[b] for b in blocks) or len(set(blocks)) < len(blocks):
                 self._problem(f"{what} names a block twice or one that a file uses")
 
     def _validate(self):
-        """The entries that can be served, by name; every other one is reported and hidden."""
+        """The entries that can be served, by name (every other one is reported and hidden),
+        and the runs of blocks they use (None if some entry was hidden for its blocks)."""
         h = self.header
         bs = h.block_size
         limit = self._nblocks
@@ -283,22 +326,37 @@ class MultiFile(Container):
                 candidates[e.name] = (slot, e)
             else:
                 hidden[slot] = (e.name, why)
-        for slot, name, why in self._bad_blocks(candidates.values(), limit):
+        bad, runs = self._bad_blocks(candidates.values(), limit)
+        for slot, name, why in bad:
             hidden[slot] = (name, why)
             del candidates[name]
         for slot in sorted(hidden):
             name, why = hidden[slot]
             h.entries[slot].problem = h.entries[slot].problem or why
             self._problem(f"entry {slot} {name!r} hidden: {why}")
-        return {name: e for name, (_, e) in candidates.items()}
+        return {name: e for name, (_, e) in candidates.items()}, None if bad else runs
+
+    @classmethod
+    def _bad_blocks(cls, candidates, limit):
+        """(slot, name, reason) of entries with a block outside ``1 .. limit-1``, or one that
+        an earlier entry (or the entry itself) already uses; and the runs of all blocks.
+
+        Blocks are compared as runs, without numpy: a sound container's files are mostly
+        one run each. Only when runs leave the container or overlap (a damaged container)
+        is the culprit found block by block."""
+        candidates = [(slot, e) for slot, e in candidates if len(e.blocks)]
+        runs = [run for _, e in candidates for run in _block_runs(e.blocks)]
+        runs.sort()
+        if runs and (runs[0][0] < 1 or max(stop for _, stop in runs) > limit
+                     or any(runs[k][0] < runs[k - 1][1] for k in range(1, len(runs)))):
+            return cls._bad_blocks_exactly(candidates, limit), runs
+        return [], runs
 
     @staticmethod
-    def _bad_blocks(candidates, limit):
-        """(slot, name, reason) of entries with a block outside ``1 .. limit-1``, or one that
-        an earlier entry (or the entry itself) already uses; all entries in one pass."""
-        candidates = [(slot, e) for slot, e in candidates if len(e.blocks)]
-        if not candidates:
-            return []
+    def _bad_blocks_exactly(candidates, limit):
+        """``_bad_blocks`` of a damaged container, block by block (numpy, in one pass)."""
+        import numpy as np
+
         lengths = [len(e.blocks) for _, e in candidates]
         blocks = np.concatenate([e.blocks for _, e in candidates])
         owner = np.repeat(np.arange(len(candidates)), lengths)
@@ -339,7 +397,7 @@ class MultiFile(Container):
                 return b""
             bs = self.block_size
             first, last = offset // bs, (end - 1) // bs
-            blocks = np.asarray(e.blocks[first:last + 1], dtype=np.int64)
+            blocks = e.blocks[first:last + 1]
         name = e.name or "(unlinked file)"
         if self.verify_crc and self.header.use_crc:
             data = self._read_verified(name, first, blocks)
@@ -373,7 +431,7 @@ class MultiFile(Container):
             if j - i == 1:
                 parts.append(self._verified_block(name, first + i, int(blocks[i])))
             else:
-                parts.append(self._verified_run(name, first + i, blocks[i:j].tolist()))
+                parts.append(self._verified_run(name, first + i, list(blocks[i:j])))
         return parts[0] if len(parts) == 1 else b"".join(parts)
 
     def _verified_run(self, name, first, run):
@@ -552,10 +610,12 @@ class MultiFile(Container):
         bs = self.block_size
         first, stop = start // bs, -(-end // bs)
         have = len(e.blocks)
-        existing = np.asarray(e.blocks[first:min(stop, have)], dtype=np.int64)
-        committed = self._committed
-        rewritten = existing[existing < len(committed)]
-        fresh = max(0, stop - have) + int(np.count_nonzero(committed[rewritten]))
+        existing = e.blocks[first:min(stop, have)]
+        if isinstance(existing, range):
+            rewritten = self._committed[existing.start:existing.stop].count(1)
+        else:
+            rewritten = sum(1 for b in existing if self._is_committed(b))
+        fresh = max(0, stop - have) + rewritten
         self._reserve(fresh, stop - first, name)
 
     def make_room(self, name, count, block_size):
@@ -683,9 +743,9 @@ class MultiFile(Container):
 
     @staticmethod
     def _block_list(e):
-        """``e.blocks`` as an appendable array (a loaded entry holds a numpy array)."""
+        """``e.blocks`` as an appendable array (a loaded entry may hold a ``range``)."""
         if not isinstance(e.blocks, array):
-            e.blocks = array("q", e.blocks.tolist())
+            e.blocks = array("q", e.blocks)
         return e.blocks
 
     def _put_blocks(self, e, index, count, data=None):
@@ -718,7 +778,9 @@ class MultiFile(Container):
                     self._write_zeros(targets[run], min(k - run, zeros_from - targets[run]))
                 run = k
         if view is None and self.header.use_crc:
-            self._crcs[targets] = _zero_block_crc(bs)
+            zero_crc = _zero_block_crc(bs)
+            for block in targets:
+                self._crcs[block] = zero_crc
         for k, block in enumerate(targets):
             if view is not None and self.header.use_crc:
                 self._crcs[block] = crc32_bzip2(view[k * bs:(k + 1) * bs])
@@ -803,7 +865,7 @@ class MultiFile(Container):
         self._orphans += keep_open
         if not keep_open:
             self._buffers.pop(id(e), None)
-            self._release(e.blocks.tolist())
+            self._release(list(e.blocks))
             e.blocks = array("q")
             e.size = 0
         self._dirty = True
@@ -814,7 +876,7 @@ class MultiFile(Container):
         def run():
             self._buffers.pop(id(orphan), None)
             self._orphans -= 1
-            self._release(orphan.blocks.tolist())
+            self._release(list(orphan.blocks))
             orphan.blocks = array("q")
             self._dirty = True
         return self._guarded(run)
@@ -885,7 +947,7 @@ class MultiFile(Container):
             return 0 < b < self._nblocks and not (b < len(used) and used[b]) \
                 and not self._is_committed(b)
 
-        old_sets = [[b for b in np.asarray(s).tolist() if unused(b)] for s in h.cont_sets]
+        old_sets = [[b for b in s if unused(b)] for s in h.cont_sets]
         held = set(old_sets[h.active_cont_set]) if h.header_size > bs else set()  # its chain
         free_now = set(self._free)  # free in both states
         unused_now = free_now.union(self._pending_free, *old_sets)
@@ -893,11 +955,11 @@ class MultiFile(Container):
         while nblocks > 1 and nblocks - 1 in unused_now:
             nblocks -= 1
         new = Header(version=h.version, block_size=bs, counter=h.counter + 1, nblocks=nblocks,
-                     header_size=0, entries=h.entries, free_blocks=np.zeros(0, np.int64),
+                     header_size=0, entries=h.entries, free_blocks=array("q"),
                      use_crc=h.use_crc, crcs=self._crcs[:0])
         if h.version == 1:
-            new.free_blocks = np.array(sorted((b for b in unused_now if b < nblocks),
-                                              reverse=True), np.int64)
+            new.free_blocks = array("q", sorted((b for b in unused_now if b < nblocks),
+                                                reverse=True))
             raw, chain = encode_header_v1(new), []
         else:
             spare = sorted(free_now.union(*old_sets) - held)
@@ -916,8 +978,8 @@ class MultiFile(Container):
         self.header = new
         self._nblocks = new.nblocks
         if h.use_crc:
-            self._crcs = _grown(new.crcs.copy(), new.nblocks)
-        self._free = new.free_blocks.tolist()
+            self._crcs = _grown(array("I", new.crcs), new.nblocks)
+        self._free = list(new.free_blocks)
         self._pending_free = []
         self._committed = used
         self._store_bytes = None
@@ -946,14 +1008,15 @@ class MultiFile(Container):
             sets = [kept, kept]
             sets[target] = chain
             new.nblocks = nblocks
-            new.free_blocks = np.array(sorted((b for b in unused if b < nblocks and b not in taken),
-                                              reverse=True), np.int64)
-            new.cont_sets = tuple(np.array(s, np.int64) for s in sets)
+            new.free_blocks = array("q", sorted((b for b in unused
+                                                 if b < nblocks and b not in taken), reverse=True))
+            new.cont_sets = tuple(array("q", s) for s in sets)
             new.cont_used = tuple(len(chain) if i == target else 0 for i in (0, 1))
             new.cont_first = chain[0] if chain else 0
             if new.use_crc:
-                new.crcs = _grown(self._crcs, nblocks)[:nblocks].copy()
-                new.crcs[list(taken)] = 0  # continuation blocks have no CRC
+                new.crcs = _grown(self._crcs, nblocks)[:nblocks]  # (a slice: a copy)
+                for block in taken:
+                    new.crcs[block] = 0  # continuation blocks have no CRC
             raw = encode_header_v2(new, body)
             needed = max(0, -(-(len(raw) - bs) // (bs - 8)))
             if needed <= len(chain):
@@ -1051,7 +1114,7 @@ class MultiFile(Container):
             "crc": h.use_crc,
             "header_counter": h.counter,
             "header_size": h.header_size,
-            "free_blocks": np.asarray(h.free_blocks).tolist(),
+            "free_blocks": [int(b) for b in h.free_blocks],
         }
         if h.version == 1:
             info["hdrext"] = h.has_hdrext
@@ -1059,7 +1122,7 @@ class MultiFile(Container):
             info["continuation"] = {
                 "active_set": h.active_cont_set,
                 "first_block": h.cont_first,
-                "sets": [np.asarray(s).tolist() for s in h.cont_sets],
+                "sets": [[int(b) for b in s] for s in h.cont_sets],
                 "used": list(h.cont_used),
             }
         info["files"] = [
