@@ -205,6 +205,8 @@ class MultiFile(Container):
         self._entries, runs = self._validate()
         self._committed = self._referenced_blocks(runs)
         self._check_spare_lists()
+        if not self.writable:  # only writes ask which blocks are committed: 1 byte a block
+            self._committed = bytearray()
         self._orphans = 0  # unlinked files still open: their blocks are in no header list
         if self.writable and self.problems:
             raise FormatError(f"{self.label}: damaged ({self.problems[0]}); "

@@ -201,19 +201,23 @@ def unpack_indexes(packed_list, max_blocks):
         if not len(packed):
             results.append((range(0), None))
             continue
-        if len(packed) == 2 and packed[0] >= 0 and INT64_MIN < packed[1] < 0:  # (most files)
-            runs, claims, malformed = [[packed[0], 1 - packed[1]]], 1 - packed[1], False
-        else:
-            runs, claims, malformed = [], 0, False
-            for item in packed:
-                if item >= 0:
-                    runs.append([item, 1])
-                    claims += 1
-                elif not runs or item == INT64_MIN:
-                    malformed = True
-                else:
-                    runs[-1][1] -= item
-                    claims -= item
+        if len(packed) == 2:  # one run (most files): at once
+            first, length = packed[0], 1 - packed[1]
+            if first >= 0 and 1 < length <= max_blocks - running \
+                    and first + length - 1 <= INT64_MAX:
+                running += length
+                results.append((range(first, first + length), None))
+                continue
+        runs, claims, malformed = [], 0, False
+        for item in packed:
+            if item >= 0:
+                runs.append([item, 1])
+                claims += 1
+            elif not runs or item == INT64_MIN:
+                malformed = True
+            else:
+                runs[-1][1] -= item
+                claims -= item
         if malformed:
             results.append((None, "packed block index is malformed"))
             continue
