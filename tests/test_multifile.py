@@ -440,7 +440,7 @@ def test_short_and_long_block_lists_split_into_the_same_runs(blocks, monkeypatch
     """Block lists (ranges, arrays) are split by a Python loop, very long ones by numpy."""
     from array import array
 
-    from ctdsfs.formats import multifile
+    from ctdsfs.formats import multifile_header
 
     expected, start = [], 0
     for i in range(1, len(blocks) + 1):
@@ -448,7 +448,7 @@ def test_short_and_long_block_lists_split_into_the_same_runs(blocks, monkeypatch
             expected.append((start, i))
             start = i
     for limit in (1, len(blocks) + 1):  # numpy, then the loop
-        monkeypatch.setattr(multifile, "LONG_BLOCK_LIST", limit)
-        assert multifile._runs(array("q", blocks)) == expected
+        monkeypatch.setattr(multifile_header, "LONG_BLOCK_LIST", limit)
+        assert multifile_header.index_runs(array("q", blocks)) == expected
     if len(expected) <= 1:
-        assert multifile._runs(range(7, 7 + len(blocks))) == expected
+        assert multifile_header.index_runs(range(7, 7 + len(blocks))) == expected

@@ -38,8 +38,8 @@ from collections import OrderedDict
 from ..container import Container, Usage, name_problem
 from ..errors import BlockError, ContainerFull, CtdsfsError, FormatError, ReadOnlyError, TooLarge
 from .crc import crc32_bzip2
-from .multifile_header import (FIXED_V2, BlockRuns, Entry, Header, encode_body_v2,
-                               encode_header_v1, encode_header_v2, looks_like_multifile,
+from .multifile_header import (FIXED_V2, Entry, Header, encode_body_v2, encode_header_v1,
+                               encode_header_v2, index_runs, looks_like_multifile,
                                looks_like_v2, read_header)
 from .multifile_index import open_index, plain_bitmap
 from .store import VirtualFileStore, open_store
@@ -55,7 +55,6 @@ VERIFIED_CACHE_BYTES = 32 << 20
 # are read together, in pieces of at most GATHER_SPAN.
 GATHER_GAP = 64 << 10
 GATHER_SPAN = 1 << 20
-LONG_BLOCK_LIST = 1 << 16  # block lists at least this long are split into runs by numpy
 INT64_MAX = (1 << 63) - 1  # casacore keeps sizes and offsets in Int64
 ZERO_CHUNK = 8 << 20  # zeros that must really be written go out in pieces this large
 HOLE_PIECE_BLOCKS = 1 << 16  # a hole is filled this many blocks at a time
@@ -69,72 +68,11 @@ def _grown(values, length):
     return values + array(values.typecode, bytes((length - len(values)) * values.itemsize))
 
 
-def _is_run(blocks, start, stop):
-    """Whether ``blocks[start:stop]`` (an ``array``) are consecutive numbers: compared
-    as a whole, in C."""
-    first = blocks[start]
-    return blocks[stop - 1] - first == stop - 1 - start \
-        and blocks[start:stop] == array("q", range(first, first + stop - start))
-
-
-def _runs(blocks):
-    """``(start, stop)`` index pairs of the runs of consecutive numbers in ``blocks``.
-
-    A ``range`` is one run, ``BlockRuns`` knows its runs. In an ``array`` each run's end
-    is found by galloping and
-    bisection on its last number (a few steps per run, not one per block), then the run
-    is compared as a whole, in C; a list that is not ascending is walked instead.
-    A very long fragmented list is split by numpy (never on the small-read path)."""
-    count = len(blocks)
-    if not count:
-        return []
-    if isinstance(blocks, range):
-        return [(0, count)]
-    if isinstance(blocks, BlockRuns):
-        runs, last = [], None
-        for first, stop, at in blocks.runs():
-            if first == last:  # (a packed index may split one run in two)
-                runs[-1] = (runs[-1][0], at + stop - first)
-            else:
-                runs.append((at, at + stop - first))
-            last = stop
-        return runs
-    if not isinstance(blocks, array):
-        blocks = array("q", blocks)
-    if count >= LONG_BLOCK_LIST and not _is_run(blocks, 0, count):
-        import numpy as np
-
-        breaks = (np.flatnonzero(np.diff(np.asarray(blocks)) != 1) + 1).tolist()
-        edges = [0, *breaks, count]
-        return list(zip(edges[:-1], edges[1:]))
-    runs, start = [], 0
-    while start < count:
-        first = blocks[start]
-        good, step = start + 1, 1  # blocks[start:good] may be one run; past bad it is not
-        while good + step <= count and blocks[good + step - 1] - first == good + step - 1 - start:
-            good += step
-            step *= 2
-        bad = min(good + step, count + 1)
-        while bad - good > 1:
-            middle = (good + bad) // 2
-            if blocks[middle - 1] - first == middle - 1 - start:
-                good = middle
-            else:
-                bad = middle
-        if not _is_run(blocks, start, good):  # not ascending: walk
-            good = start + 1
-            while good < count and blocks[good] == blocks[good - 1] + 1:
-                good += 1
-        runs.append((start, good))
-        start = good
-    return runs
-
-
 def _block_runs(blocks):
     """``(first block, stop)`` of each run of consecutive block numbers in ``blocks``."""
     if type(blocks) is range:
         return [(blocks.start, blocks.stop)] if blocks else []
-    return [(blocks[i], blocks[j - 1] + 1) for i, j in _runs(blocks)]
+    return [(blocks[i], blocks[j - 1] + 1) for i, j in index_runs(blocks)]
 
 
 @functools.lru_cache(maxsize=None)
@@ -234,7 +172,13 @@ class MultiFile(Container):
         now) use, or that ``runs`` (their ``_block_runs``) cover; validated: all within
         the container."""
         if runs is None:
-            runs = [run for e in self._entries.values() for run in _block_runs(e.blocks)]
+            runs = []
+            for e in self._entries.values():
+                if type(e.blocks) is range:  # (most files: at once)
+                    if e.blocks:
+                        runs.append((e.blocks.start, e.blocks.stop))
+                else:
+                    runs += _block_runs(e.blocks)
         used = bytearray(max((stop for _, stop in runs), default=0))
         for first, stop in runs:
             used[first:stop] = b"\1" * (stop - first)
@@ -347,7 +291,12 @@ class MultiFile(Container):
         one run each. Only when runs leave the container or overlap (a damaged container)
         is the culprit found block by block."""
         candidates = [(slot, e) for slot, e in candidates if len(e.blocks)]
-        runs = [run for _, e in candidates for run in _block_runs(e.blocks)]
+        runs = []
+        for _, e in candidates:
+            if type(e.blocks) is range:  # (most files: at once)
+                runs.append((e.blocks.start, e.blocks.stop))
+            else:
+                runs += _block_runs(e.blocks)
         runs.sort()
         if runs and (runs[0][0] < 1 or max(stop for _, stop in runs) > limit
                      or any(runs[k][0] < runs[k - 1][1] for k in range(1, len(runs)))):
@@ -407,7 +356,7 @@ class MultiFile(Container):
             return data[skip:skip + end - offset]
         chunks = []
         pos = offset
-        for i, j in _runs(blocks):
+        for i, j in index_runs(blocks):
             run_end = min(end, (first + j) * bs)
             want = run_end - pos
             data = self.store.pread(int(blocks[i]) * bs + pos - (first + i) * bs, want)
@@ -429,7 +378,7 @@ class MultiFile(Container):
         through a small cache, since FUSE reads touch the same block repeatedly.
         """
         parts = []
-        for i, j in _runs(blocks):
+        for i, j in index_runs(blocks):
             if j - i == 1:
                 parts.append(self._verified_block(name, first + i, int(blocks[i])))
             else:

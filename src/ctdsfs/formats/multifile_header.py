@@ -35,6 +35,7 @@ FIXED_V2 = struct.Struct(">qqqiIqqqB7s")  # the 64-byte fixed part of a v2 heade
 LEAD_V1 = struct.Struct(">qqq")
 MAX_BLOCK_SIZE = 1 << 31  # casacore stores the block size as an Int
 INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
+LONG_BLOCK_LIST = 1 << 16  # block lists at least this long are split into runs by numpy
 BIG_ENDIAN_HOST = sys.byteorder == "big"
 
 
@@ -101,17 +102,10 @@ def from_big_endian(data, typecode="q"):
 def pack_index(blocks):
     """casacore's packed index: a run ``b, b+1, ..., b+n`` is stored as ``b, -n``."""
     out = array("q")
-    blocks = list(blocks)
-    i = 0
-    while i < len(blocks):
-        start = j = blocks[i]
-        i += 1
-        while i < len(blocks) and blocks[i] == j + 1:
-            j = blocks[i]
-            i += 1
-        out.append(start)
-        if j > start:
-            out.append(start - j)
+    for start, stop in index_runs(blocks):
+        out.append(blocks[start])
+        if stop - start > 1:
+            out.append(1 - (stop - start))
     return out
 
 
@@ -177,6 +171,67 @@ class BlockRuns:
         import numpy as np
 
         return np.fromiter(self, dtype or np.int64, len(self))
+
+
+def _is_run(blocks, start, stop):
+    """Whether ``blocks[start:stop]`` (an ``array``) are consecutive numbers: compared
+    as a whole, in C."""
+    first = blocks[start]
+    return blocks[stop - 1] - first == stop - 1 - start \
+        and blocks[start:stop] == array("q", range(first, first + stop - start))
+
+
+def index_runs(blocks):
+    """``(start, stop)`` index pairs of the runs of consecutive numbers in ``blocks``.
+
+    A ``range`` is one run, ``BlockRuns`` knows its runs. In an ``array`` each run's end
+    is found by galloping and
+    bisection on its last number (a few steps per run, not one per block), then the run
+    is compared as a whole, in C; a list that is not ascending is walked instead.
+    A very long fragmented list is split by numpy (never on the small-read path)."""
+    count = len(blocks)
+    if not count:
+        return []
+    if isinstance(blocks, range):
+        return [(0, count)]
+    if isinstance(blocks, BlockRuns):
+        runs, last = [], None
+        for first, stop, at in blocks.runs():
+            if first == last:  # (a packed index may split one run in two)
+                runs[-1] = (runs[-1][0], at + stop - first)
+            else:
+                runs.append((at, at + stop - first))
+            last = stop
+        return runs
+    if not isinstance(blocks, array):
+        blocks = array("q", blocks)
+    if count >= LONG_BLOCK_LIST and not _is_run(blocks, 0, count):
+        import numpy as np
+
+        breaks = (np.flatnonzero(np.diff(np.asarray(blocks)) != 1) + 1).tolist()
+        edges = [0, *breaks, count]
+        return list(zip(edges[:-1], edges[1:]))
+    runs, start = [], 0
+    while start < count:
+        first = blocks[start]
+        good, step = start + 1, 1  # blocks[start:good] may be one run; past bad it is not
+        while good + step <= count and blocks[good + step - 1] - first == good + step - 1 - start:
+            good += step
+            step *= 2
+        bad = min(good + step, count + 1)
+        while bad - good > 1:
+            middle = (good + bad) // 2
+            if blocks[middle - 1] - first == middle - 1 - start:
+                good = middle
+            else:
+                bad = middle
+        if not _is_run(blocks, start, good):  # not ascending: walk
+            good = start + 1
+            while good < count and blocks[good] == blocks[good - 1] + 1:
+                good += 1
+        runs.append((start, good))
+        start = good
+    return runs
 
 
 def _expanded(runs):
@@ -474,34 +529,18 @@ def _fingerprint(header_bytes):
 # ---------------------------------------------------------------- header encode
 
 def encode_indexes(block_lists):
-    """``Int64 n`` + packed index per list, all lists in one vectorised pass (big-endian).
-    (numpy only here, when a header is written: reading never needs it.)"""
-    import numpy as np
-
-    count = len(block_lists)
-    lengths = np.fromiter((len(b) for b in block_lists), np.int64, count)
-    if not lengths.any():
-        return bytes(8 * count)
-    blocks = np.concatenate([np.asarray(b, dtype=np.int64) for b in block_lists if len(b)])
-    owner = np.repeat(np.arange(count), lengths)
-    starts_run = np.ones(len(blocks), bool)
-    starts_run[1:] = (np.diff(blocks) != 1) | (owner[1:] != owner[:-1])
-    run_first = np.flatnonzero(starts_run)
-    run_length = np.diff(np.append(run_first, len(blocks)))
-    run_owner = owner[run_first]
-    items = 1 + (run_length > 1)  # a start, and a run count if the run is longer than one
-    per_entry = np.bincount(run_owner, weights=items, minlength=count).astype(np.int64)
-    out = np.zeros(count + int(per_entry.sum()), np.int64)
-    entry_at = np.cumsum(per_entry + 1) - (per_entry + 1)  # where each entry's count goes
-    out[entry_at] = per_entry
-    # Items of each run go after its entry's count and the items of earlier runs of it.
-    run_items_before = np.cumsum(items) - items
-    first_run_of_owner = np.searchsorted(run_owner, run_owner, side="left")
-    pos = entry_at[run_owner] + 1 + run_items_before - run_items_before[first_run_of_owner]
-    out[pos] = blocks[run_first]
-    long_runs = run_length > 1
-    out[pos[long_runs] + 1] = 1 - run_length[long_runs]
-    return out.astype(">i8").tobytes()
+    """``Int64 n`` + packed index per list (big-endian); a one-run list (a range) at once."""
+    out = array("q")
+    for blocks in block_lists:
+        if type(blocks) is range and len(blocks) > 1:
+            out.extend((2, blocks.start, 1 - len(blocks)))
+        else:
+            packed = pack_index(blocks)
+            out.append(len(packed))
+            out.extend(packed)
+    if not BIG_ENDIAN_HOST:
+        out.byteswap()
+    return out.tobytes()
 
 
 def encode_body_v2(header):
