@@ -7,6 +7,8 @@ import random
 import shutil
 import signal
 import subprocess
+import sys
+import time
 
 import pytest
 
@@ -322,3 +324,48 @@ def test_mount_point_must_be_empty_unless_nonempty(tmp_path):
     finally:
         m.close()
     assert (mnt / "underneath").read_text() == "hidden by the mount"
+
+
+HEAVY_MODULES = ("numpy", "h5py", "tiledb", "blosc", "botocore", "boto3", "fsspec", "tqdm",
+                 "obstore", "zstandard")
+MODULE_LIST_AT_EXIT = """
+import atexit, sys
+out = sys.argv.pop()
+atexit.register(lambda: open(out, "w").write("\\n".join(sorted(sys.modules))))
+from ctdsfs.cli import mount_main
+sys.argv[0] = "mount.ctdsfs"
+sys.exit(mount_main())
+"""
+
+
+@pytest.mark.parametrize("kind", ["multifile", "directory"])
+def test_a_multifile_mount_imports_no_heavy_library(tmp_path, kind):
+    """A mount of a plain MultiFile (or a directory holding one) and reading all of it
+    import no numpy, h5py, tiledb, blosc, botocore, fsspec or tqdm: each costs every mount
+    tenths of a second and megabytes (the daemon lists its modules as it exits)."""
+    if kind == "multifile":
+        source = DATA / "mf2_nested.mf"
+    else:
+        source = tmp_path / "tree"
+        source.mkdir()
+        shutil.copy(DATA / "mf2_crc.mf", source / "crc.mf")
+        (source / "plain.txt").write_bytes(b"plain")
+    mnt, modules = tmp_path / "mnt", tmp_path / "modules.txt"
+    mnt.mkdir()
+    proc = subprocess.Popen([sys.executable, "-c", MODULE_LIST_AT_EXIT, "-f", str(source),
+                             str(mnt), str(modules)])
+    try:
+        while not is_mounted(mnt):
+            assert proc.poll() is None, "mount.ctdsfs exited before the mount was live"
+            time.sleep(0.02)
+        assert tree(mnt), "nothing read through the mount"
+    finally:
+        unmount(mnt)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    loaded = modules.read_text().split()
+    assert "pyfuse3" in loaded and "ctdsfs.formats.multifile" in loaded
+    assert [m for m in loaded if m.split(".")[0] in HEAVY_MODULES] == []

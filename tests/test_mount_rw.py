@@ -45,7 +45,7 @@ def validate(path):
                 blocks = c.entry_blocks(n)
                 assert rows in ((blocks + 1) if blocks else 0, blocks)
         else:
-            used = [b for n in c.names() for b in c._entry(n).blocks.tolist()]
+            used = [b for n in c.names() for b in list(c._entry(n).blocks)]
             free = c.header.free_blocks.tolist()
             cont = [b for s in c.header.cont_sets for b in s.tolist()]
             everything = used + free + cont

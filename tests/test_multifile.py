@@ -441,34 +441,36 @@ def test_random_garbage_never_crashes(tmp_path):
 @pytest.mark.parametrize("blocks", [[], [7], [1, 2, 3], [4, 3, 2], [1, 3, 4, 5, 9, 10],
                                     [*range(10, 50), 3, *range(60, 100)]])
 def test_short_and_long_block_lists_split_into_the_same_runs(blocks, monkeypatch):
-    """Short lists (small reads) are split by a Python loop, long ones by numpy."""
-    from ctdsfs.formats import multifile
+    """Block lists (ranges, arrays) are split by a Python loop, very long ones by numpy."""
+    from array import array
+
+    from ctdsfs.formats import multifile_header
 
     expected, start = [], 0
     for i in range(1, len(blocks) + 1):
         if i == len(blocks) or blocks[i] != blocks[i - 1] + 1:
             expected.append((start, i))
             start = i
-    array = np.array(blocks, np.int64)
-    for limit in (0, len(blocks)):  # numpy, then the loop
-        monkeypatch.setattr(multifile, "SHORT_BLOCK_LIST", limit)
-        assert list(multifile._runs(array)) == (expected or [(0, 0)])
+    for limit in (1, len(blocks) + 1):  # numpy, then the loop
+        monkeypatch.setattr(multifile_header, "LONG_BLOCK_LIST", limit)
+        assert multifile_header.index_runs(array("q", blocks)) == expected
+    if len(expected) <= 1:
+        assert multifile_header.index_runs(range(7, 7 + len(blocks))) == expected
 
 
-def test_few_and_many_block_checks_agree(monkeypatch):
-    """Containers using few blocks are checked with plain ints, others with numpy: both
-    hide the same entries for the same reasons (blocks outside, blocks used twice)."""
+def test_run_and_block_by_block_checks_agree():
+    """A container's blocks are checked as runs, a damaged one's block by block: on random
+    (often hostile) block lists both hide the same entries for the same reasons."""
+    from array import array
+
     from ctdsfs.formats import multifile
     rng = random.Random(7)
     for _ in range(300):
         limit = rng.randrange(1, 40)
-        candidates = [(slot, Entry(f"f{slot}", 0, np.array(
-            [rng.randrange(-2, 45) for _ in range(rng.randrange(0, 4))], np.int64)))
+        candidates = [(slot, Entry(f"f{slot}", 0, array(
+            "q", [rng.randrange(-2, 45) for _ in range(rng.randrange(0, 4))])))
             for slot in range(rng.randrange(0, 8))]
-        few, used = multifile.MultiFile._bad_blocks(candidates, limit)
-        monkeypatch.setattr(multifile, "SMALL_BLOCK_COUNT", -1)
-        many, _ = multifile.MultiFile._bad_blocks(candidates, limit)
-        monkeypatch.undo()
-        assert few == many, (candidates, limit)
-        if not few:  # the blocks in use, handed on to the bitmap of committed blocks
-            assert used == {b for _, e in candidates for b in e.blocks.tolist()}
+        by_runs, _ = multifile.MultiFile._bad_blocks(candidates, limit)
+        nonempty = [(slot, e) for slot, e in candidates if len(e.blocks)]
+        exact = multifile.MultiFile._bad_blocks_exactly(nonempty, limit) if nonempty else []
+        assert by_runs == exact, (candidates, limit)

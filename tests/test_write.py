@@ -36,7 +36,7 @@ def check_crcs(path):
     data = open(path, "rb").read()
     bs = c.block_size
     for name in c.names():
-        for b in c._entry(name).blocks.tolist():
+        for b in c._entry(name).blocks:
             assert crcs[b] == crc32_bzip2(data[b * bs:(b + 1) * bs]), (name, b)
     for b in c.header.free_blocks.tolist():
         assert crcs[b] == 0

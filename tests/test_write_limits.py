@@ -135,7 +135,7 @@ def validate_multifile(path):
     """Blocks used once, free list and continuation sets disjoint and inside, CRCs right."""
     c = open_container(path)
     assert c.problems == []
-    used = [b for n in c.names() for b in c._entry(n).blocks.tolist()]
+    used = [b for n in c.names() for b in list(c._entry(n).blocks)]
     everything = used + c.header.free_blocks.tolist() + [
         b for s in c.header.cont_sets for b in np.asarray(s).tolist()]
     assert len(everything) == len(set(everything))

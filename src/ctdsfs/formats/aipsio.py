@@ -11,8 +11,8 @@ allocate more than the input holds; and objects nest at most ``MAX_DEPTH`` deep.
 """
 
 import struct
-
-import numpy as np
+import sys
+from array import array
 
 from ..errors import FormatError
 
@@ -115,10 +115,13 @@ class AipsReader:
                 f"AipsIO object ends at offset {end} but its content ends at {self.pos}")
 
     def block_i64(self):
-        """A ``Block<Int64>`` (std::vector<Int64>) as a numpy int64 array."""
+        """A ``Block<Int64>`` (std::vector<Int64>) as an ``array("q")``."""
         self.start("Block")
         n = self.u32()
-        values = np.frombuffer(self.take(8 * n), dtype=">i8").astype(np.int64)
+        values = array("q")
+        values.frombytes(self.take(8 * n))
+        if sys.byteorder != "big":
+            values.byteswap()
         self.end()
         return values
 
@@ -176,7 +179,9 @@ class AipsWriter:
 
     def block_i64(self, values):
         self.start("Block", 1)
-        values = np.asarray(values, dtype=">i8")
+        values = array("q", values)
+        if sys.byteorder != "big":
+            values.byteswap()
         self.u32(len(values))
         self.out += values.tobytes()
         self.end()

@@ -54,9 +54,9 @@ def check_multifile(container, location=None, bar=None):
         if len(e.blocks) != needed:
             problems.append(f"{where}/{name}: holds {len(e.blocks)} blocks, its {e.size} "
                             f"bytes need {needed}")
-        owners.update(e.blocks.tolist())
-    free = h.free_blocks.tolist()
-    cont = [b for s in h.cont_sets for b in s.tolist()]
+        owners.update(e.blocks)
+    free = [int(b) for b in h.free_blocks]
+    cont = [int(b) for s in h.cont_sets for b in s]
     nblocks = container.nblocks  # bounded by the file (the header's claim is a problem above)
     for label, blocks in (("free list", free), ("continuation sets", cont)):
         for b, n in Counter(blocks).items():

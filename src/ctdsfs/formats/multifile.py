@@ -35,14 +35,12 @@ import threading
 from array import array
 from collections import OrderedDict
 
-import numpy as np
-
 from ..container import Container, Usage, name_problem
 from ..errors import BlockError, ContainerFull, CtdsfsError, FormatError, ReadOnlyError, TooLarge
 from .crc import crc32_bzip2
 from .multifile_header import (FIXED_V2, Entry, Header, encode_body_v2, encode_header_v1,
-                               encode_header_v2, looks_like_multifile, looks_like_v2,
-                               read_header)
+                               encode_header_v2, index_runs, looks_like_multifile,
+                               looks_like_v2, read_header)
 from .multifile_index import open_index, plain_bitmap
 from .store import VirtualFileStore, open_store
 
@@ -57,8 +55,6 @@ VERIFIED_CACHE_BYTES = 32 << 20
 # are read together, in pieces of at most GATHER_SPAN.
 GATHER_GAP = 64 << 10
 GATHER_SPAN = 1 << 20
-SHORT_BLOCK_LIST = 32  # block lists up to this long are split into runs without numpy
-SMALL_BLOCK_COUNT = 1 << 14  # a container using at most this many blocks is checked without numpy
 INT64_MAX = (1 << 63) - 1  # casacore keeps sizes and offsets in Int64
 ZERO_CHUNK = 8 << 20  # zeros that must really be written go out in pieces this large
 HOLE_PIECE_BLOCKS = 1 << 16  # a hole is filled this many blocks at a time
@@ -66,30 +62,17 @@ GROW_AHEAD = 64 << 20  # how far past the last block a growing container file is
 
 
 def _grown(values, length):
-    """``values`` zero-padded to at least ``length`` items."""
+    """``values`` (an ``array``) zero-padded to at least ``length`` items."""
     if len(values) >= length:
         return values
-    return np.concatenate([values, np.zeros(length - len(values), values.dtype)])
+    return values + array(values.typecode, bytes((length - len(values)) * values.itemsize))
 
 
-def _runs(blocks):
-    """``(start, stop)`` index pairs of the runs of consecutive numbers in ``blocks``: small
-    blocks make long block lists, so their breaks are found by numpy; a short list (a small
-    read's) by a Python loop, which costs a third of numpy's per-call overhead."""
-    if len(blocks) <= SHORT_BLOCK_LIST:
-        values = blocks.tolist()
-        breaks = [i for i in range(1, len(values)) if values[i] != values[i - 1] + 1]
-    else:
-        breaks = (np.flatnonzero(np.diff(blocks) != 1) + 1).tolist()
-    edges = [0, *breaks, len(blocks)]
-    return zip(edges[:-1], edges[1:])
-
-
-def _has_repeats(values):
-    """Whether a value occurs twice (without np.unique, which imports numpy.ma: 1.3 MB
-    and milliseconds of every mount)."""
-    ordered = np.sort(values)
-    return bool((ordered[1:] == ordered[:-1]).any())
+def _block_runs(blocks):
+    """``(first block, stop)`` of each run of consecutive block numbers in ``blocks``."""
+    if type(blocks) is range:
+        return [(blocks.start, blocks.stop)] if blocks else []
+    return [(blocks[i], blocks[j - 1] + 1) for i, j in index_runs(blocks)]
 
 
 @functools.lru_cache(maxsize=None)
@@ -142,8 +125,8 @@ class MultiFile(Container):
         if version == 1 and use_crc:
             raise CtdsfsError("MultiFile version 1 has no CRCs")
         header = Header(version=version, block_size=block_size, counter=0, nblocks=1,
-                        header_size=0, entries=[], free_blocks=np.zeros(0, np.int64),
-                        use_crc=use_crc, crcs=np.zeros(1 if use_crc else 0, np.uint32))
+                        header_size=0, entries=[], free_blocks=array("q"),
+                        use_crc=use_crc, crcs=array("I", [0] * (1 if use_crc else 0)))
         container = cls(store, hdrext_path=hdrext_path, writable=True, depth=depth, lock=lock,
                         header=header)
         container._dirty = True
@@ -157,16 +140,18 @@ class MultiFile(Container):
         self.block_size = header.block_size
         self.problems = []
         self._nblocks = self._blocks_present(header) if on_disk else header.nblocks
-        self._entries, used = self._validate()
-        self._committed = self._referenced_blocks(used)
+        self._entries, runs = self._validate()
+        self._committed = self._referenced_blocks(runs)
         self._check_spare_lists()
+        if not self.writable:  # only writes ask which blocks are committed: 1 byte a block
+            self._committed = bytearray()
         self._orphans = 0  # unlinked files still open: their blocks are in no header list
         if self.writable and self.problems:
             raise FormatError(f"{self.label}: damaged ({self.problems[0]}); "
                               "mount it read-only")
-        self._free = sorted(header.free_blocks.tolist(), reverse=True)  # allocatable now
+        self._free = sorted(header.free_blocks, reverse=True)  # allocatable now
         self._pending_free = []  # freed since the last commit, still in the committed state
-        self._crcs = np.array(header.crcs, dtype=np.uint32)
+        self._crcs = array("I", header.crcs)
         if header.use_crc:
             self._crcs = _grown(self._crcs, self._nblocks)
         self._buffers = {}  # id(entry) -> [block index, bytearray, entry]: a dirty partial block
@@ -182,20 +167,21 @@ class MultiFile(Container):
         self._verified_max = max(4, VERIFIED_CACHE_BYTES // self.block_size)
         self._store_bytes = None  # the container file's size, once the write path needs it
 
-    def _referenced_blocks(self, used=None):
-        """A bitmap of the blocks that the visible entries (as they are now) use; ``used``:
-        those blocks as a set, if known."""
-        if used is not None:
-            bitmap = np.zeros(max(used) + 1 if used else 0, bool)
-            bitmap[list(used)] = True
-            return bitmap
-        lists = [np.asarray(e.blocks, dtype=np.int64) for e in self._entries.values()
-                 if len(e.blocks)]
-        if not lists:
-            return np.zeros(0, bool)
-        blocks = np.concatenate(lists)  # validated: all within the container
-        used = np.zeros(int(blocks.max()) + 1, bool)
-        used[blocks] = True
+    def _referenced_blocks(self, runs=None):
+        """A bitmap (a byte per block) of the blocks that the visible entries (as they are
+        now) use, or that ``runs`` (their ``_block_runs``) cover; validated: all within
+        the container."""
+        if runs is None:
+            runs = []
+            for e in self._entries.values():
+                if type(e.blocks) is range:  # (most files: at once)
+                    if e.blocks:
+                        runs.append((e.blocks.start, e.blocks.stop))
+                else:
+                    runs += _block_runs(e.blocks)
+        used = bytearray(max((stop for _, stop in runs), default=0))
+        for first, stop in runs:
+            used[first:stop] = b"\1" * (stop - first)
         return used
 
     def reload_if_changed(self):
@@ -258,28 +244,17 @@ class MultiFile(Container):
         """The free list and continuation sets name blocks a write may reuse: each must be
         a block of the container that no file uses (else a problem, so never written to)."""
         used = self._committed
-        for what, blocks in (("free list", self.header.free_blocks),
-                             ("continuation sets", np.concatenate(self.header.cont_sets))):
-            if len(blocks) <= SHORT_BLOCK_LIST:  # (most: numpy would cost more than it saves)
-                values = [int(b) for b in blocks]
-                outside = [b for b in values if not 0 < b < self._nblocks]
-                shared = any(0 <= b < len(used) and used[b] for b in values)
-                repeats = len(set(values)) < len(values)
-            else:
-                blocks = np.asarray(blocks, np.int64)
-                outside_mask = (blocks < 1) | (blocks >= self._nblocks)
-                outside = blocks[outside_mask].tolist()
-                inside = blocks[~outside_mask]
-                shared = used[inside[inside < len(used)]].any()
-                repeats = _has_repeats(inside)
+        for what, blocks in (("free list", list(self.header.free_blocks)),
+                             ("continuation sets", [b for s in self.header.cont_sets for b in s])):
+            outside = [b for b in blocks if not 1 <= b < self._nblocks]
             if outside:
-                self._problem(f"{what} names block {outside[0]}, outside the container")
-            elif shared or repeats:
+                self._problem(f"{what} names block {int(outside[0])}, outside the container")
+            elif any(b < len(used) and used[b] for b in blocks) or len(set(blocks)) < len(blocks):
                 self._problem(f"{what} names a block twice or one that a file uses")
 
     def _validate(self):
-        """The entries that can be served, by name, and the set of blocks they use (None if
-        not gathered); every other entry is reported and hidden."""
+        """The entries that can be served, by name (every other one is reported and hidden),
+        and the runs of blocks they use (None if some entry was hidden for its blocks)."""
         h = self.header
         bs = h.block_size
         limit = self._nblocks
@@ -297,7 +272,7 @@ class MultiFile(Container):
                 candidates[e.name] = (slot, e)
             else:
                 hidden[slot] = (e.name, why)
-        bad, used = self._bad_blocks(candidates.values(), limit)
+        bad, runs = self._bad_blocks(candidates.values(), limit)
         for slot, name, why in bad:
             hidden[slot] = (name, why)
             del candidates[name]
@@ -305,18 +280,34 @@ class MultiFile(Container):
             name, why = hidden[slot]
             h.entries[slot].problem = h.entries[slot].problem or why
             self._problem(f"entry {slot} {name!r} hidden: {why}")
-        return {name: e for name, (_, e) in candidates.items()}, (None if bad else used)
+        return {name: e for name, (_, e) in candidates.items()}, None if bad else runs
+
+    @classmethod
+    def _bad_blocks(cls, candidates, limit):
+        """(slot, name, reason) of entries with a block outside ``1 .. limit-1``, or one that
+        an earlier entry (or the entry itself) already uses; and the runs of all blocks.
+
+        Blocks are compared as runs, without numpy: a sound container's files are mostly
+        one run each. Only when runs leave the container or overlap (a damaged container)
+        is the culprit found block by block."""
+        candidates = [(slot, e) for slot, e in candidates if len(e.blocks)]
+        runs = []
+        for _, e in candidates:
+            if type(e.blocks) is range:  # (most files: at once)
+                runs.append((e.blocks.start, e.blocks.stop))
+            else:
+                runs += _block_runs(e.blocks)
+        runs.sort()
+        if runs and (runs[0][0] < 1 or max(stop for _, stop in runs) > limit
+                     or any(runs[k][0] < runs[k - 1][1] for k in range(1, len(runs)))):
+            return cls._bad_blocks_exactly(candidates, limit), runs
+        return [], runs
 
     @staticmethod
-    def _bad_blocks(candidates, limit):
-        """(slot, name, reason) of entries with a block outside ``1 .. limit-1``, or one that
-        an earlier entry (or the entry itself) already uses; all entries in one pass. Also
-        the set of blocks the entries use when there are few (else None)."""
-        candidates = [(slot, e) for slot, e in candidates if len(e.blocks)]
-        if not candidates:
-            return [], set()
-        if sum(len(e.blocks) for _, e in candidates) <= SMALL_BLOCK_COUNT:
-            return MultiFile._bad_blocks_few(candidates, limit)
+    def _bad_blocks_exactly(candidates, limit):
+        """``_bad_blocks`` of a damaged container, block by block (numpy, in one pass)."""
+        import numpy as np
+
         lengths = [len(e.blocks) for _, e in candidates]
         blocks = np.concatenate([e.blocks for _, e in candidates])
         owner = np.repeat(np.arange(len(candidates)), lengths)
@@ -330,24 +321,7 @@ class MultiFile(Container):
         repeated = blocks[order][1:] == blocks[order][:-1]
         for i in owner[order[1:][repeated]].tolist():
             bad[i] = "uses a block that an earlier entry (or itself) uses"
-        return ([(candidates[i][0], candidates[i][1].name, why) for i, why in sorted(bad.items())],
-                None)
-
-    @staticmethod
-    def _bad_blocks_few(candidates, limit):
-        """``_bad_blocks`` with plain ints (numpy's fixed costs would dominate the opening of
-        a small nested container)."""
-        bad, used = [], set()
-        for slot, e in candidates:
-            blocks = e.blocks.tolist() if isinstance(e.blocks, np.ndarray) else list(e.blocks)
-            if min(blocks) < 1 or max(blocks) >= limit:
-                bad.append((slot, e.name, "block number outside the container"))
-                continue
-            before = len(used)
-            used.update(blocks)
-            if len(used) - before != len(blocks):
-                bad.append((slot, e.name, "uses a block that an earlier entry (or itself) uses"))
-        return bad, used
+        return [(candidates[i][0], candidates[i][1].name, why) for i, why in sorted(bad.items())]
 
     # ------------------------------------------------------------ reading
 
@@ -381,7 +355,7 @@ class MultiFile(Container):
                 return b""
             bs = self.block_size
             first, last = offset // bs, (end - 1) // bs
-            blocks = np.asarray(e.blocks[first:last + 1], dtype=np.int64)
+            blocks = e.blocks[first:last + 1]
         name = e.name or "(unlinked file)"
         if self.verify_crc and self.header.use_crc:
             data = self._read_verified(name, first, blocks)
@@ -389,7 +363,7 @@ class MultiFile(Container):
             return data[skip:skip + end - offset]
         chunks = []
         pos = offset
-        for i, j in _runs(blocks):
+        for i, j in index_runs(blocks):
             run_end = min(end, (first + j) * bs)
             want = run_end - pos
             data = self.store.pread(int(blocks[i]) * bs + pos - (first + i) * bs, want)
@@ -411,11 +385,11 @@ class MultiFile(Container):
         through a small cache, since FUSE reads touch the same block repeatedly.
         """
         parts = []
-        for i, j in _runs(blocks):
+        for i, j in index_runs(blocks):
             if j - i == 1:
                 parts.append(self._verified_block(name, first + i, int(blocks[i])))
             else:
-                parts.append(self._verified_run(name, first + i, blocks[i:j].tolist()))
+                parts.append(self._verified_run(name, first + i, list(blocks[i:j])))
         return parts[0] if len(parts) == 1 else b"".join(parts)
 
     def _verified_run(self, name, first, run):
@@ -595,10 +569,12 @@ class MultiFile(Container):
         bs = self.block_size
         first, stop = start // bs, -(-end // bs)
         have = len(e.blocks)
-        existing = np.asarray(e.blocks[first:min(stop, have)], dtype=np.int64)
-        committed = self._committed
-        rewritten = existing[existing < len(committed)]
-        fresh = max(0, stop - have) + int(np.count_nonzero(committed[rewritten]))
+        existing = e.blocks[first:min(stop, have)]
+        if isinstance(existing, range):
+            rewritten = self._committed[existing.start:existing.stop].count(1)
+        else:
+            rewritten = sum(1 for b in existing if self._is_committed(b))
+        fresh = max(0, stop - have) + rewritten
         self._reserve(fresh, stop - first, name)
 
     def make_room(self, name, count, block_size):
@@ -726,9 +702,9 @@ class MultiFile(Container):
 
     @staticmethod
     def _block_list(e):
-        """``e.blocks`` as an appendable array (a loaded entry holds a numpy array)."""
+        """``e.blocks`` as an appendable array (a loaded entry may hold a ``range``)."""
         if not isinstance(e.blocks, array):
-            e.blocks = array("q", e.blocks.tolist())
+            e.blocks = array("q", e.blocks)
         return e.blocks
 
     def _put_blocks(self, e, index, count, data=None):
@@ -761,7 +737,9 @@ class MultiFile(Container):
                     self._write_zeros(targets[run], min(k - run, zeros_from - targets[run]))
                 run = k
         if view is None and self.header.use_crc:
-            self._crcs[targets] = _zero_block_crc(bs)
+            zero_crc = _zero_block_crc(bs)
+            for block in targets:
+                self._crcs[block] = zero_crc
         for k, block in enumerate(targets):
             if view is not None and self.header.use_crc:
                 self._crcs[block] = crc32_bzip2(view[k * bs:(k + 1) * bs])
@@ -846,7 +824,7 @@ class MultiFile(Container):
         self._orphans += keep_open
         if not keep_open:
             self._buffers.pop(id(e), None)
-            self._release(e.blocks.tolist())
+            self._release(list(e.blocks))
             e.blocks = array("q")
             e.size = 0
         self._dirty = True
@@ -857,7 +835,7 @@ class MultiFile(Container):
         def run():
             self._buffers.pop(id(orphan), None)
             self._orphans -= 1
-            self._release(orphan.blocks.tolist())
+            self._release(list(orphan.blocks))
             orphan.blocks = array("q")
             self._dirty = True
         return self._guarded(run)
@@ -928,7 +906,7 @@ class MultiFile(Container):
             return 0 < b < self._nblocks and not (b < len(used) and used[b]) \
                 and not self._is_committed(b)
 
-        old_sets = [[b for b in np.asarray(s).tolist() if unused(b)] for s in h.cont_sets]
+        old_sets = [[b for b in s if unused(b)] for s in h.cont_sets]
         held = set(old_sets[h.active_cont_set]) if h.header_size > bs else set()  # its chain
         free_now = set(self._free)  # free in both states
         unused_now = free_now.union(self._pending_free, *old_sets)
@@ -936,11 +914,11 @@ class MultiFile(Container):
         while nblocks > 1 and nblocks - 1 in unused_now:
             nblocks -= 1
         new = Header(version=h.version, block_size=bs, counter=h.counter + 1, nblocks=nblocks,
-                     header_size=0, entries=h.entries, free_blocks=np.zeros(0, np.int64),
+                     header_size=0, entries=h.entries, free_blocks=array("q"),
                      use_crc=h.use_crc, crcs=self._crcs[:0])
         if h.version == 1:
-            new.free_blocks = np.array(sorted((b for b in unused_now if b < nblocks),
-                                              reverse=True), np.int64)
+            new.free_blocks = array("q", sorted((b for b in unused_now if b < nblocks),
+                                                reverse=True))
             raw, chain = encode_header_v1(new), []
         else:
             spare = sorted(free_now.union(*old_sets) - held)
@@ -959,8 +937,8 @@ class MultiFile(Container):
         self.header = new
         self._nblocks = new.nblocks
         if h.use_crc:
-            self._crcs = _grown(new.crcs.copy(), new.nblocks)
-        self._free = new.free_blocks.tolist()
+            self._crcs = _grown(array("I", new.crcs), new.nblocks)
+        self._free = list(new.free_blocks)
         self._pending_free = []
         self._committed = used
         self._store_bytes = None
@@ -989,14 +967,15 @@ class MultiFile(Container):
             sets = [kept, kept]
             sets[target] = chain
             new.nblocks = nblocks
-            new.free_blocks = np.array(sorted((b for b in unused if b < nblocks and b not in taken),
-                                              reverse=True), np.int64)
-            new.cont_sets = tuple(np.array(s, np.int64) for s in sets)
+            new.free_blocks = array("q", sorted((b for b in unused
+                                                 if b < nblocks and b not in taken), reverse=True))
+            new.cont_sets = tuple(array("q", s) for s in sets)
             new.cont_used = tuple(len(chain) if i == target else 0 for i in (0, 1))
             new.cont_first = chain[0] if chain else 0
             if new.use_crc:
-                new.crcs = _grown(self._crcs, nblocks)[:nblocks].copy()
-                new.crcs[list(taken)] = 0  # continuation blocks have no CRC
+                new.crcs = _grown(self._crcs, nblocks)[:nblocks]  # (a slice: a copy)
+                for block in taken:
+                    new.crcs[block] = 0  # continuation blocks have no CRC
             raw = encode_header_v2(new, body)
             needed = max(0, -(-(len(raw) - bs) // (bs - 8)))
             if needed <= len(chain):
@@ -1094,7 +1073,7 @@ class MultiFile(Container):
             "crc": h.use_crc,
             "header_counter": h.counter,
             "header_size": h.header_size,
-            "free_blocks": np.asarray(h.free_blocks).tolist(),
+            "free_blocks": [int(b) for b in h.free_blocks],
         }
         if h.version == 1:
             info["hdrext"] = h.has_hdrext
@@ -1102,7 +1081,7 @@ class MultiFile(Container):
             info["continuation"] = {
                 "active_set": h.active_cont_set,
                 "first_block": h.cont_first,
-                "sets": [np.asarray(s).tolist() for s in h.cont_sets],
+                "sets": [[int(b) for b in s] for s in h.cont_sets],
                 "used": list(h.cont_used),
             }
         info["files"] = [

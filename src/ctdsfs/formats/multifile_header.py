@@ -19,12 +19,13 @@ entry that fails validation is hidden (with a reason in ``problems``) instead
 of failing the whole container.
 """
 
+import bisect
 import os
 import struct
+import sys
 import zlib
+from array import array
 from dataclasses import dataclass, field
-
-import numpy as np
 
 from ..errors import FormatError
 from .aipsio import AipsReader, AipsWriter
@@ -33,12 +34,9 @@ from .crc import crc32_bzip2
 FIXED_V2 = struct.Struct(">qqqiIqqqB7s")  # the 64-byte fixed part of a v2 header
 LEAD_V1 = struct.Struct(">qqq")
 MAX_BLOCK_SIZE = 1 << 31  # casacore stores the block size as an Int
-# Block indexes of at most this many packed words, expanding to at most this many blocks,
-# are unpacked with plain ints: numpy's fixed costs (~0.1 ms a call) would dominate the
-# opening of every small nested container (a cold listing opens hundreds).
-SMALL_INDEX = 1 << 14
 INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
-MALFORMED = "packed block index is malformed"
+LONG_BLOCK_LIST = 1 << 16  # block lists at least this long are split into runs by numpy
+BIG_ENDIAN_HOST = sys.byteorder == "big"
 
 
 @dataclass(slots=True)
@@ -47,7 +45,10 @@ class Entry:
 
     name: str
     size: int
-    blocks: np.ndarray  # container block numbers of the file's blocks, in order
+    # Container block numbers of the file's blocks, in order: a ``range`` when they are
+    # one run (most files: 48 bytes whatever their length), ``BlockRuns`` when several
+    # (as decoded), an ``array("q")`` once written to.
+    blocks: object
     nested_flag: bool = False  # as stored; casacore never sets it
     problem: str = None  # why the stored block index is unusable, if it is
 
@@ -62,12 +63,12 @@ class Header:
     nblocks: int
     header_size: int
     entries: list
-    free_blocks: np.ndarray
+    free_blocks: object  # an array("q") (or any sequence of ints)
     use_crc: bool = False
     header_crc: int = 0
-    crcs: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint32))
+    crcs: array = field(default_factory=lambda: array("I"))
     cont_first: int = 0
-    cont_sets: tuple = (np.zeros(0, np.int64), np.zeros(0, np.int64))
+    cont_sets: tuple = (array("q"), array("q"))
     cont_used: tuple = (0, 0)
     has_hdrext: bool = False
     fingerprint: str = ""  # a digest of the header bytes as read (multifile_index.py)
@@ -81,129 +82,209 @@ class Header:
 
 # ---------------------------------------------------------------- packed index
 
+def big_endian_bytes(values, typecode="q"):
+    """``values`` as big-endian bytes of ``typecode`` items (what casacore writes)."""
+    items = array(typecode, values)
+    if not BIG_ENDIAN_HOST:
+        items.byteswap()
+    return items.tobytes()
+
+
+def from_big_endian(data, typecode="q"):
+    """Big-endian ``typecode`` items in ``data`` as an ``array`` (native order)."""
+    items = array(typecode)
+    items.frombytes(data)
+    if not BIG_ENDIAN_HOST:
+        items.byteswap()
+    return items
+
+
 def pack_index(blocks):
     """casacore's packed index: a run ``b, b+1, ..., b+n`` is stored as ``b, -n``."""
-    blocks = np.asarray(blocks, dtype=np.int64)
-    if len(blocks) == 0:
-        return np.zeros(0, np.int64)
-    breaks = np.flatnonzero(np.diff(blocks) != 1) + 1
-    starts = np.concatenate(([0], breaks))
-    lengths = np.diff(np.concatenate((starts, [len(blocks)])))
-    out = []
-    for start, length in zip(blocks[starts].tolist(), lengths.tolist()):
-        out.append(start)
-        if length > 1:
-            out.append(1 - length)
-    return np.array(out, dtype=np.int64)
+    out = array("q")
+    for start, stop in index_runs(blocks):
+        out.append(blocks[start])
+        if stop - start > 1:
+            out.append(1 - (stop - start))
+    return out
+
+
+class BlockRuns:
+    """A file's block numbers kept as the runs casacore's packed index describes: a read
+    looks its blocks up by bisection, nothing is expanded to one number per block (a
+    nested container of 2,000 blocks in two runs costs two runs, not 16 KB)."""
+
+    __slots__ = ("firsts", "ends")
+
+    def __init__(self, firsts, ends):
+        self.firsts = firsts  # array("q"): the first block number of each run
+        self.ends = ends  # array("q"): the index in the file's block list just past each run
+
+    @classmethod
+    def from_runs(cls, runs):
+        """From ``(first block, length)`` pairs (a single run is better kept as a range)."""
+        firsts, ends, total = array("q"), array("q"), 0
+        for first, length in runs:
+            total += length
+            firsts.append(first)
+            ends.append(total)
+        return cls(firsts, ends)
+
+    def __len__(self):
+        return self.ends[-1] if self.ends else 0
+
+    def runs(self):
+        """``(first block, stop block, index of the first)`` of each run."""
+        start = 0
+        for first, end in zip(self.firsts, self.ends):
+            yield first, first + end - start, start
+            start = end
+
+    def __iter__(self):
+        for first, stop, _ in self.runs():
+            yield from range(first, stop)
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return self._slice(*index.indices(len(self)))
+        count = len(self)
+        if index < 0:
+            index += count
+        if not 0 <= index < count:
+            raise IndexError("block index out of range")
+        k = bisect.bisect_right(self.ends, index)
+        return self.firsts[k] + index - (self.ends[k - 1] if k else 0)
+
+    def _slice(self, start, stop, step):
+        if step != 1:
+            return array("q", list(self)[start:stop:step])
+        pieces = []
+        for first, run_stop, at in self.runs():
+            end = at + run_stop - first
+            if end > start and at < stop:
+                pieces.append((first + max(0, start - at), min(end, stop) - max(start, at)))
+        if len(pieces) == 1:
+            return range(pieces[0][0], pieces[0][0] + pieces[0][1])
+        return BlockRuns.from_runs(pieces)
+
+    def __array__(self, dtype=None, copy=None):
+        import numpy as np
+
+        return np.fromiter(self, dtype or np.int64, len(self))
+
+
+def _is_run(blocks, start, stop):
+    """Whether ``blocks[start:stop]`` (an ``array``) are consecutive numbers: compared
+    as a whole, in C."""
+    first = blocks[start]
+    return blocks[stop - 1] - first == stop - 1 - start \
+        and blocks[start:stop] == array("q", range(first, first + stop - start))
+
+
+def index_runs(blocks):
+    """``(start, stop)`` index pairs of the runs of consecutive numbers in ``blocks``.
+
+    A ``range`` is one run, ``BlockRuns`` knows its runs. In an ``array`` each run's end
+    is found by galloping and
+    bisection on its last number (a few steps per run, not one per block), then the run
+    is compared as a whole, in C; a list that is not ascending is walked instead.
+    A very long fragmented list is split by numpy (never on the small-read path)."""
+    count = len(blocks)
+    if not count:
+        return []
+    if isinstance(blocks, range):
+        return [(0, count)]
+    if isinstance(blocks, BlockRuns):
+        runs, last = [], None
+        for first, stop, at in blocks.runs():
+            if first == last:  # (a packed index may split one run in two)
+                runs[-1] = (runs[-1][0], at + stop - first)
+            else:
+                runs.append((at, at + stop - first))
+            last = stop
+        return runs
+    if not isinstance(blocks, array):
+        blocks = array("q", blocks)
+    if count >= LONG_BLOCK_LIST and not _is_run(blocks, 0, count):
+        import numpy as np
+
+        breaks = (np.flatnonzero(np.diff(np.asarray(blocks)) != 1) + 1).tolist()
+        edges = [0, *breaks, count]
+        return list(zip(edges[:-1], edges[1:]))
+    runs, start = [], 0
+    while start < count:
+        first = blocks[start]
+        good, step = start + 1, 1  # blocks[start:good] may be one run; past bad it is not
+        while good + step <= count and blocks[good + step - 1] - first == good + step - 1 - start:
+            good += step
+            step *= 2
+        bad = min(good + step, count + 1)
+        while bad - good > 1:
+            middle = (good + bad) // 2
+            if blocks[middle - 1] - first == middle - 1 - start:
+                good = middle
+            else:
+                bad = middle
+        if not _is_run(blocks, start, good):  # not ascending: walk
+            good = start + 1
+            while good < count and blocks[good] == blocks[good - 1] + 1:
+                good += 1
+        runs.append((start, good))
+        start = good
+    return runs
+
+
+def _expanded(runs):
+    """Blocks of ``runs`` (``[start, length]`` pairs): a ``range`` if there is one run."""
+    if len(runs) == 1:
+        start, length = runs[0]
+        return range(start, start + length)
+    return BlockRuns.from_runs(runs)
 
 
 def unpack_indexes(packed_list, max_blocks):
-    """Expand many packed indexes in one vectorised pass.
+    """Expand many packed indexes.
 
-    Returns ``(blocks, problem)`` per index. An index that starts with a run
-    count, or whose expansion would push the running total past ``max_blocks``
-    (a container cannot hold more distinct blocks than it has), gets a problem
-    instead of blocks: hostile counts never turn into huge allocations.
+    Returns ``(blocks, problem)`` per index (blocks: see :class:`Entry`). An index
+    that starts with a run count, or whose expansion would push the running total past
+    ``max_blocks`` (a container cannot hold more distinct blocks than it has), gets a
+    problem instead of blocks: hostile counts never turn into huge allocations.
     """
-    if sum(map(len, packed_list)) <= SMALL_INDEX:
-        results = _unpack_small(packed_list, max_blocks)
-        if results is not None:
-            return results
-    count = len(packed_list)
-    empty = np.zeros(0, np.int64)
-    results = [(empty, None)] * count
-    lengths = np.fromiter((len(p) for p in packed_list), np.int64, count)
-    if not lengths.any():
-        return results
-    flat = np.concatenate(packed_list).astype(np.int64)
-    owner = np.repeat(np.arange(count), lengths)
-    is_run = flat < 0
-    malformed = np.zeros(count, bool)
-    nonempty = lengths > 0
-    malformed[nonempty] = is_run[(np.cumsum(lengths) - lengths)[nonempty]]
-    malformed |= np.bincount(owner, weights=flat == np.iinfo(np.int64).min, minlength=count) > 0
-    claims = np.bincount(owner, weights=np.where(is_run, -flat.astype(np.float64), 1.0),
-                         minlength=count)
-    fits = nonempty & ~malformed & (claims <= max_blocks)
-    running = np.cumsum(np.where(fits, claims, 0))
-    too_many = nonempty & ~malformed & ~(fits & (running <= max_blocks))
-    usable = nonempty & ~malformed & ~too_many
-    for i in np.flatnonzero(malformed).tolist():
-        results[i] = (None, MALFORMED)
-    for i in np.flatnonzero(too_many).tolist():
-        results[i] = (None, _too_many(claims[i], max_blocks))
-    if not usable.any():
-        return results
-    flat = flat[usable[owner]]
-    totals = claims[usable].astype(np.int64)
-    is_start = flat >= 0
-    group = np.cumsum(is_start) - 1
-    starts = flat[is_start]
-    run_lengths = 1 + np.bincount(group[~is_start], weights=-flat[~is_start],
-                                  minlength=len(starts)).astype(np.int64)
-    total = int(totals.sum())
-    within = np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(run_lengths) - run_lengths,
-                                                          run_lengths)
-    expanded = np.repeat(starts, run_lengths) + within
-    ends = np.cumsum(totals).tolist()
-    begins = [0] + ends[:-1]
-    for i, begin, end in zip(np.flatnonzero(usable).tolist(), begins, ends):
-        results[i] = (expanded[begin:end], None)
-    return results
-
-
-def _too_many(claims, max_blocks):
-    return f"block index claims {claims:.0f} blocks, more than the container has ({max_blocks})"
-
-
-def _unpack_small(packed_list, max_blocks):
-    """:func:`unpack_indexes` with plain ints, the same results; None if the indexes expand
-    to more than SMALL_INDEX blocks, or to a number past Int64 (numpy's path wraps it).
-    Most files are one run of blocks (``b`` or ``b, -n``): those take the short way."""
-    empty = np.zeros(0, np.int64)
-    results, flat, spans, running = [], [], [], 0
+    results = []
+    running = 0  # blocks claimed by the indexes that fit on their own
     for packed in packed_list:
-        items = packed.tolist() if isinstance(packed, np.ndarray) else list(packed)
-        n = len(items)
-        if n == 0:
-            results.append((empty, None))
+        if not len(packed):
+            results.append((range(0), None))
             continue
-        first = items[0]
-        if n == 2 and items[1] < 0 and first >= 0 and items[1] != INT64_MIN:
-            claims = 1 - items[1]
-        elif n == 1 and first >= 0:
-            claims = 1
-        elif first < 0 or INT64_MIN in items:
-            results.append((None, MALFORMED))
+        if len(packed) == 2:  # one run (most files): at once
+            first, length = packed[0], 1 - packed[1]
+            if first >= 0 and 1 < length <= max_blocks - running \
+                    and first + length - 1 <= INT64_MAX:
+                running += length
+                results.append((range(first, first + length), None))
+                continue
+        runs, claims, malformed = [], 0, False
+        for item in packed:
+            if item >= 0:
+                runs.append([item, 1])
+                claims += 1
+            elif not runs or item == INT64_MIN:
+                malformed = True
+            else:
+                runs[-1][1] -= item
+                claims -= item
+        if malformed:
+            results.append((None, "packed block index is malformed"))
             continue
+        if claims <= max_blocks:
+            running += claims
+        if claims > max_blocks or running > max_blocks:
+            results.append((None, f"block index claims {claims} blocks, more than the "
+                                  f"container has ({max_blocks})"))
+        elif any(start + length - 1 > INT64_MAX for start, length in runs):
+            results.append((None, "packed block index is malformed"))
         else:
-            claims = sum(1 if x >= 0 else -x for x in items)
-        fits = claims <= max_blocks
-        running += claims if fits else 0
-        if not (fits and running <= max_blocks):
-            results.append((None, _too_many(claims, max_blocks)))
-            continue
-        if running > SMALL_INDEX:
-            return None
-        begin = len(flat)
-        if n == 1:
-            flat.append(first)
-        else:
-            last = None
-            for x in items:
-                if x >= 0:
-                    flat.append(x)
-                    last = x
-                elif last - x > INT64_MAX:
-                    return None
-                else:
-                    flat.extend(range(last + 1, last + 1 - x))
-                    last -= x
-        spans.append((len(results), begin, len(flat)))
-        results.append(None)
-    expanded = np.array(flat, dtype=np.int64)
-    for i, begin, end in spans:
-        results[i] = (expanded[begin:end], None)
+            results.append((_expanded(runs), None))
     return results
 
 
@@ -218,11 +299,9 @@ def unpack_index(packed, max_blocks):
 # ---------------------------------------------------------------- header decode
 
 def _packed_vectors(reader, count):
-    """``count`` consecutive ``Int64 n`` + n ``Int64`` vectors, read as one int64 view."""
+    """``count`` consecutive ``Int64 n`` + n ``Int64`` vectors, read as one int64 array."""
     avail = (reader.limit - reader.pos) // 8
-    words = np.frombuffer(reader.buf, dtype=">i8", count=avail, offset=reader.pos)
-    if avail <= SMALL_INDEX:
-        words = words.tolist()  # (plain ints: see SMALL_INDEX)
+    words = from_big_endian(reader.buf[reader.pos:reader.pos + 8 * avail])
     vectors, k = [], 0
     for _ in range(count):
         n = int(words[k]) if k < avail else -1
@@ -254,12 +333,13 @@ def _v2_entries(reader, count):
     return entries
 
 
-def _raw_vector(reader, itemsize, dtype):
+def _raw_vector(reader, typecode):
     """``Int64 n`` + n items, as MultiFile::writeVector writes them outside AipsIO."""
     count = reader.i64()
+    itemsize = array(typecode).itemsize
     if count < 0 or count * itemsize > reader.limit - reader.pos:
         raise FormatError(f"header vector of {count} items does not fit in the header")
-    return np.frombuffer(reader.take(count * itemsize), dtype=dtype).astype(dtype.newbyteorder("="))
+    return from_big_endian(reader.take(count * itemsize), typecode)
 
 
 def _check_block_size(block_size, minimum):
@@ -416,8 +496,8 @@ def _read_header_v2(store, physical, verify_crc):
         r.end()
         packed = _packed_vectors(r, len(raw) + 1)
         free_packed = packed.pop()
-        crcs = _raw_vector(r, 4, np.dtype(">u4"))
-        cont_sets = (_raw_vector(r, 8, np.dtype(">i8")), _raw_vector(r, 8, np.dtype(">i8")))
+        crcs = _raw_vector(r, "I")
+        cont_sets = (_raw_vector(r, "q"), _raw_vector(r, "q"))
         cont_used = (r.u32(), r.u32())
     except FormatError as exc:
         raise FormatError(f"bad MultiFile v2 header: {exc}") from None
@@ -427,11 +507,11 @@ def _read_header_v2(store, physical, verify_crc):
     entries = []
     for (name, size, nested), (blocks, problem) in zip(raw, unpack_indexes(live, max_blocks)):
         if problem:
-            entries.append(Entry(name, size, np.zeros(0, np.int64), nested, problem=problem))
+            entries.append(Entry(name, size, range(0), nested, problem=problem))
         else:
             entries.append(Entry(name, size, blocks, nested))
     try:
-        free = unpack_index(free_packed, max_blocks)
+        free = array("q", unpack_index(free_packed, max_blocks))
     except FormatError as exc:
         raise FormatError(f"bad free list: {exc}") from None
     return Header(version=2, block_size=block_size, counter=counter, nblocks=nblocks,
@@ -449,31 +529,18 @@ def _fingerprint(header_bytes):
 # ---------------------------------------------------------------- header encode
 
 def encode_indexes(block_lists):
-    """``Int64 n`` + packed index per list, all lists in one vectorised pass (big-endian)."""
-    count = len(block_lists)
-    lengths = np.fromiter((len(b) for b in block_lists), np.int64, count)
-    if not lengths.any():
-        return bytes(8 * count)
-    blocks = np.concatenate([np.asarray(b, dtype=np.int64) for b in block_lists if len(b)])
-    owner = np.repeat(np.arange(count), lengths)
-    starts_run = np.ones(len(blocks), bool)
-    starts_run[1:] = (np.diff(blocks) != 1) | (owner[1:] != owner[:-1])
-    run_first = np.flatnonzero(starts_run)
-    run_length = np.diff(np.append(run_first, len(blocks)))
-    run_owner = owner[run_first]
-    items = 1 + (run_length > 1)  # a start, and a run count if the run is longer than one
-    per_entry = np.bincount(run_owner, weights=items, minlength=count).astype(np.int64)
-    out = np.zeros(count + int(per_entry.sum()), np.int64)
-    entry_at = np.cumsum(per_entry + 1) - (per_entry + 1)  # where each entry's count goes
-    out[entry_at] = per_entry
-    # Items of each run go after its entry's count and the items of earlier runs of it.
-    run_items_before = np.cumsum(items) - items
-    first_run_of_owner = np.searchsorted(run_owner, run_owner, side="left")
-    pos = entry_at[run_owner] + 1 + run_items_before - run_items_before[first_run_of_owner]
-    out[pos] = blocks[run_first]
-    long_runs = run_length > 1
-    out[pos[long_runs] + 1] = 1 - run_length[long_runs]
-    return out.astype(">i8").tobytes()
+    """``Int64 n`` + packed index per list (big-endian); a one-run list (a range) at once."""
+    out = array("q")
+    for blocks in block_lists:
+        if type(blocks) is range and len(blocks) > 1:
+            out.extend((2, blocks.start, 1 - len(blocks)))
+        else:
+            packed = pack_index(blocks)
+            out.append(len(packed))
+            out.extend(packed)
+    if not BIG_ENDIAN_HOST:
+        out.byteswap()
+    return out.tobytes()
 
 
 def encode_body_v2(header):
@@ -501,18 +568,17 @@ def encode_header_v2(header, body=None):
     as given; the caller that splits the result into blocks decides them and
     may pass the ``encode_body_v2`` result once for all its attempts.
     """
-    def vector(values, dtype):
-        values = np.asarray(values, dtype=dtype)
-        return struct.pack(">q", len(values)) + values.tobytes()
+    def vector(values, typecode):
+        return struct.pack(">q", len(values)) + big_endian_bytes(values, typecode)
 
     out = bytearray(FIXED_V2.pack(0, header.cont_first, header.counter, 2, 0, 0,
                                   header.block_size, header.nblocks,
                                   1 if header.use_crc else 0, bytes(7)))
     out += body if body is not None else encode_body_v2(header)
-    out += vector(pack_index(header.free_blocks), ">i8")
-    out += vector(header.crcs, ">u4")
-    out += vector(header.cont_sets[0], ">i8")
-    out += vector(header.cont_sets[1], ">i8")
+    out += vector(pack_index(header.free_blocks), "q")
+    out += vector(header.crcs, "I")
+    out += vector(header.cont_sets[0], "q")
+    out += vector(header.cont_sets[1], "q")
     out += struct.pack(">II", *header.cont_used)
     out[32:40] = struct.pack(">q", len(out))
     if header.use_crc:
