@@ -589,22 +589,25 @@ REMOTE_CHUNK = 8 << 20
 
 
 def raw_get_figures(client, bucket, key, size):
-    """GB/s of the object read whole, cache dropped before each: ranged GETs in parallel
-    with botocore, s3fs's and obstore's own whole-object reads (with the same concurrency
-    where they have one)."""
+    """GB/s of the object read whole, cache dropped before each, each client at its best
+    with the mount's concurrency: ranged GETs in parallel threads with botocore and with
+    obstore, s3fs's ``cat_ranges`` with as many in flight, and obstore's ``get_ranges``."""
     from concurrent.futures import ThreadPoolExecutor
 
     import obstore
     import s3fs
     from obstore.store import S3Store
 
-    def ranged_parallel():
-        def get(start):
-            end = min(start + REMOTE_CHUNK, size) - 1
-            return len(client.get_object(Bucket=bucket, Key=key,
-                                         Range=f"bytes={start}-{end}")["Body"].read())
+    starts = list(range(0, size, REMOTE_CHUNK))
+    ends = [min(start + REMOTE_CHUNK, size) for start in starts]
+
+    def parallel(get):
         with ThreadPoolExecutor(REMOTE_CONCURRENCY) as pool:
-            return sum(pool.map(get, range(0, size, REMOTE_CHUNK)))
+            return sum(pool.map(get, starts, ends))
+
+    def botocore_get(start, end):
+        return len(client.get_object(Bucket=bucket, Key=key,
+                                     Range=f"bytes={start}-{end - 1}")["Body"].read())
 
     endpoint = client.meta.endpoint_url
     fs = s3fs.S3FileSystem(endpoint_url=endpoint, max_concurrency=REMOTE_CONCURRENCY,
@@ -613,14 +616,17 @@ def raw_get_figures(client, bucket, key, size):
                     access_key_id=os.environ["AWS_ACCESS_KEY_ID"],
                     secret_access_key=os.environ["AWS_SECRET_ACCESS_KEY"],
                     client_options={"allow_http": True})
+    mib, n = REMOTE_CHUNK >> 20, REMOTE_CONCURRENCY
     ways = {
-        f"botocore, {REMOTE_CONCURRENCY} ranged GETs of {REMOTE_CHUNK >> 20} MiB in parallel":
-            ranged_parallel,
-        "s3fs cat_file (one GET)": lambda: len(fs.cat_file(f"{bucket}/{key}")),
-        f"obstore get_ranges ({REMOTE_CHUNK >> 20} MiB ranges)": lambda: sum(
-            len(b) for b in obstore.get_ranges(
-                store, key, starts=list(range(0, size, REMOTE_CHUNK)),
-                ends=[min(s + REMOTE_CHUNK, size) for s in range(0, size, REMOTE_CHUNK)])),
+        f"botocore, {n} ranged GETs of {mib} MiB in parallel":
+            lambda: parallel(botocore_get),
+        f"obstore, {n} ranged GETs of {mib} MiB in parallel": lambda: parallel(
+            lambda start, end: len(obstore.get_range(store, key, start=start, end=end))),
+        f"obstore get_ranges ({mib} MiB ranges)": lambda: sum(
+            len(b) for b in obstore.get_ranges(store, key, starts=starts, ends=ends)),
+        f"s3fs cat_ranges ({mib} MiB ranges, {n} in flight)": lambda: sum(
+            len(b) for b in fs.cat_ranges([f"{bucket}/{key}"] * len(starts), starts, ends,
+                                          batch_size=n)),
     }
     out = {}
     for name, read in ways.items():
