@@ -75,6 +75,18 @@ def _block_runs(blocks):
     return [(blocks[i], blocks[j - 1] + 1) for i, j in index_runs(blocks)]
 
 
+def _entry_runs(entries):
+    """``_block_runs`` of all ``entries``' blocks together."""
+    runs = []
+    for e in entries:
+        if type(e.blocks) is range:  # (most files: at once)
+            if e.blocks:
+                runs.append((e.blocks.start, e.blocks.stop))
+        else:
+            runs += _block_runs(e.blocks)
+    return runs
+
+
 @functools.lru_cache(maxsize=None)
 def _zero_block_crc(block_size):
     """CRC-32/BZIP2 of an all-zero block, in bounded pieces (blocks may be 1 GiB)."""
@@ -172,13 +184,7 @@ class MultiFile(Container):
         now) use, or that ``runs`` (their ``_block_runs``) cover; validated: all within
         the container."""
         if runs is None:
-            runs = []
-            for e in self._entries.values():
-                if type(e.blocks) is range:  # (most files: at once)
-                    if e.blocks:
-                        runs.append((e.blocks.start, e.blocks.stop))
-                else:
-                    runs += _block_runs(e.blocks)
+            runs = _entry_runs(self._entries.values())
         used = bytearray(max((stop for _, stop in runs), default=0))
         for first, stop in runs:
             used[first:stop] = b"\1" * (stop - first)
@@ -291,13 +297,7 @@ class MultiFile(Container):
         one run each. Only when runs leave the container or overlap (a damaged container)
         is the culprit found block by block."""
         candidates = [(slot, e) for slot, e in candidates if len(e.blocks)]
-        runs = []
-        for _, e in candidates:
-            if type(e.blocks) is range:  # (most files: at once)
-                runs.append((e.blocks.start, e.blocks.stop))
-            else:
-                runs += _block_runs(e.blocks)
-        runs.sort()
+        runs = sorted(_entry_runs(e for _, e in candidates))
         if runs and (runs[0][0] < 1 or max(stop for _, stop in runs) > limit
                      or any(runs[k][0] < runs[k - 1][1] for k in range(1, len(runs)))):
             return cls._bad_blocks_exactly(candidates, limit), runs
