@@ -168,12 +168,13 @@ class ContainerFS:
         ino = self._inos.get(key)
         if ino is not None:
             return self._nodes[ino]
-        nested = parent.directory.nested(name)
-        ino = self._next_ino
+        return self._new_node(parent, key, name, parent.directory.nested(name))
+
+    def _new_node(self, parent, key, name, nested):
+        ino = self._inos[key] = self._next_ino
         self._next_ino += 1
-        self._inos[key] = ino
-        self._nodes[ino] = _Node(ino, parent.ino, parent.directory, name, nested)
-        return self._nodes[ino]
+        node = self._nodes[ino] = _Node(ino, parent.ino, parent.directory, name, nested)
+        return node
 
     def _children(self, parent, names):
         """``_child`` of each of ``names`` (a listing's batch; most are new on a first one)."""
@@ -182,11 +183,8 @@ class ContainerFS:
         for name, nested in zip(names, container.classify(names)):
             key = (id(container), name)
             ino = inos.get(key)
-            if ino is None:
-                ino = inos[key] = self._next_ino
-                self._next_ino += 1
-                nodes[ino] = _Node(ino, parent.ino, container, name, nested)
-            out.append(nodes[ino])
+            out.append(nodes[ino] if ino is not None
+                       else self._new_node(parent, key, name, nested))
         return out
 
     def _existing_child(self, parent, name):
