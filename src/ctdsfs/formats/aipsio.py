@@ -28,6 +28,24 @@ _I64 = struct.Struct(">q")
 _U64 = struct.Struct(">Q")
 _F32 = struct.Struct(">f")
 _F64 = struct.Struct(">d")
+BIG_ENDIAN_HOST = sys.byteorder == "big"
+
+
+def big_endian_bytes(values, typecode="q"):
+    """``values`` as big-endian bytes of ``typecode`` items (what casacore writes)."""
+    items = array(typecode, values)
+    if not BIG_ENDIAN_HOST:
+        items.byteswap()
+    return items.tobytes()
+
+
+def from_big_endian(data, typecode="q"):
+    """Big-endian ``typecode`` items in ``data`` as an ``array`` (native order)."""
+    items = array(typecode)
+    items.frombytes(data)
+    if not BIG_ENDIAN_HOST:
+        items.byteswap()
+    return items
 
 
 class AipsReader:
@@ -118,10 +136,7 @@ class AipsReader:
         """A ``Block<Int64>`` (std::vector<Int64>) as an ``array("q")``."""
         self.start("Block")
         n = self.u32()
-        values = array("q")
-        values.frombytes(self.take(8 * n))
-        if sys.byteorder != "big":
-            values.byteswap()
+        values = from_big_endian(self.take(8 * n))
         self.end()
         return values
 
@@ -179,11 +194,8 @@ class AipsWriter:
 
     def block_i64(self, values):
         self.start("Block", 1)
-        values = array("q", values)
-        if sys.byteorder != "big":
-            values.byteswap()
         self.u32(len(values))
-        self.out += values.tobytes()
+        self.out += big_endian_bytes(values)
         self.end()
 
     def getvalue(self):

@@ -22,13 +22,12 @@ of failing the whole container.
 import bisect
 import os
 import struct
-import sys
 import zlib
 from array import array
 from dataclasses import dataclass, field
 
 from ..errors import FormatError
-from .aipsio import AipsReader, AipsWriter
+from .aipsio import BIG_ENDIAN_HOST, AipsReader, AipsWriter, big_endian_bytes, from_big_endian
 from .crc import crc32_bzip2
 
 FIXED_V2 = struct.Struct(">qqqiIqqqB7s")  # the 64-byte fixed part of a v2 header
@@ -36,7 +35,6 @@ LEAD_V1 = struct.Struct(">qqq")
 MAX_BLOCK_SIZE = 1 << 31  # casacore stores the block size as an Int
 INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
 LONG_BLOCK_LIST = 1 << 16  # block lists at least this long are split into runs by numpy
-BIG_ENDIAN_HOST = sys.byteorder == "big"
 
 
 @dataclass(slots=True)
@@ -81,23 +79,6 @@ class Header:
 
 
 # ---------------------------------------------------------------- packed index
-
-def big_endian_bytes(values, typecode="q"):
-    """``values`` as big-endian bytes of ``typecode`` items (what casacore writes)."""
-    items = array(typecode, values)
-    if not BIG_ENDIAN_HOST:
-        items.byteswap()
-    return items.tobytes()
-
-
-def from_big_endian(data, typecode="q"):
-    """Big-endian ``typecode`` items in ``data`` as an ``array`` (native order)."""
-    items = array(typecode)
-    items.frombytes(data)
-    if not BIG_ENDIAN_HOST:
-        items.byteswap()
-    return items
-
 
 def pack_index(blocks):
     """casacore's packed index: a run ``b, b+1, ..., b+n`` is stored as ``b, -n``."""
