@@ -216,6 +216,30 @@ def test_no_read_mixes_two_versions(seaweed, web, objects, scheme, served):
         store.close()
 
 
+def test_reads_answered_from_memory_are_told_apart(seaweed):
+    """A mount serves a read on its loop, without a thread's hop, only when every chunk
+    it needs is in memory: not before its GET, not for a chunk never fetched, and never
+    a CRC-checked one (that CPU work stays in threads)."""
+    options = RemoteOptions(endpoint_url=seaweed.endpoint, chunk_size=4096, readahead=0)
+    container = open_container(seaweed.url("two.mf"), remote=options)
+    crc = open_container(seaweed.url("mf2_crc.mf"), remote=options)
+    try:
+        block = 3 * 4096  # in the middle of the 16 blocks of "second"
+        assert not container.cached("second", block, 4096)
+        assert container.read("second", block, 4096) == b"\2" * 4096
+        assert container.cached("second", block, 4096)
+        assert container.cached("second", block + 100, 200)
+        assert not container.cached("second", block, 8192)  # the next block too: not fetched
+        assert not container.cached("first", block, 4096)
+        assert container.cached("second", 65536, 100)  # past the end: b"" at once
+        name = crc.names()[0]
+        assert crc.header.use_crc and crc.read(name, 0, 100)
+        assert not crc.cached(name, 0, 100)
+    finally:
+        container.close()
+        crc.close()
+
+
 def test_failing_server_gets_bounded_retries_then_one_line(web, tmp_path):
     store = RemoteStore(web.url("always-503"), RemoteOptions(retries=2))
     with pytest.raises(RemoteError, match=r"HEAD failed 3 times \(HTTP 503\)"):

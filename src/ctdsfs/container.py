@@ -87,6 +87,12 @@ class Container(ABC):
         decoded piece is handed to the kernel without a copy: callers that keep or parse
         the data take ``bytes()`` of it); raises BlockError for a bad block."""
 
+    def cached(self, key, offset, size):
+        """Whether ``read(key, offset, size)`` is answered from memory at once, without
+        waiting for a disk or a server (then a mount serves it without a thread's hop).
+        False when unsure."""
+        return False
+
     def nested(self, name):
         """The container stored in virtual file ``name``, or None if it is a plain file.
 

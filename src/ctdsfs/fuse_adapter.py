@@ -181,7 +181,8 @@ class FuseOperations(pyfuse3.Operations):
 
     @_fuse_errors
     async def read(self, fh, off, size):
-        if self.threaded_reads or (size >= THREADED_READ_MIN and not self.fs.writable):
+        if (self.threaded_reads or (size >= THREADED_READ_MIN and not self.fs.writable)) \
+                and not self.fs.read_at_once(fh, off, size):
             return await trio.to_thread.run_sync(self.fs.read, fh, off, size)
         return self.fs.read(fh, off, size)
 

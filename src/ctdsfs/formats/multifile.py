@@ -75,6 +75,19 @@ def _block_runs(blocks):
     return [(blocks[i], blocks[j - 1] + 1) for i, j in index_runs(blocks)]
 
 
+def _spans(blocks, first, block_size, offset, end):
+    """``[(block index in the file, container offset, length)]``: the runs of consecutive
+    ``blocks`` (the file's from block ``first`` on) that its bytes ``offset`` to ``end``
+    lie in, one pread each."""
+    spans, pos = [], offset
+    for i, j in index_runs(blocks):
+        run_end = min(end, (first + j) * block_size)
+        spans.append((first + i, int(blocks[i]) * block_size + pos - (first + i) * block_size,
+                      run_end - pos))
+        pos = run_end
+    return spans
+
+
 def _entry_runs(entries):
     """``_block_runs`` of all ``entries``' blocks together."""
     runs = []
@@ -362,16 +375,26 @@ class MultiFile(Container):
             skip = offset - first * bs
             return data[skip:skip + end - offset]
         chunks = []
-        pos = offset
-        for i, j in index_runs(blocks):
-            run_end = min(end, (first + j) * bs)
-            want = run_end - pos
-            data = self.store.pread(int(blocks[i]) * bs + pos - (first + i) * bs, want)
+        for index, at, want in _spans(blocks, first, bs, offset, end):
+            data = self.store.pread(at, want)
             if len(data) < want:
-                raise self._block_error(name, first + i, "lies past the end of the container")
+                raise self._block_error(name, index, "lies past the end of the container")
             chunks.append(data)
-            pos = run_end
         return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+    def cached(self, key, offset, size):
+        if self.writable or (self.verify_crc and self.header.use_crc):
+            return False  # (CRCs are CPU work, kept off the mount's loop)
+        with self._lock:
+            e = self._entry(key)
+            end = min(offset + size, e.size)
+            if offset >= end:
+                return True
+            bs = self.block_size
+            first = offset // bs
+            blocks = e.blocks[first:(end - 1) // bs + 1]
+        return all(self.store.cached(at, want)
+                   for _, at, want in _spans(blocks, first, bs, offset, end))
 
     def _block_error(self, name, index, why):
         """The error for one unreadable block; the reader logs it (a mount once per block)."""

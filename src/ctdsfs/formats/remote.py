@@ -606,6 +606,21 @@ class RemoteStore:
 
     # ------------------------------------------------------------ the store interface
 
+    def cached(self, offset, size):
+        """Whether every chunk these bytes lie in is in the memory cache (kept there as
+        just used, so the read that follows finds it)."""
+        version = self._version
+        if version is None:
+            return False
+        end = min(offset + size, version.size)
+        step = self.options.chunk_size
+        with self._lock:
+            for i in range(offset // step, (end - 1) // step + 1) if offset < end else ():
+                if (version.etag, i) not in self._cache:
+                    return False
+                self._cache.move_to_end((version.etag, i))
+        return True
+
     def pread(self, offset, size):
         version = self.version()
         end = min(offset + size, version.size)

@@ -220,6 +220,10 @@ class FileStore:
             got += len(more)
         return b"".join(parts)
 
+    def cached(self, offset, size):
+        """Unknown (the page cache may have them or not): a read may wait for the disk."""
+        return False
+
     def pwrite(self, offset, data):
         self._settle()
         view = memoryview(data)
@@ -318,6 +322,9 @@ class VirtualFileStore:
 
     def pread(self, offset, size):
         return bytes(self.parent.read(self.name, offset, size))
+
+    def cached(self, offset, size):
+        return self.parent.cached(self.name, offset, size)
 
     def pwrite(self, offset, data):
         self.parent.write(self.name, offset, data)

@@ -433,6 +433,11 @@ class ContainerFS:
         node = self._handle(fh).node
         return self._call(self._read_logged, node, offset, size)
 
+    def read_at_once(self, fh, offset, size):
+        """Whether that read is answered from memory, without waiting (``Container.cached``)."""
+        node = self._handle(fh).node
+        return self._call(node.owner.cached, node.key, offset, size)
+
     def _read_logged(self, node, offset, size):
         """Read; a bad block is logged once per mount, with the file's path in the mount."""
         try:

@@ -117,6 +117,9 @@ class RemotePrefix(DirectorySource):
             raise FileNotFoundError(key)
         return self._store(key).pread(offset, size)
 
+    def cached(self, key, offset, size):
+        return key in self._files and self._store(key).cached(offset, size)
+
     def symlink_target(self, name):
         return None
 
