@@ -3,9 +3,11 @@
 Metadata operations are cheap and run on the trio loop. Reads of a
 CRC-protected container, and large reads (THREADED_READ_MIN) of a read-only
 mount, run in worker threads: a read that waits for the disk must not hold up
-every other request. Small reads stay on the loop, where the thread hop would
-cost more than the read (it doubles the time to read 20,000 small files); a
-read the page cache could answer never reaches us, since the kernel keeps a
+every other request; one the container answers from memory
+(``ContainerFS.read_at_once``: a remote source's cached chunks) stays on the
+loop. Small reads stay on the loop too, where the thread hop would cost more
+than the read (it doubles the time to read 20,000 small files); a read the
+page cache could answer never reaches us, since the kernel keeps a
 file's pages. A read-write mount reads on the loop, between the writes it orders.
 
 The kernel keeps names and attributes for ``ContainerFS.kernel_cache_seconds``
