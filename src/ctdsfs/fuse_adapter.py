@@ -105,7 +105,7 @@ class FuseOperations(pyfuse3.Operations):
         self.nursery = None  # set while serving: where invalidations run without a waiter
         self.trim_heap = trim_heap  # gives the C heap's free pages back (malloc_trim), or None
         self._reads_in_threads = False  # since the last trim
-        self._trimmed_at = 0.0
+        self._trimmed_at = float("-inf")  # monotonic time of the last trim
 
     def _entry(self, attr):
         return _entry(attr, self.fs.kernel_cache_seconds)
