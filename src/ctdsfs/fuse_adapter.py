@@ -231,11 +231,11 @@ class FuseOperations(pyfuse3.Operations):
 
     @_fuse_errors
     async def release(self, fh):
-        """Close; after large reads, also give the heap's free pages back (at most once
-        per TRIM_SECONDS): the daemon keeps freed buffers for the next read (mount.py's
-        mallopt), and a reader done with a large file leaves a few MB of them, which
-        stayed resident for the life of the mount (2.3 MB after a ``tar`` of the
-        small-files tree)."""
+        """Close; after reads in worker threads (large ones, or a CRC-checked mount's),
+        also give the heap's free pages back, at most once per TRIM_SECONDS: the daemon
+        keeps freed buffers for the next read (mount.py's mallopt), and a reader done
+        with a large file left a few MB of them resident for the life of the mount
+        (2-3 MB after a ``tar`` of the small-files tree)."""
         self.fs.release(fh)
         if self._reads_in_threads and self.trim_heap is not None \
                 and time.monotonic() - self._trimmed_at >= TRIM_SECONDS:
