@@ -1,0 +1,35 @@
+"""The FUSE adapter's own decisions, with its handlers called directly (no kernel)."""
+
+import os
+
+import trio
+
+from ctdsfs import fuse_adapter
+from ctdsfs.formats import open_container
+from ctdsfs.vfs import ROOT_INO, ContainerFS
+
+from .conftest import DATA, pattern
+
+
+def test_heap_is_trimmed_after_reads_in_threads_only(monkeypatch):
+    monkeypatch.setattr(fuse_adapter, "TRIM_SECONDS", 3600)  # one trim in this test's life
+    path = DATA / "mf2_nested.mf"
+    fs = ContainerFS(open_container(path), path)
+    trims = []
+    ops = fuse_adapter.FuseOperations(fs, threaded_reads=False,
+                                      trim_heap=lambda: trims.append(1))
+    x = fs.lookup(fs.lookup(ROOT_INO, "SUB").ino, "x").ino
+
+    async def read_and_close(size):
+        fh = fs.open(x, os.O_RDONLY)
+        data = await ops.read(fh, 0, size)
+        await ops.release(fh)
+        return data
+
+    assert trio.run(read_and_close, 4096) == pattern(5000, 17, 1)[:4096]
+    assert trims == []  # a small read ran on the loop: nothing to give back
+    large = fuse_adapter.THREADED_READ_MIN
+    assert trio.run(read_and_close, large) == pattern(5000, 17, 1)
+    assert trims == [1]
+    assert trio.run(read_and_close, large) == pattern(5000, 17, 1)
+    assert trims == [1]  # at most once per TRIM_SECONDS
