@@ -358,17 +358,26 @@ class MultiFile(Container):
     def usage(self):
         return Usage(self.block_size, self._nblocks, len(self._free) + len(self._pending_free))
 
-    def read(self, key, offset, size):
+    def _located(self, key, offset, size):
+        """(entry, first block index, end offset, the blocks from the first on) of the
+        bytes ``offset`` to ``offset + size`` of a file (its pending writes flushed), or
+        None if none lie before its end."""
         with self._lock:
             e = self._entry(key)
             if id(e) in self._buffers:
                 self._flush_buffer(id(e))
             end = min(offset + size, e.size)
             if offset >= end:
-                return b""
-            bs = self.block_size
-            first, last = offset // bs, (end - 1) // bs
-            blocks = e.blocks[first:last + 1]
+                return None
+            first = offset // self.block_size
+            return e, first, end, e.blocks[first:(end - 1) // self.block_size + 1]
+
+    def read(self, key, offset, size):
+        located = self._located(key, offset, size)
+        if located is None:
+            return b""
+        e, first, end, blocks = located
+        bs = self.block_size
         name = e.name or "(unlinked file)"
         if self.verify_crc and self.header.use_crc:
             data = self._read_verified(name, first, blocks)
@@ -385,16 +394,12 @@ class MultiFile(Container):
     def cached(self, key, offset, size):
         if self.writable or (self.verify_crc and self.header.use_crc):
             return False  # (CRCs are CPU work, kept off the mount's loop)
-        with self._lock:
-            e = self._entry(key)
-            end = min(offset + size, e.size)
-            if offset >= end:
-                return True
-            bs = self.block_size
-            first = offset // bs
-            blocks = e.blocks[first:(end - 1) // bs + 1]
+        located = self._located(key, offset, size)
+        if located is None:
+            return True
+        _, first, end, blocks = located
         return all(self.store.cached(at, want)
-                   for _, at, want in _spans(blocks, first, bs, offset, end))
+                   for _, at, want in _spans(blocks, first, self.block_size, offset, end))
 
     def _block_error(self, name, index, why):
         """The error for one unreadable block; the reader logs it (a mount once per block)."""
