@@ -342,7 +342,8 @@ sys.exit(mount_main())
 def test_a_multifile_mount_imports_no_heavy_library(tmp_path, kind):
     """A mount of a plain MultiFile (or a directory holding one) and reading all of it
     import no numpy, h5py, tiledb, blosc, botocore, fsspec or tqdm: each costs every mount
-    tenths of a second and megabytes (the daemon lists its modules as it exits)."""
+    tenths of a second and megabytes (the daemon lists its modules as it exits). fastcrc
+    is loaded only where a container has CRCs (the directory's ``crc.mf``)."""
     if kind == "multifile":
         source = DATA / "mf2_nested.mf"
     else:
@@ -369,3 +370,4 @@ def test_a_multifile_mount_imports_no_heavy_library(tmp_path, kind):
     loaded = modules.read_text().split()
     assert "pyfuse3" in loaded and "ctdsfs.formats.multifile" in loaded
     assert [m for m in loaded if m.split(".")[0] in HEAVY_MODULES] == []
+    assert ("fastcrc" in loaded) == (kind == "directory")

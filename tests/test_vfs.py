@@ -115,6 +115,8 @@ def test_open_read_release(nested_fs):
     (lambda fs: fs.lookup(ROOT_INO, "missing"), errno.ENOENT),
     (lambda fs: fs.lookup(ROOT_INO, "n" * 300), errno.ENAMETOOLONG),
     (lambda fs: fs.getattr(999), errno.ENOENT),
+    (lambda fs: fs.getattr(0), errno.ENOENT),
+    (lambda fs: fs.getattr(1 << 63), errno.ENOENT),
     (lambda fs: fs.opendir(fs.lookup(ROOT_INO, "table.dat").ino), errno.ENOTDIR),
     (lambda fs: fs.lookup(fs.lookup(ROOT_INO, "table.dat").ino, "x"), errno.ENOTDIR),
     (lambda fs: fs.open(fs.lookup(ROOT_INO, "SUB").ino, os.O_RDONLY), errno.EISDIR),

@@ -21,7 +21,7 @@ import numpy as np
 
 from ..container import Container
 from ..errors import CtdsfsError
-from .crc import crc32_bzip2
+from . import crc
 from .multifile import MultiFile
 from .multifile_header import _assemble_v2
 
@@ -38,7 +38,7 @@ def check_multifile(container, location=None, bar=None):
     children = {n: container.nested(n) for n in container.names()}
     problems += [f"{where}: {p}" for p in container.problems]
     if h.version == 2 and h.use_crc:
-        computed = crc32_bzip2(_logical_header(container))
+        computed = crc.crc32_bzip2(_logical_header(container))
         if computed != h.header_crc:
             problems.append(f"{where}: header CRC mismatch (stored 0x{h.header_crc:08x}, "
                             f"computed 0x{computed:08x})")
@@ -123,7 +123,7 @@ def bad_crc_blocks(container, blocks, bar=None):
             data = memoryview(container.store.pread(start * bs, count * bs))
             for k in range(count):
                 piece = data[k * bs:(k + 1) * bs]
-                if len(piece) == bs and crc32_bzip2(piece) != h.crcs[start + k]:
+                if len(piece) == bs and crc.crc32_bzip2(piece) != h.crcs[start + k]:
                     bad.append(start + k)
             if bar is not None:
                 bar.update(len(data))

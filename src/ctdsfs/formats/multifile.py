@@ -37,7 +37,7 @@ from collections import OrderedDict
 
 from ..container import Container, Usage, name_problem
 from ..errors import BlockError, ContainerFull, CtdsfsError, FormatError, ReadOnlyError, TooLarge
-from .crc import crc32_bzip2
+from . import crc
 from .multifile_header import (FIXED_V2, Entry, Header, encode_body_v2, encode_header_v1,
                                encode_header_v2, index_runs, looks_like_multifile,
                                looks_like_v2, read_header)
@@ -92,11 +92,12 @@ def _entry_runs(entries):
     """``_block_runs`` of all ``entries``' blocks together."""
     runs = []
     for e in entries:
-        if type(e.blocks) is range:  # (most files: at once)
-            if e.blocks:
-                runs.append((e.blocks.start, e.blocks.stop))
+        blocks = e.blocks
+        if type(blocks) is range:  # (most files: at once)
+            if blocks:
+                runs.append((blocks.start, blocks.stop))
         else:
-            runs += _block_runs(e.blocks)
+            runs += _block_runs(blocks)
     return runs
 
 
@@ -104,10 +105,10 @@ def _entry_runs(entries):
 def _zero_block_crc(block_size):
     """CRC-32/BZIP2 of an all-zero block, in bounded pieces (blocks may be 1 GiB)."""
     piece = bytes(min(block_size, ZERO_CHUNK))
-    crc = None
+    value = None
     for start in range(0, block_size, len(piece)):
-        crc = crc32_bzip2(piece[:block_size - start], crc)
-    return crc
+        value = crc.crc32_bzip2(piece[:block_size - start], value)
+    return value
 
 
 class MultiFile(Container):
@@ -436,7 +437,7 @@ class MultiFile(Container):
             raise self._block_error(name, index, "lies past the end of the container")
         if expected is None:
             raise self._block_error(name, index, f"(container block {block}) has no CRC")
-        if crc32_bzip2(data) != expected:
+        if crc.crc32_bzip2(data) != expected:
             raise self._block_error(name, index, f"(container block {block}) fails its CRC check")
 
     def _verified_block(self, name, index, b):
@@ -716,7 +717,7 @@ class MultiFile(Container):
     def _read_block(self, e, index):
         b = e.blocks[index]
         data = self.store.pread(b * self.block_size, self.block_size).ljust(self.block_size, b"\0")
-        if self.verify_crc and self.header.use_crc and crc32_bzip2(data) != int(self._crcs[b]):
+        if self.verify_crc and self.header.use_crc and crc.crc32_bzip2(data) != int(self._crcs[b]):
             raise self._block_error(e.name, index, f"(container block {b}) fails its CRC check")
         return data
 
@@ -770,7 +771,7 @@ class MultiFile(Container):
                 self._crcs[block] = zero_crc
         for k, block in enumerate(targets):
             if view is not None and self.header.use_crc:
-                self._crcs[block] = crc32_bzip2(view[k * bs:(k + 1) * bs])
+                self._crcs[block] = crc.crc32_bzip2(view[k * bs:(k + 1) * bs])
             self._verified.pop(block, None)
         self._dirty = True
 
