@@ -28,6 +28,10 @@ fi
 PYTHON=${PYTHON:-python3}
 echo "setup: installing ctdsfs and its test extras (pip)"
 "$PYTHON" -m pip install -q --disable-pip-version-check --root-user-action=ignore -e '.[test]'
+# pip byte-compiles what it installs, but not an editable checkout: where
+# PYTHONDONTWRITEBYTECODE is set, each mount would compile ctdsfs anew (about
+# 0.04 s and 2 MB of the daemon). Stale files are recompiled, never trusted.
+"$PYTHON" -m compileall -q src/ctdsfs >/dev/null
 
 # mount(8) runs /sbin/mount.fuse.ctdsfs for filesystems of type fuse.ctdsfs; a
 # wrapper (not a link) so that shims which dispatch on their own name still work.
