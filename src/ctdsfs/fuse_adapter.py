@@ -73,22 +73,21 @@ def _fuse_errors(method):
 
 
 def _entry(attr, cache_seconds):
-    entry = pyfuse3.EntryAttributes()
-    entry.st_ino = attr.ino
-    entry.generation = 0
+    ino, mode, nlink, size, blocks, blksize, uid, gid, atime, mtime, ctime = attr
+    entry = pyfuse3.EntryAttributes()  # (generation and st_rdev start at 0)
+    entry.st_ino = ino
     entry.entry_timeout = cache_seconds
     entry.attr_timeout = cache_seconds
-    entry.st_mode = attr.mode
-    entry.st_nlink = attr.nlink
-    entry.st_uid = attr.uid
-    entry.st_gid = attr.gid
-    entry.st_rdev = 0
-    entry.st_size = attr.size
-    entry.st_blksize = attr.blksize
-    entry.st_blocks = attr.blocks
-    entry.st_atime_ns = attr.atime_ns
-    entry.st_mtime_ns = attr.mtime_ns
-    entry.st_ctime_ns = attr.ctime_ns
+    entry.st_mode = mode
+    entry.st_nlink = nlink
+    entry.st_uid = uid
+    entry.st_gid = gid
+    entry.st_size = size
+    entry.st_blksize = blksize
+    entry.st_blocks = blocks
+    entry.st_atime_ns = atime
+    entry.st_mtime_ns = mtime
+    entry.st_ctime_ns = ctime
     return entry
 
 
@@ -165,15 +164,17 @@ class FuseOperations(pyfuse3.Operations):
 
     def _reply_entries(self, fh, start_id, token):
         """Entries from ``start_id`` on, with full attributes, until the kernel's buffer is full."""
+        limit = READDIR_BATCH
         while True:
-            batch = self.fs.readdir(fh, start_id, READDIR_BATCH)
+            batch = self.fs.readdir(fh, start_id, limit)
             for name, attr, next_id in batch:
                 if not pyfuse3.readdir_reply(token, name.encode(FS_ENCODING, "surrogateescape"),
                                              self._entry(attr), next_id):
                     return
                 start_id = next_id
-            if len(batch) < READDIR_BATCH:
+            if len(batch) < limit:
                 return
+            limit *= 2  # a kernel with larger buffers (Linux 6.16 on) takes more a request
 
     async def releasedir(self, fh):
         pass

@@ -92,12 +92,11 @@ def _entry_runs(entries):
     """``_block_runs`` of all ``entries``' blocks together."""
     runs = []
     for e in entries:
-        blocks = e.blocks
-        if type(blocks) is range:  # (most files: at once)
-            if blocks:
-                runs.append((blocks.start, blocks.stop))
-        else:
-            runs += _block_runs(blocks)
+        run = e.run()
+        if run is None:
+            runs += _block_runs(e.blocks)
+        elif run[1] > run[0]:  # (most files: at once)
+            runs.append(run)
     return runs
 
 
@@ -286,8 +285,8 @@ class MultiFile(Container):
             why = name_problem(e.name) or e.problem
             if why is None and e.name in candidates:
                 why = "duplicate name"
-            if why is None and not 0 <= e.size <= len(e.blocks) * bs:
-                why = f"size {e.size} does not match its {len(e.blocks)} blocks"
+            if why is None and not 0 <= e.size <= e.block_count * bs:
+                why = f"size {e.size} does not match its {e.block_count} blocks"
             if why is None:
                 candidates[e.name] = (slot, e)
             else:
@@ -310,7 +309,7 @@ class MultiFile(Container):
         Blocks are compared as runs, without numpy: a sound container's files are mostly
         one run each. Only when runs leave the container or overlap (a damaged container)
         is the culprit found block by block."""
-        candidates = [(slot, e) for slot, e in candidates if len(e.blocks)]
+        candidates = [(slot, e) for slot, e in candidates if e.block_count]
         runs = sorted(_entry_runs(e for _, e in candidates))
         if runs and (runs[0][0] < 1 or max(stop for _, stop in runs) > limit
                      or any(runs[k][0] < runs[k - 1][1] for k in range(1, len(runs)))):
@@ -347,14 +346,14 @@ class MultiFile(Container):
         return self._entry(key).size
 
     def entry_blocks(self, key):
-        return len(self._entry(key).blocks)
+        return self._entry(key).block_count
 
     def entry_stats(self, names):
         with self._lock:
             entries = self._entries
             if not all(name in entries for name in names):
                 return super().entry_stats(names)  # (raises FileNotFoundError)
-            return [(e.size, len(e.blocks)) for e in map(entries.__getitem__, names)]
+            return [(e.size, e.block_count) for e in map(entries.__getitem__, names)]
 
     def usage(self):
         return Usage(self.block_size, self._nblocks, len(self._free) + len(self._pending_free))

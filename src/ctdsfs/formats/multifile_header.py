@@ -52,7 +52,10 @@ class Entry:
     def __init__(self, name, size, blocks, nested_flag=False, problem=None):
         self.name = name
         self.size = size
-        self.blocks = blocks
+        if blocks.__class__ is range and blocks.step == 1:  # (the setter, without a call)
+            self._first, self._blocks = blocks.start, len(blocks)
+        else:
+            self._first, self._blocks = 0, blocks
         self.nested_flag = nested_flag  # as stored; casacore never sets it
         self.problem = problem  # why the stored block index is unusable, if it is
 
@@ -69,6 +72,16 @@ class Entry:
             self._first, self._blocks = value.start, len(value)
         else:
             self._first, self._blocks = 0, value
+
+    @property
+    def block_count(self):
+        held = self._blocks
+        return held if held.__class__ is int else len(held)
+
+    def run(self):
+        """``(first block, stop)`` when the blocks are one run (or none), else None."""
+        held = self._blocks
+        return (self._first, self._first + held) if held.__class__ is int else None
 
     def __repr__(self):
         return (f"Entry({self.name!r}, {self.size}, {self.blocks!r}, "
@@ -258,39 +271,46 @@ def unpack_indexes(packed_list, max_blocks):
     results = []
     running = 0  # blocks claimed by the indexes that fit on their own
     for packed in packed_list:
-        if not len(packed):
-            results.append((range(0), None))
-            continue
-        if len(packed) == 2:  # one run (most files): at once
-            first, length = packed[0], 1 - packed[1]
-            if first >= 0 and 1 < length <= max_blocks - running \
-                    and first + length - 1 <= INT64_MAX:
-                running += length
-                results.append((range(first, first + length), None))
-                continue
-        runs, claims, malformed = [], 0, False
-        for item in packed:
-            if item >= 0:
-                runs.append([item, 1])
-                claims += 1
-            elif not runs or item == INT64_MIN:
-                malformed = True
-            else:
-                runs[-1][1] -= item
-                claims -= item
-        if malformed:
-            results.append((None, "packed block index is malformed"))
-            continue
-        if claims <= max_blocks:
-            running += claims
-        if claims > max_blocks or running > max_blocks:
-            results.append((None, f"block index claims {claims} blocks, more than the "
-                                  f"container has ({max_blocks})"))
-        elif any(start + length - 1 > INT64_MAX for start, length in runs):
-            results.append((None, "packed block index is malformed"))
-        else:
-            results.append((_expanded(runs), None))
+        blocks, problem, running = _unpack(packed, max_blocks, running)
+        results.append((blocks, problem))
     return results
+
+
+def _one_run(packed, start, max_blocks, running):
+    """``(first, length)`` if ``packed[start:start + 2]`` is one run that fits, else None."""
+    first, length = packed[start], 1 - packed[start + 1]
+    if first >= 0 and 1 < length <= max_blocks - running and first + length - 1 <= INT64_MAX:
+        return first, length
+    return None
+
+
+def _unpack(packed, max_blocks, running):
+    """One index of :func:`unpack_indexes`: ``(blocks, problem, running)``, where
+    ``running`` counts the blocks of the indexes before it (and of this one if it fits)."""
+    if not len(packed):
+        return range(0), None, running
+    if len(packed) == 2 and (run := _one_run(packed, 0, max_blocks, running)):
+        return range(run[0], run[0] + run[1]), None, running + run[1]  # most files
+    runs, claims, malformed = [], 0, False
+    for item in packed:
+        if item >= 0:
+            runs.append([item, 1])
+            claims += 1
+        elif not runs or item == INT64_MIN:
+            malformed = True
+        else:
+            runs[-1][1] -= item
+            claims -= item
+    if malformed:
+        return None, "packed block index is malformed", running
+    if claims <= max_blocks:
+        running += claims
+    if claims > max_blocks or running > max_blocks:
+        return None, (f"block index claims {claims} blocks, more than the container has "
+                      f"({max_blocks})"), running
+    if any(start + length - 1 > INT64_MAX for start, length in runs):
+        return None, "packed block index is malformed", running
+    return _expanded(runs), None, running
 
 
 def unpack_index(packed, max_blocks):
@@ -304,18 +324,41 @@ def unpack_index(packed, max_blocks):
 # ---------------------------------------------------------------- header decode
 
 def _packed_vectors(reader, count):
-    """``count`` consecutive ``Int64 n`` + n ``Int64`` vectors, read as one int64 array."""
+    """``count`` consecutive ``Int64 n`` + n ``Int64`` vectors: the words they lie in (one
+    int64 array) and where each vector starts in it."""
     avail = (reader.limit - reader.pos) // 8
     words = from_big_endian(reader.buf[reader.pos:reader.pos + 8 * avail])
-    vectors, k = [], 0
+    starts, k = [], 0
     for _ in range(count):
-        n = int(words[k]) if k < avail else -1
+        n = words[k] if k < avail else -1
         if n < 0 or k + 1 + n > avail:
             raise FormatError("block index vectors do not fit in the header")
-        vectors.append(words[k + 1:k + 1 + n])
+        starts.append(k + 1)
         k += 1 + n
     reader.pos += 8 * k
-    return vectors
+    return words, starts
+
+
+def _v2_indexed_entries(raw, words, starts, max_blocks):
+    """Entries of ``raw`` ``(name, size, nested)`` with the index that starts at
+    ``starts[i]`` in ``words`` (its length just before it); as :func:`unpack_indexes`,
+    without an array per index for the files whose blocks are one run (most)."""
+    entries, running = [], 0
+    for (name, size, nested), start in zip(raw, starts):
+        n = words[start - 1]
+        if not name:  # a deleted slot: its index is ignored
+            entries.append(Entry(name, size, range(0), nested))
+        elif n == 1 and words[start] >= 0 and running < max_blocks:  # one block
+            running += 1
+            entries.append(Entry(name, size, range(words[start], words[start] + 1), nested))
+        elif n == 2 and (run := _one_run(words, start, max_blocks, running)):
+            running += run[1]
+            entries.append(Entry(name, size, range(run[0], run[0] + run[1]), nested))
+        else:
+            blocks, problem, running = _unpack(words[start:start + n], max_blocks, running)
+            entries.append(Entry(name, size, range(0) if problem else blocks, nested,
+                                 problem=problem))
+    return entries
 
 
 def _v2_entries(reader, count):
@@ -499,8 +542,8 @@ def _read_header_v2(store, physical, verify_crc):
         raw = _v2_entries(r, r.u32())
         r.end()
         r.end()
-        packed = _packed_vectors(r, len(raw) + 1)
-        free_packed = packed.pop()
+        words, starts = _packed_vectors(r, len(raw) + 1)
+        free_start = starts.pop()
         crcs = _raw_vector(r, "I")
         cont_sets = (_raw_vector(r, "q"), _raw_vector(r, "q"))
         cont_used = (r.u32(), r.u32())
@@ -508,15 +551,10 @@ def _read_header_v2(store, physical, verify_crc):
         raise FormatError(f"bad MultiFile v2 header: {exc}") from None
     # Indexes expand to at most one entry per block that physically exists.
     max_blocks = -(-physical // block_size)
-    live = [p if name else p[:0] for (name, _, _), p in zip(raw, packed)]
-    entries = []
-    for (name, size, nested), (blocks, problem) in zip(raw, unpack_indexes(live, max_blocks)):
-        if problem:
-            entries.append(Entry(name, size, range(0), nested, problem=problem))
-        else:
-            entries.append(Entry(name, size, blocks, nested))
+    entries = _v2_indexed_entries(raw, words, starts, max_blocks)
     try:
-        free = array("q", unpack_index(free_packed, max_blocks))
+        free = array("q", unpack_index(words[free_start:free_start + words[free_start - 1]],
+                                       max_blocks))
     except FormatError as exc:
         raise FormatError(f"bad free list: {exc}") from None
     return Header(version=2, block_size=block_size, counter=counter, nblocks=nblocks,

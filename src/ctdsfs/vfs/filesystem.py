@@ -45,6 +45,7 @@ import stat
 import threading
 import weakref
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from ..errors import BlockError, ContainerFull, CtdsfsError, NotPermitted, ReadOnlyError, TooLarge
 
@@ -71,8 +72,9 @@ class FSError(Exception):
         self.errno = code
 
 
-@dataclass(slots=True)
-class Attr:
+class Attr(NamedTuple):
+    """A file's attributes (a tuple: a listing makes one per entry, and unpacks it)."""
+
     ino: int
     mode: int
     nlink: int
@@ -105,15 +107,12 @@ class _NodeTable:
         self._slots = [None] * root.ino + [root]
         self._count = 1
 
-    @property
-    def next_ino(self):
-        return len(self._slots)
-
-    def add(self, node):
-        if node.ino != len(self._slots):
-            raise ValueError(f"inode {node.ino} handed out out of order")
+    def new(self, parent, owner, key, directory):
+        """A node with the next inode number."""
+        node = _Node(len(self._slots), parent, owner, key, directory)
         self._slots.append(node)
         self._count += 1
+        return node
 
     def get(self, ino, default=None):
         node = self._slots[ino] if 0 <= ino < len(self._slots) else None
@@ -232,9 +231,8 @@ class ContainerFS:
         return self._new_node(parent, inos, name, parent.directory.nested(name))
 
     def _new_node(self, parent, inos, name, nested):
-        ino = inos[name] = self._nodes.next_ino
-        node = _Node(ino, parent.ino, parent.directory, name, nested)
-        self._nodes.add(node)
+        node = self._nodes.new(parent.ino, parent.directory, name, nested)
+        inos[name] = node.ino
         return node
 
     def _children(self, parent, names):
