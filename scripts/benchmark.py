@@ -47,94 +47,10 @@ import tempfile
 import time
 from pathlib import Path
 
-
-def serve_tree_floor(listing_path, root, mountpoint):
-    """The floor of the stack for the small-files part: the thinnest pyfuse3+trio file
-    system serving a tree, everything precomputed (names, kinds and sizes from a listing
-    saved before timing, an inode on first sight, kernel timeouts of a day, keep_cache,
-    reads by os.pread on the real file). Any pyfuse3+trio file system pays at least its
-    mount time, find, ls -lR and tar. Started before numpy and ctdsfs are imported."""
-    import errno
-    import pickle
-    import stat
-
-    import pyfuse3
-    import trio
-
-    with open(listing_path, "rb") as f:
-        listing = pickle.load(f)  # relative directory -> [(name, is_dir, size)]
-    mtime_ns = os.stat(listing_path).st_mtime_ns
-    paths, info, kids = {pyfuse3.ROOT_INODE: ""}, {pyfuse3.ROOT_INODE: (True, 0)}, {}
-
-    def children(ino):  # name -> inode, numbered when the directory is first seen
-        found = kids.get(ino)
-        if found is None:
-            found = kids[ino] = {}
-            base = paths[ino]
-            for name, is_dir, size in listing.get(base, ()):
-                child = found[name] = len(paths) + 1
-                paths[child] = f"{base}/{name}" if base else name
-                info[child] = (is_dir, size)
-        return found
-
-    def attr(ino):
-        is_dir, size = info[ino]
-        a = pyfuse3.EntryAttributes()
-        a.st_ino = ino
-        a.st_mode = (stat.S_IFDIR | 0o555) if is_dir else (stat.S_IFREG | 0o444)
-        a.st_nlink = 1
-        a.st_size = size
-        a.st_blksize = 4096
-        a.st_blocks = (size + 511) // 512
-        a.st_mtime_ns = a.st_ctime_ns = a.st_atime_ns = mtime_ns
-        a.entry_timeout = a.attr_timeout = 86400
-        return a
-
-    class Floor(pyfuse3.Operations):
-        async def lookup(self, parent, name, ctx=None):
-            ino = children(parent).get(os.fsdecode(name))
-            if ino is None:
-                raise pyfuse3.FUSEError(errno.ENOENT)
-            return attr(ino)
-
-        async def getattr(self, ino, ctx=None):
-            return attr(ino)
-
-        async def opendir(self, ino, ctx):
-            return ino
-
-        async def readdir(self, fh, start, token):
-            items = list(children(fh).items())
-            for i in range(start, len(items)):
-                name, ino = items[i]
-                if not pyfuse3.readdir_reply(token, os.fsencode(name), attr(ino), i + 1):
-                    return
-
-        async def open(self, ino, flags, ctx):
-            fd = os.open(os.path.join(root, paths[ino]), os.O_RDONLY)
-            return pyfuse3.FileInfo(fh=fd, keep_cache=True)
-
-        async def read(self, fh, off, size):
-            return os.pread(fh, size, off)
-
-        async def release(self, fh):
-            os.close(fh)
-
-    pyfuse3.init(Floor(), mountpoint, {"ro", "fsname=floor"})
-    try:
-        trio.run(pyfuse3.main)
-    finally:
-        pyfuse3.close(unmount=False)
-
-
-if __name__ == "__main__" and sys.argv[1:2] == ["--serve-tree-floor"]:
-    # hidden, like --serve-passthrough, but handled here: numpy and ctdsfs would add
-    # about 0.07 s to the floor's mount time
-    sys.exit(serve_tree_floor(*sys.argv[2:5]))
-
 import numpy as np
 
 import ctdsfs
+import pyfuse3_floor  # (beside this script)
 from ctdsfs.formats.crc import crc32_bzip2
 from ctdsfs.formats.multifile_header import Entry, Header, encode_header_v2
 
@@ -923,20 +839,6 @@ def make_small_tree(root, pool, files, dirs, big_bytes):
     return int(sizes.sum()) + big_bytes
 
 
-def save_tree_listing(root, out):
-    """The listing serve_tree_floor serves: relative directory -> [(name, is_dir, size)]."""
-    import pickle
-    listing = {}
-    for dirpath, dirnames, filenames in os.walk(root):
-        rel = os.path.relpath(dirpath, root)
-        listing["" if rel == "." else rel] = (
-            [(name, True, 0) for name in sorted(dirnames)]
-            + [(name, False, os.lstat(os.path.join(dirpath, name)).st_size)
-               for name in sorted(filenames)])
-    with open(out, "wb") as f:
-        pickle.dump(listing, f)
-
-
 def fio_iops(path, block, jobs, seconds):
     """Random-read IOPS of ``jobs`` fio jobs on ``path`` (page cache as it is)."""
     import json
@@ -971,7 +873,7 @@ SMALL_WORKLOADS = (  # (row, shell command run inside the mount, cache dropped f
 
 
 def small_files_figures(tmp, pool, quick=False):
-    """find, ls -lR, tar and fio through ctdsfs, the pyfuse3 floor (serve_tree_floor),
+    """find, ls -lR, tar and fio through ctdsfs, the pyfuse3 floor (pyfuse3_floor.py),
     ratarmount and squashfuse_ll, and directly, on the same tree; best of 3 fresh mounts
     with the page cache dropped."""
     files, dirs, big = (2000, 20, 64 << 20) if quick else (20_000, 200, 1 << 30)
@@ -985,12 +887,12 @@ def small_files_figures(tmp, pool, quick=False):
     subprocess.run(["tar", "cf", str(tmp / "small.tar"), "-C", str(tree), "."], check=True)
     subprocess.run(["mksquashfs", str(tree), str(tmp / "small.sqfs"), "-noappend", "-quiet",
                     "-no-progress"], check=True, stdout=subprocess.DEVNULL)
-    save_tree_listing(tree, tmp / "small.listing")  # the floor's "index"
+    pyfuse3_floor.save_listing(tree, tmp / "small.listing")  # the floor's "index"
     systems = {  # name -> (command without the mount point, container or None)
         "ctdsfs": ([installed_command("mount.ctdsfs"), "-f", str(tmp / "small.mf")],
                    tmp / "small.mf"),
-        "pyfuse3 floor": ([sys.executable, os.path.abspath(__file__), "--serve-tree-floor",
-                           str(tmp / "small.listing"), str(tree)], None),
+        "pyfuse3 floor": ([sys.executable, pyfuse3_floor.__file__, str(tmp / "small.listing"),
+                           str(tree)], None),
         "ratarmount": ([installed_command("ratarmount"), "-f", str(tmp / "small.tar")],
                        tmp / "small.tar"),
         "squashfuse_ll": (["squashfuse_ll", "-f", str(tmp / "small.sqfs")], tmp / "small.sqfs"),
