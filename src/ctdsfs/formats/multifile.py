@@ -38,7 +38,7 @@ from collections import OrderedDict
 from ..container import Container, Usage, name_problem
 from ..errors import BlockError, ContainerFull, CtdsfsError, FormatError, ReadOnlyError, TooLarge
 from . import crc
-from .multifile_header import (FIXED_V2, Entry, Header, encode_body_v2, encode_header_v1,
+from .multifile_header import (FIXED_V2, PLAIN, Entry, Header, encode_body_v2, encode_header_v1,
                                encode_header_v2, index_runs, looks_like_multifile,
                                looks_like_v2, read_header)
 from .multifile_index import open_index, plain_bitmap
@@ -185,8 +185,9 @@ class MultiFile(Container):
         # nested container that failed to open): the index never records them as plain.
         self._unsure = set()
         if self.index is not None:
-            self._nested.update(dict.fromkeys(self.index.plain_names(
-                self.index_path, header.fingerprint, list(self._entries))))
+            for name in self.index.plain_names(self.index_path, header.fingerprint,
+                                               list(self._entries)):
+                self._entries[name].plain = True
         self._dirty = False
         self._verified = OrderedDict()  # block number -> bytes already CRC-checked
         self._verified_max = max(4, VERIFIED_CACHE_BYTES // self.block_size)
@@ -276,45 +277,55 @@ class MultiFile(Container):
         and the runs of blocks they use (None if some entry was hidden for its blocks)."""
         h = self.header
         bs = h.block_size
-        limit = self._nblocks
         hidden = {}
-        candidates = {}
+        entries = {}
+        holding, runs = [], []  # (slot, entry) of the entries with blocks; their runs
         for slot, e in enumerate(h.entries):
-            if e.name == "":
+            name = e.name
+            if name == "":
                 continue  # deleted slot
-            why = name_problem(e.name) or e.problem
-            if why is None and e.name in candidates:
+            why = name_problem(name) or e.problem
+            if why is None and name in entries:
                 why = "duplicate name"
-            if why is None and not 0 <= e.size <= e.block_count * bs:
-                why = f"size {e.size} does not match its {e.block_count} blocks"
             if why is None:
-                candidates[e.name] = (slot, e)
-            else:
-                hidden[slot] = (e.name, why)
-        bad, runs = self._bad_blocks(candidates.values(), limit)
+                run = e.run()
+                count = run[1] - run[0] if run else len(e.blocks)
+                if not 0 <= e.size <= count * bs:
+                    why = f"size {e.size} does not match its {count} blocks"
+            if why is not None:
+                hidden[slot] = (name, why)
+                continue
+            entries[name] = e
+            if count:
+                holding.append((slot, e))
+                if run:  # (most files: at once)
+                    runs.append(run)
+                else:
+                    runs += _block_runs(e.blocks)
+        bad = self._bad_blocks(holding, runs, self._nblocks)
         for slot, name, why in bad:
             hidden[slot] = (name, why)
-            del candidates[name]
+            del entries[name]
         for slot in sorted(hidden):
             name, why = hidden[slot]
             h.entries[slot].problem = h.entries[slot].problem or why
             self._problem(f"entry {slot} {name!r} hidden: {why}")
-        return {name: e for name, (_, e) in candidates.items()}, None if bad else runs
+        return entries, None if bad else runs
 
     @classmethod
-    def _bad_blocks(cls, candidates, limit):
-        """(slot, name, reason) of entries with a block outside ``1 .. limit-1``, or one that
-        an earlier entry (or the entry itself) already uses; and the runs of all blocks.
+    def _bad_blocks(cls, holding, runs, limit):
+        """(slot, name, reason) of the entries ``holding`` blocks with a block outside
+        ``1 .. limit-1``, or one that an earlier entry (or the entry itself) already uses;
+        ``runs`` are all their blocks' runs (sorted here).
 
         Blocks are compared as runs, without numpy: a sound container's files are mostly
         one run each. Only when runs leave the container or overlap (a damaged container)
         is the culprit found block by block."""
-        candidates = [(slot, e) for slot, e in candidates if e.block_count]
-        runs = sorted(_entry_runs(e for _, e in candidates))
+        runs.sort()
         if runs and (runs[0][0] < 1 or max(stop for _, stop in runs) > limit
                      or any(runs[k][0] < runs[k - 1][1] for k in range(1, len(runs)))):
-            return cls._bad_blocks_exactly(candidates, limit), runs
-        return [], runs
+            return cls._bad_blocks_exactly(holding, limit)
+        return []
 
     @staticmethod
     def _bad_blocks_exactly(candidates, limit):
@@ -459,13 +470,32 @@ class MultiFile(Container):
         return (e.size >= FIXED_V2.size
                 and (e.nested_flag or not name.endswith(CONTAINER_FILE_SUFFIXES)))
 
+    def nested(self, name):
+        with self._lock:
+            e = self._entry(name)
+            if not e.plain and name not in self._nested:
+                self._classified(name, e, self._open_nested(name))
+            return None if e.plain else self._nested[name]
+
     def classify(self, names):
         with self._lock:
-            unknown = [name for name in names if name not in self._nested]
-            nested = self._nested
+            entries, nested = self._entries, self._nested
+            # (the plain bit read directly: a listing asks for every name, more than once)
+            unknown = [name for name in names
+                       if name not in nested and not entries[name]._flags & PLAIN]
             for name, first in self._first_bytes(unknown).items():
-                nested[name] = self._open_nested(name, first)
-            return [nested[name] if name in nested else self.nested(name) for name in names]
+                self._classified(name, entries[name], self._open_nested(name, first))
+            return [None if entries[name]._flags & PLAIN else nested[name] if name in nested
+                    else self.nested(name) for name in names]
+
+    def _classified(self, name, e, child):
+        """Keep what ``name`` holds: a plain file is marked on its entry (the index records
+        those), a nested container (or None for a file shown plain for another reason)
+        goes in ``_nested``."""
+        if child is None and name not in self._unsure:
+            e.plain = True
+        else:
+            self._nested[name] = child
 
     def _first_bytes(self, names):
         """name -> the first bytes of each file in ``names`` that may hold a nested
@@ -1132,8 +1162,7 @@ class MultiFile(Container):
     def _index_records(self):
         """{index path: (header fingerprint, plain_bitmap)} of this container and every
         nested one opened, for ``NestedIndex.save``."""
-        plain = [self._nested.get(name, False) is None and name not in self._unsure
-                 and self._may_be_nested(name, e) for name, e in self._entries.items()]
+        plain = [e.plain and self._may_be_nested(name, e) for name, e in self._entries.items()]
         records = {self.index_path: (self.header.fingerprint, plain_bitmap(plain))}
         for child in self._nested.values():
             if child is not None:

@@ -105,13 +105,11 @@ class _NodeTable:
 
     def __init__(self, root):
         self._slots = [None] * root.ino + [root]
-        self._count = 1
 
     def new(self, parent, owner, key, directory):
         """A node with the next inode number."""
         node = _Node(len(self._slots), parent, owner, key, directory)
         self._slots.append(node)
-        self._count += 1
         return node
 
     def get(self, ino, default=None):
@@ -128,14 +126,13 @@ class _NodeTable:
         return self.get(ino) is not None
 
     def __len__(self):
-        return self._count
+        return len(self._slots) - self._slots.count(None)
 
     def pop(self, ino, default=None):
         node = self.get(ino)
         if node is None:
             return default
         self._slots[ino] = None
-        self._count -= 1
         return node
 
     def values(self):
@@ -238,12 +235,16 @@ class ContainerFS:
     def _children(self, parent, names):
         """``_child`` of each of ``names`` (a listing's batch; most are new on a first one)."""
         container, nodes = parent.directory, self._nodes
-        inos = self._inos_of(container)
+        inos, new = self._inos_of(container), nodes.new
         out = []
         for name, nested in zip(names, container.classify(names)):
             ino = inos.get(name)
-            out.append(nodes[ino] if ino is not None
-                       else self._new_node(parent, inos, name, nested))
+            if ino is None:
+                node = new(parent.ino, container, name, nested)
+                inos[name] = node.ino
+            else:
+                node = nodes[ino]
+            out.append(node)
         return out
 
     def _existing_child(self, parent, name):
