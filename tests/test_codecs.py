@@ -119,6 +119,31 @@ def test_unpack_bounds_hostile_indexes():
     assert [r[1] is None for r in results] == [True, True, False]
 
 
+def test_header_decode_fast_paths_agree_with_unpack_indexes():
+    """A v2 header's one-block and one-run indexes are decoded without an array each;
+    on random, often hostile, indexes (deleted slots included) the entries carry the
+    same blocks and problems as the general unpacking, sharing one block budget."""
+    from array import array
+
+    from ctdsfs.formats.multifile_header import _v2_indexed_entries
+    rng = random.Random(11)
+    for _ in range(300):
+        max_blocks = rng.randrange(1, 60)
+        packed = [[rng.choice([rng.randrange(-3, 50), -rng.randrange(0, 70), 2 ** 63 - 1])
+                   for _ in range(rng.choice([0, 1, 2, 2, 3]))] for _ in range(rng.randrange(1, 9))]
+        raw = [("" if rng.random() < 0.1 else f"f{i}", 0, False) for i in range(len(packed))]
+        words, starts = array("q"), []
+        for p in packed:
+            words.append(len(p))
+            starts.append(len(words))
+            words.extend(p)
+        entries = _v2_indexed_entries(raw, words, starts, max_blocks)
+        live = [p if name else [] for (name, _, _), p in zip(raw, packed)]
+        for e, (blocks, problem) in zip(entries, unpack_indexes(live, max_blocks)):
+            assert (list(e.blocks), e.problem) == (list(blocks or []), problem), \
+                (packed, max_blocks)
+
+
 def _logical_v2(path):
     store = FileStore(path)
     try:
