@@ -417,13 +417,16 @@ class ContainerFS:
         """``[(name, attr, next_offset)]`` for at most ``limit`` entries from offset ``start``
         on, ``.`` and ``..`` first. The kernel reads a listing in small batches, so only the
         entries asked for get attributes (else a listing costs the square of its length).
-        A whole listing also counts the subdirectories (for ``st_nlink``)."""
+        A whole listing also counts the subdirectories (for ``st_nlink``): a container's
+        count once (a reload or a change of its own drops it), a directory source's at
+        every listing (its real directory changes without telling)."""
         with self._lock:
             if start == 0:
                 self._refresh()
             parent = self._directory(ino)
             names = parent.directory.names()
-            if start == 0:
+            if start == 0 and (not self.follows_changes or
+                               self._subdirs.get(parent.directory, UNKNOWN) == UNKNOWN):
                 self._subdirs[parent.directory] = self._count_subdirectories(parent.directory,
                                                                              names)
             stop = len(names) + 2 if limit is None else min(len(names) + 2, start + limit)
