@@ -187,7 +187,7 @@ class MultiFile(Container):
         if self.index is not None:
             for name in self.index.plain_names(self.index_path, header.fingerprint,
                                                list(self._entries)):
-                self._entries[name].plain = True
+                self._entries[name]._flags |= PLAIN  # (e.plain = True, without a call)
         self._dirty = False
         self._verified = OrderedDict()  # block number -> bytes already CRC-checked
         self._verified_max = max(4, VERIFIED_CACHE_BYTES // self.block_size)

@@ -373,8 +373,9 @@ def _v2_indexed_entries(raw, words, starts, max_blocks):
         elif n == 1 and words[start] >= 0 and running < max_blocks:  # one block
             running += 1
             entries.append(Entry(name, size, range(words[start], words[start] + 1), nested))
-        elif n == 2 and (run := _one_run(words, start, max_blocks, running)):
-            first, length = run
+        elif n == 2 and (first := words[start]) >= 0 \
+                and 1 < (length := 1 - words[start + 1]) <= max_blocks - running \
+                and first + length - 1 <= INT64_MAX:  # one run (as _one_run, inline)
             running += length
             entries.append(Entry(name, size, range(first, first + length), nested))
         else:
