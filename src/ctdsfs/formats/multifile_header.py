@@ -38,6 +38,16 @@ NESTED_FLAG, PLAIN = 1, 2  # bits of Entry._flags
 LONG_BLOCK_LIST = 1 << 16  # block lists at least this long are split into runs by numpy
 
 
+def _flag_property(bit, doc):
+    """A boolean attribute kept as ``bit`` of an entry's ``_flags``."""
+    def get(entry):
+        return bool(entry._flags & bit)
+
+    def set_(entry, value):
+        entry._flags = entry._flags & ~bit | (bit if value else 0)
+    return property(get, set_, doc=doc)
+
+
 class Entry:
     """One header slot. An empty name marks a deleted slot (casacore keeps it).
 
@@ -78,22 +88,9 @@ class Entry:
         else:
             self._first, self._blocks = 0, value
 
-    @property
-    def nested_flag(self):
-        """The header's nested flag, as stored (casacore never sets it)."""
-        return bool(self._flags & NESTED_FLAG)
-
-    @nested_flag.setter
-    def nested_flag(self, value):
-        self._flags = self._flags & ~NESTED_FLAG | (NESTED_FLAG if value else 0)
-
-    @property
-    def plain(self):
-        return bool(self._flags & PLAIN)
-
-    @plain.setter
-    def plain(self, value):
-        self._flags = self._flags & ~PLAIN | (PLAIN if value else 0)
+    nested_flag = _flag_property(NESTED_FLAG, "The header's nested flag, as stored "
+                                              "(casacore never sets it).")
+    plain = _flag_property(PLAIN, "Known to hold no nested container (not stored).")
 
     @property
     def block_count(self):
