@@ -104,9 +104,16 @@ class FuseOperations(pyfuse3.Operations):
         self.threaded_reads = threaded_reads
         self.commit_interval = commit_interval
         self.nursery = None  # set while serving: where invalidations run without a waiter
+        self.initialized = None  # set while serving: a trio.Event, set by init()
         self.trim_heap = trim_heap  # gives the C heap's free pages back (malloc_trim), or None
         self._reads_in_threads = False  # since the last trim
         self._trimmed_at = float("-inf")  # monotonic time of the last trim
+
+    def init(self):
+        """FUSE_INIT is being answered: pyfuse3 writes the reply (and the kernel takes it)
+        before its loop lets another task run."""
+        if self.initialized is not None:
+            self.initialized.set()
 
     def _entry(self, attr):
         return _entry(attr, self.fs.kernel_cache_seconds)
@@ -280,10 +287,12 @@ async def _serve(operations, target, on_mounted):
     import signal
 
     async def when_live():
-        # The kernel holds every request until FUSE_INIT is answered, so once this
-        # stat (answered by our own loop) returns, the mount is fully live and the
-        # kernel has set its readahead, which we may now raise.
-        await trio.to_thread.run_sync(os.stat, target)
+        # Once FUSE_INIT is answered the mount is live and the kernel has set its
+        # readahead, which we may now raise. Nothing here touches the mount itself: a
+        # request to our own mount (a stat from a worker thread) that this process is
+        # killed while answering is never answered, and the kernel waits for it
+        # uninterruptibly, so the process, /dev/fuse and the mount would hang for good.
+        await operations.initialized.wait()
         _raise_readahead(target)
         if on_mounted is not None:
             on_mounted()
@@ -300,9 +309,10 @@ async def _serve(operations, target, on_mounted):
                     pyfuse3.terminate()
                     return
 
+        operations.nursery = nursery
+        operations.initialized = trio.Event()
         nursery.start_soon(watch_signals)
         nursery.start_soon(when_live)
-        operations.nursery = nursery
         if operations.fs.follows_changes:
             nursery.start_soon(operations.watch_for_changes)
         if operations.commit_interval:
