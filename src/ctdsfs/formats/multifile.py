@@ -279,7 +279,7 @@ class MultiFile(Container):
         bs = h.block_size
         hidden = {}
         entries = {}
-        holding, runs = [], []  # (slot, entry) of the entries with blocks; their runs
+        holding = []  # (slot, entry) of the entries with blocks
         for slot, e in enumerate(h.entries):
             name = e.name
             if name == "":
@@ -288,8 +288,7 @@ class MultiFile(Container):
             if why is None and name in entries:
                 why = "duplicate name"
             if why is None:
-                run = e.run()
-                count = run[1] - run[0] if run else len(e.blocks)
+                count = e.block_count
                 if not 0 <= e.size <= count * bs:
                     why = f"size {e.size} does not match its {count} blocks"
             if why is not None:
@@ -298,10 +297,7 @@ class MultiFile(Container):
             entries[name] = e
             if count:
                 holding.append((slot, e))
-                if run:  # (most files: at once)
-                    runs.append(run)
-                else:
-                    runs += _block_runs(e.blocks)
+        runs = _entry_runs(e for _, e in holding)
         bad = self._bad_blocks(holding, runs, self._nblocks)
         for slot, name, why in bad:
             hidden[slot] = (name, why)

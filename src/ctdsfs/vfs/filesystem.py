@@ -235,16 +235,12 @@ class ContainerFS:
     def _children(self, parent, names):
         """``_child`` of each of ``names`` (a listing's batch; most are new on a first one)."""
         container, nodes = parent.directory, self._nodes
-        inos, new = self._inos_of(container), nodes.new
+        inos = self._inos_of(container)
         out = []
         for name, nested in zip(names, container.classify(names)):
             ino = inos.get(name)
-            if ino is None:
-                node = new(parent.ino, container, name, nested)
-                inos[name] = node.ino
-            else:
-                node = nodes[ino]
-            out.append(node)
+            out.append(nodes[ino] if ino is not None
+                       else self._new_node(parent, inos, name, nested))
         return out
 
     def _existing_child(self, parent, name):
