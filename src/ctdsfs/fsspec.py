@@ -54,6 +54,8 @@ class FsspecStore:
         end = min(offset + size, self.size())
         return self.fs.cat_file(self.path, offset, end) if offset < end else b""
 
+    view = pread
+
     def cached(self, offset, size):
         """Every read asks the other filesystem."""
         return False

@@ -392,7 +392,7 @@ class MultiFile(Container):
             return data[skip:skip + end - offset]
         chunks = []
         for index, at, want in _spans(blocks, first, bs, offset, end):
-            data = self.store.pread(at, want)
+            data = self.store.view(at, want)
             if len(data) < want:
                 raise self._block_error(name, index, "lies past the end of the container")
             chunks.append(data)

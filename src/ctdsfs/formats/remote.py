@@ -622,6 +622,12 @@ class RemoteStore:
         return True
 
     def pread(self, offset, size):
+        data = self.view(offset, size)
+        return data if isinstance(data, bytes) else bytes(data)
+
+    def view(self, offset, size):
+        """``pread`` without copying a piece of one chunk: bytes or a read-only memoryview
+        of the cached chunk (a mount hands it to the kernel as it is)."""
         version = self.version()
         end = min(offset + size, version.size)
         if offset >= end:
@@ -650,7 +656,7 @@ class RemoteStore:
                                       "replaced on the server while being read") from None
             lo = max(offset, i * step) - i * step
             hi = min(end, (i + 1) * step) - i * step
-            pieces.append(data if (lo, hi) == (0, len(data)) else data[lo:hi])
+            pieces.append(data if (lo, hi) == (0, len(data)) else memoryview(data)[lo:hi])
         return pieces[0] if len(pieces) == 1 else b"".join(pieces)
 
     def size(self):
@@ -745,7 +751,7 @@ class RemoteFile(io.RawIOBase):
         return self.position
 
     def readinto(self, buffer):
-        data = self.store.pread(self.position, len(buffer))
+        data = self.store.view(self.position, len(buffer))
         buffer[:len(data)] = data
         self.position += len(data)
         return len(data)

@@ -220,6 +220,8 @@ class FileStore:
             got += len(more)
         return b"".join(parts)
 
+    view = pread  # (bytes: os.pread makes them anyway)
+
     def cached(self, offset, size):
         """Unknown (the page cache may have them or not): a read may wait for the disk."""
         return False
@@ -322,6 +324,10 @@ class VirtualFileStore:
 
     def pread(self, offset, size):
         return bytes(self.parent.read(self.name, offset, size))
+
+    def view(self, offset, size):
+        """The parent's read as it comes (bytes or a read-only memoryview), not copied."""
+        return self.parent.read(self.name, offset, size)
 
     def cached(self, offset, size):
         return self.parent.cached(self.name, offset, size)

@@ -115,7 +115,7 @@ class RemotePrefix(DirectorySource):
     def read(self, key, offset, size):
         if key not in self._files:
             raise FileNotFoundError(key)
-        return self._store(key).pread(offset, size)
+        return self._store(key).view(offset, size)
 
     def cached(self, key, offset, size):
         return key in self._files and self._store(key).cached(offset, size)
