@@ -22,7 +22,9 @@ the targets of the read-only milestone:
     them the "pyfuse3 floor", the thinnest pyfuse3+trio file system serving the
     same tree, everything precomputed: the least any pyfuse3+trio file system pays
   remote (a SeaweedFS on loopback): cold sequential read of a 1 GiB virtual file
-    through an s3:// mount / the best raw GET throughput of the object >= 0.8;
+    through an s3:// mount / the best raw GET throughput of the object >= 0.8,
+    beside it pyfuse3 floors for that read (the thinnest pyfuse3+trio file system
+    serving the object by the raw botocore or obstore GETs) and the CPU each pays per GiB;
     every column of a MeasurementSet through an s3:// mount / a local mount
   optional part "bcolz" (only when named in --parts): a float64 carray (lz4,
     shuffle) read through array.npy, cache dropped / bcolz's own carr[:] >= 0.8,
@@ -52,6 +54,7 @@ import numpy as np
 import ctdsfs
 import pyfuse3_floor  # (beside this script)
 from ctdsfs.formats.crc import crc32_bzip2
+from ctdsfs.fuse_adapter import READAHEAD_KB
 from ctdsfs.formats.multifile_header import Entry, Header, encode_header_v2
 
 
@@ -121,6 +124,13 @@ def drop_caches():
     os.sync()
     with open("/proc/sys/vm/drop_caches", "w") as f:
         f.write("3\n")
+
+
+def set_readahead(mountpoint, kb=READAHEAD_KB):
+    """The kernel's readahead for the file system mounted at ``mountpoint`` (its bdi)."""
+    device = os.stat(mountpoint).st_dev
+    with open(f"/sys/class/bdi/{os.major(device)}:{os.minor(device)}/read_ahead_kb", "w") as f:
+        f.write(f"{kb}\n")
 
 
 def evict(path):
@@ -645,10 +655,12 @@ def raw_get_figures(client, bucket, key, size):
     return out
 
 
-def remote_figures(tmp, pool, size, ms_mib, rounds=2, read_rounds=3):
+def remote_figures(tmp, pool, size, ms_mib, rounds=3, read_rounds=6):
     """The remote section: SeaweedFS on loopback (as in tests/test_remote.py). The cold
-    read is measured in ``read_rounds`` rounds, each the raw GETs then the mount at once,
-    since a shared machine's load moves both; the median round's ratio is reported."""
+    read is measured in ``read_rounds`` rounds, each the raw GETs then, at once, the mount
+    and the two pyfuse3 floors, in an order that turns each round (so each takes every
+    place equally often), since a shared machine's load moves them all; the median
+    round's ratio is reported."""
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     from tests.servers import CREDENTIALS, Seaweed
 
@@ -665,24 +677,44 @@ def remote_figures(tmp, pool, size, ms_mib, rounds=2, read_rounds=3):
             client.put_object(Bucket="bench", Key="big.mf", Body=f)
         object_size = container.stat().st_size
         container.unlink()
-        options = ["-o", f"endpoint_url={server.endpoint}"]
-        rounds_seen = []  # (mount GB/s, best raw GB/s) of each round
+        readers = {  # what reads the object through FUSE: command, file read, target
+            "s3:// mount": (["mount.ctdsfs", "-f", "s3://bench/big.mf", str(tmp / "r1"), "-o",
+                             f"endpoint_url={server.endpoint}"], tmp / "r1" / "big.bin", 0.8),
+            **{f"pyfuse3 floor ({library} GETs)": (
+                [sys.executable, pyfuse3_floor.__file__, "s3", library, server.endpoint,
+                 "bench", "big.mf", str(tmp / "r1")], tmp / "r1" / "object", None)
+               for library in ("botocore", "obstore")}}
+        seen = {name: [] for name in readers}  # (GB/s, its round's best raw GB/s, CPU s/GiB)
         best_raw = {}
-        for _ in range(read_rounds):
+        names = list(readers)
+        for round_ in range(read_rounds):
             raw = raw_get_figures(client, "bench", "big.mf", object_size)
             for name, value in raw.items():
                 best_raw[name] = max(best_raw.get(name, 0), value)
-            with Mounted(["mount.ctdsfs", "-f", "s3://bench/big.mf", str(tmp / "r1")] + options,
-                         str(tmp / "r1")):
-                drop_caches()
-                rounds_seen.append((read_through(tmp / "r1" / "big.bin"), max(raw.values())))
+            turn = round_ % len(names)  # each reader takes each place in turn
+            for name in names[turn:] + names[:turn]:
+                command, path, _ = readers[name]
+                with Mounted(command, str(tmp / "r1")) as m:
+                    set_readahead(tmp / "r1")  # (ctdsfs sets its own; the floor gets the same)
+                    drop_caches()
+                    cpu = process_cpu_seconds(m.proc.pid), process_cpu_seconds(server.proc.pid)
+                    speed = read_through(path)
+                    daemon, weed = (process_cpu_seconds(pid) - before for pid, before
+                                    in zip((m.proc.pid, server.proc.pid), cpu))
+                    gib = path.stat().st_size / 2 ** 30
+                seen[name].append((speed, max(raw.values()), daemon / gib, weed / gib))
         rows += [(f"raw GET: {name} (best round)", value, None, None)
                  for name, value in best_raw.items()]
-        ratios = sorted(mounted / best for mounted, best in rounds_seen)
-        median = sorted(rounds_seen, key=lambda r: r[0] / r[1])[read_rounds // 2]
-        rows.append(("s3:// mount, first read, cold (median round, vs its raw)", *median, 0.8))
-        lines.append(f"cold read of the {size >> 20} MiB file, {read_rounds} rounds of raw GETs "
-                     f"then the mount: ratios {', '.join(f'{r:.2f}' for r in ratios)}")
+        for name, (_, _, target) in readers.items():
+            ordered = sorted(seen[name], key=lambda r: r[0] / r[1])
+            median = ordered[read_rounds // 2]
+            rows.append((f"{name}, first read, cold (median round, vs its raw)", *median[:2],
+                         target))
+            lines.append(f"{name}: cold read of the {size >> 20} MiB file, {read_rounds} rounds "
+                         f"(raw GETs, then the mount and the floors in turn): ratios "
+                         f"{', '.join(f'{r[0] / r[1]:.2f}' for r in ordered)}; CPU per GiB "
+                         f"read: the daemon {', '.join(f'{r[2]:.2f}' for r in seen[name])} s, "
+                         f"SeaweedFS {', '.join(f'{r[3]:.2f}' for r in seen[name])} s")
 
         print(f"remote: every column of a {ms_mib} MiB MeasurementSet, s3:// vs local ...",
               flush=True)
@@ -700,21 +732,24 @@ def remote_figures(tmp, pool, size, ms_mib, rounds=2, read_rounds=3):
             drop_caches()
             return float(subprocess.run(read_all + [str(path)], check=True,
                                         capture_output=True, text=True).stdout)
-        with Mounted(["mount.ctdsfs", "-f", str(tmp / "ms.mf"), str(tmp / "r2")],
-                     str(tmp / "r2")):
-            local = min(seconds(tmp / "r2") for _ in range(rounds))
+        local_mount = ["mount.ctdsfs", "-f", str(tmp / "ms.mf"), str(tmp / "r2")]
         s3_mount = ["mount.ctdsfs", "-f", "s3://bench/ms.mf", str(tmp / "r3"), "-o",
                     f"endpoint_url={server.endpoint},cache_dir={tmp / 'chunks'},"
                     "cache_dir_size=2G"]
         with Mounted(s3_mount, str(tmp / "r3")):
             cold = seconds(tmp / "r3")  # the chunk directory starts empty
-        with Mounted(s3_mount, str(tmp / "r3")):  # a new mount: chunks from the directory
-            warm = seconds(tmp / "r3")
+        local, warm = [], []  # alternated, each a new mount: the machine's mood hits both
+        for _ in range(rounds):
+            with Mounted(local_mount, str(tmp / "r2")):
+                local.append(seconds(tmp / "r2"))
+            with Mounted(s3_mount, str(tmp / "r3")):  # chunks from the directory
+                warm.append(seconds(tmp / "r3"))
+        local, warm = min(local), min(warm)
         lines.append(f"every column of a {ms_mib} MiB MeasurementSet (python-casacore 3.8), "
-                     f"page cache dropped: local mount {local:.2f} s (best of {rounds}), "
-                     f"s3:// mount cold {cold:.2f} s (ratio {local / cold:.2f}), a new s3:// "
-                     f"mount with the cache_dir warm {warm:.2f} s (ratio {local / warm:.2f}; "
-                     "target >= 0.8)")
+                     f"page cache dropped: local mount {local:.2f} s, s3:// mount cold "
+                     f"{cold:.2f} s (ratio {local / cold:.2f}), a new s3:// mount with the "
+                     f"cache_dir warm {warm:.2f} s (ratio {local / warm:.2f}; target >= 0.8; "
+                     f"local and warm alternated, best of {rounds} each)")
     finally:
         server.close()
     return rows, lines
@@ -857,6 +892,13 @@ def process_memory_mb(pid, field="VmRSS"):
             if line.startswith(field + ":"):
                 return int(line.split()[1]) / 1024
     return float("nan")
+
+
+def process_cpu_seconds(pid):
+    """User plus system CPU seconds process ``pid`` has used so far (all its threads)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _shell_seconds(command, cwd):

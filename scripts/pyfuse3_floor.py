@@ -1,12 +1,17 @@
-"""The floor of the pyfuse3+trio stack, for the benchmark's small-files part.
+"""The floor of the pyfuse3+trio stack, for the benchmark's small-files and remote parts.
 
-The thinnest pyfuse3+trio file system that serves a directory tree: names, kinds
-and sizes come from a listing saved before timing, so a mount, a ``find`` or an
-``ls -lR`` through it costs only what pyfuse3, trio and the kernel cost. What it
-measures is the least any pyfuse3+trio file system (ctdsfs among them) pays; it
-imports neither numpy nor ctdsfs, so its start is Python's and pyfuse3's alone.
+The thinnest pyfuse3+trio file systems doing what ctdsfs does, so what they cost is
+the least any pyfuse3+trio file system (ctdsfs among them) pays here:
+- ``serve``: a directory tree, names, kinds and sizes from a listing saved before
+  timing, so a mount, a ``find`` or an ``ls -lR`` through it costs only what pyfuse3,
+  trio and the kernel cost. It imports neither numpy nor ctdsfs, so its start is
+  Python's and pyfuse3's alone.
+- ``serve_object``: one S3 object as one file, read by the same ranged GETs as the
+  benchmark's raw baselines (8 MiB, 8 in flight, sequential readahead; botocore or
+  obstore), each reply a view of the fetched bytes.
 
-    python3 scripts/pyfuse3_floor.py LISTING ROOT MOUNTPOINT   # serves until unmounted
+    python3 scripts/pyfuse3_floor.py LISTING ROOT MOUNTPOINT        # serves until unmounted
+    python3 scripts/pyfuse3_floor.py s3 botocore|obstore ENDPOINT BUCKET KEY MOUNTPOINT
 """
 
 import errno
@@ -104,5 +109,103 @@ def serve(listing_path, root, mountpoint):
         pyfuse3.close(unmount=False)
 
 
+def _ranged_get(library, endpoint, bucket, key, concurrency):
+    """(size, mtime_ns, ``get(start, end)``) of the object through ``library``; the
+    credentials come from the AWS environment variables."""
+    if library == "obstore":
+        import obstore
+        from obstore.store import S3Store
+
+        store = S3Store(bucket, endpoint=endpoint, region="us-east-1",
+                        access_key_id=os.environ["AWS_ACCESS_KEY_ID"],
+                        secret_access_key=os.environ["AWS_SECRET_ACCESS_KEY"],
+                        client_options={"allow_http": True})
+        meta = obstore.head(store, key)
+        return meta["size"], int(meta["last_modified"].timestamp() * 1e9), \
+            lambda start, end: obstore.get_range(store, key, start=start, end=end)
+    import botocore.config
+    import botocore.session
+
+    client = botocore.session.Session().create_client(
+        "s3", endpoint_url=endpoint, region_name="us-east-1", config=botocore.config.Config(
+            max_pool_connections=concurrency + 2, s3={"addressing_style": "path"}))
+    head = client.head_object(Bucket=bucket, Key=key)
+    return head["ContentLength"], int(head["LastModified"].timestamp() * 1e9), \
+        lambda start, end: client.get_object(Bucket=bucket, Key=key,
+                                             Range=f"bytes={start}-{end - 1}")["Body"].read()
+
+
+def serve_object(library, endpoint, bucket, key, mountpoint, concurrency=8, chunk=8 << 20,
+                 readahead=8):
+    """The floor of the stack for the remote part: object ``key`` as the file ``object``,
+    read in ``chunk``-byte ranged GETs by ``concurrency`` threads (``library``: botocore
+    or obstore), the chunks after the one read asked for ``readahead`` ahead and those
+    behind dropped; a read waits in a thread only for a chunk not fetched yet. No retries,
+    versions, caches or checks: any pyfuse3+trio file system reading S3 through that
+    library pays at least this."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import pyfuse3
+    import trio
+
+    size, mtime_ns, ranged_get = _ranged_get(library, endpoint, bucket, key, concurrency)
+    count = -(-size // chunk)
+    pool = ThreadPoolExecutor(concurrency)
+    chunks = {}  # index -> Future of its bytes (touched only on trio's thread)
+
+    def get(i):
+        return ranged_get(i * chunk, min((i + 1) * chunk, size))
+
+    def wanted(i):
+        for j in range(i, min(i + 1 + readahead, count)):
+            if j not in chunks:
+                chunks[j] = pool.submit(get, j)
+        for j in [j for j in chunks if j < i - 1]:
+            del chunks[j]
+        return chunks[i]
+
+    def attr(ino):
+        a = pyfuse3.EntryAttributes()
+        a.st_ino = ino
+        a.st_mode = (stat.S_IFDIR | 0o555) if ino == pyfuse3.ROOT_INODE else (stat.S_IFREG | 0o444)
+        a.st_nlink = 1
+        a.st_size = 0 if ino == pyfuse3.ROOT_INODE else size
+        a.st_blksize = 4096
+        a.st_mtime_ns = a.st_ctime_ns = a.st_atime_ns = mtime_ns
+        a.entry_timeout = a.attr_timeout = 86400
+        return a
+
+    class ObjectFloor(pyfuse3.Operations):
+        async def lookup(self, parent, name, ctx=None):
+            if parent != pyfuse3.ROOT_INODE or name != b"object":
+                raise pyfuse3.FUSEError(errno.ENOENT)
+            return attr(2)
+
+        async def getattr(self, ino, ctx=None):
+            return attr(ino)
+
+        async def open(self, ino, flags, ctx):
+            return pyfuse3.FileInfo(fh=ino)
+
+        async def read(self, fh, off, length):
+            end = min(off + length, size)
+            pieces = []
+            for i in range(off // chunk, (end - 1) // chunk + 1) if off < end else ():
+                future = wanted(i)
+                data = future.result() if future.done() \
+                    else await trio.to_thread.run_sync(future.result)
+                pieces.append(memoryview(data)[max(off - i * chunk, 0):end - i * chunk])
+            return pieces[0] if len(pieces) == 1 else b"".join(pieces)
+
+    pyfuse3.init(ObjectFloor(), mountpoint, {"ro", "fsname=floor"})
+    try:
+        trio.run(pyfuse3.main)
+    finally:
+        pyfuse3.close(unmount=False)
+        pool.shutdown(cancel_futures=True)
+
+
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["s3"]:
+        sys.exit(serve_object(*sys.argv[2:7]))
     sys.exit(serve(*sys.argv[1:4]))

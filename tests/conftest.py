@@ -82,12 +82,13 @@ def require_fuse():
 
 
 class Mount:
-    """A foreground ``mount.ctdsfs`` child process and its mount point."""
+    """A foreground ``mount.ctdsfs`` child process and its mount point (or another file
+    system's: ``command`` serving at ``mountpoint`` in the foreground)."""
 
-    def __init__(self, source, mountpoint, options=(), log=None):
+    def __init__(self, source, mountpoint, options=(), log=None, command=None):
         self.mountpoint = Path(mountpoint)
         self.log = Path(log) if log else self.mountpoint.with_suffix(".log")
-        cmd = ["mount.ctdsfs", "-f", str(source), str(mountpoint)]
+        cmd = command or ["mount.ctdsfs", "-f", str(source), str(mountpoint)]
         if options:
             cmd += ["-o", ",".join(options)]
         self.logfile = open(self.log, "wb")
@@ -131,14 +132,15 @@ class Mount:
 
 @pytest.fixture
 def mount(tmp_path):
-    """``mount(source, options=()) -> Mount``; every mount is undone at teardown."""
+    """``mount(source, options=()) -> Mount``; every mount is undone at teardown.
+    ``command(mountpoint)`` gives another file system's foreground command instead."""
     require_fuse()
     mounts = []
 
-    def make(source, options=(), name=None):
+    def make(source, options=(), name=None, command=None):
         mountpoint = tmp_path / (name or f"mnt{len(mounts)}")
         mountpoint.mkdir()
-        m = Mount(source, mountpoint, options)
+        m = Mount(source, mountpoint, options, command=command and command(mountpoint))
         mounts.append(m)
         return m
 

@@ -10,6 +10,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -26,6 +27,7 @@ from .test_toolbox import dump_values
 from .test_write import snapshot
 
 BUCKET = "ctdsfs-test"
+FLOOR = Path(__file__).resolve().parent.parent / "scripts" / "pyfuse3_floor.py"
 FIXTURES = ["casacore_test_v1.mf", "casacore_test_v1.mf_hdrext", "mf2_nested.mf", "mf2_crc.mf",
             "mh5_basic.mfh5"]
 CONTAINERS = ["casacore_test_v1.mf", "mf2_nested.mf", "mf2_crc.mf", "mh5_basic.mfh5",
@@ -255,6 +257,25 @@ def test_reads_inside_a_chunk_are_views_of_it_not_copies(seaweed):
         assert type(container.store.pread(0, 100)) is bytes
     finally:
         container.close()
+
+
+@pytest.mark.fuse
+@pytest.mark.parametrize("library", ["botocore", "obstore"])
+def test_benchmark_floor_serves_the_object_byte_for_byte(seaweed, mount, library):
+    """The benchmark's remote floor (scripts/pyfuse3_floor.py) is only a floor if it
+    serves the object's own bytes: read whole, across its 8 MiB chunks, at the end."""
+    data = os.urandom(9 << 20 | 12345)
+    seaweed.client.put_object(Bucket=BUCKET, Key="floor.bin", Body=data)
+    m = mount(None, command=lambda mountpoint: [
+        sys.executable, str(FLOOR), "s3", library, seaweed.endpoint, BUCKET, "floor.bin",
+        str(mountpoint)])
+    path = m.mountpoint / "object"
+    assert path.read_bytes() == data
+    with open(path, "rb") as f:
+        f.seek((8 << 20) - 100)
+        assert f.read(300) == data[(8 << 20) - 100:(8 << 20) + 200]
+        f.seek(len(data) - 10)
+        assert f.read(100) == data[-10:] and f.read(100) == b""
 
 
 def test_failing_server_gets_bounded_retries_then_one_line(web, tmp_path):
