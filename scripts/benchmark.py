@@ -24,7 +24,8 @@ the targets of the read-only milestone:
   remote (a SeaweedFS on loopback): cold sequential read of a 1 GiB virtual file
     through an s3:// mount / the best raw GET throughput of the object >= 0.8,
     beside it pyfuse3 floors for that read (the thinnest pyfuse3+trio file system
-    serving the object by the raw botocore or obstore GETs) and the CPU each pays per GiB;
+    serving the object by the raw botocore or obstore GETs, or from memory) and the CPU
+    each pays per GiB;
     every column of a MeasurementSet through an s3:// mount / a local mount
   optional part "bcolz" (only when named in --parts): a float64 carray (lz4,
     shuffle) read through array.npy, cache dropped / bcolz's own carr[:] >= 0.8,
@@ -655,10 +656,10 @@ def raw_get_figures(client, bucket, key, size):
     return out
 
 
-def remote_figures(tmp, pool, size, ms_mib, rounds=3, read_rounds=6):
+def remote_figures(tmp, pool, size, ms_mib, rounds=3, read_rounds=8):
     """The remote section: SeaweedFS on loopback (as in tests/test_remote.py). The cold
     read is measured in ``read_rounds`` rounds, each the raw GETs then, at once, the mount
-    and the two pyfuse3 floors, in an order that turns each round (so each takes every
+    and the pyfuse3 floors, in an order that turns each round (so each takes every
     place equally often), since a shared machine's load moves them all; the median
     round's ratio is reported."""
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -680,10 +681,11 @@ def remote_figures(tmp, pool, size, ms_mib, rounds=3, read_rounds=6):
         readers = {  # what reads the object through FUSE: command, file read, target
             "s3:// mount": (["mount.ctdsfs", "-f", "s3://bench/big.mf", str(tmp / "r1"), "-o",
                              f"endpoint_url={server.endpoint}"], tmp / "r1" / "big.bin", 0.8),
-            **{f"pyfuse3 floor ({library} GETs)": (
+            **{f"pyfuse3 floor ({label})": (
                 [sys.executable, pyfuse3_floor.__file__, "s3", library, server.endpoint,
                  "bench", "big.mf", str(tmp / "r1")], tmp / "r1" / "object", None)
-               for library in ("botocore", "obstore")}}
+               for library, label in (("botocore", "botocore GETs"), ("obstore", "obstore GETs"),
+                                      ("memory", "the object in memory, no GETs"))}}
         seen = {name: [] for name in readers}  # (GB/s, its round's best raw GB/s, CPU s/GiB)
         best_raw = {}
         names = list(readers)
@@ -698,11 +700,14 @@ def remote_figures(tmp, pool, size, ms_mib, rounds=3, read_rounds=6):
                     set_readahead(tmp / "r1")  # (ctdsfs sets its own; the floor gets the same)
                     drop_caches()
                     cpu = process_cpu_seconds(m.proc.pid), process_cpu_seconds(server.proc.pid)
+                    mine = os.times()
                     speed = read_through(path)
+                    reader = sum(os.times()[:2]) - sum(mine[:2])
                     daemon, weed = (process_cpu_seconds(pid) - before for pid, before
                                     in zip((m.proc.pid, server.proc.pid), cpu))
                     gib = path.stat().st_size / 2 ** 30
-                seen[name].append((speed, max(raw.values()), daemon / gib, weed / gib))
+                seen[name].append((speed, max(raw.values()), daemon / gib, weed / gib,
+                                   reader / gib))
         rows += [(f"raw GET: {name} (best round)", value, None, None)
                  for name, value in best_raw.items()]
         for name, (_, _, target) in readers.items():
@@ -714,7 +719,8 @@ def remote_figures(tmp, pool, size, ms_mib, rounds=3, read_rounds=6):
                          f"(raw GETs, then the mount and the floors in turn): ratios "
                          f"{', '.join(f'{r[0] / r[1]:.2f}' for r in ordered)}; CPU per GiB "
                          f"read: the daemon {', '.join(f'{r[2]:.2f}' for r in seen[name])} s, "
-                         f"SeaweedFS {', '.join(f'{r[3]:.2f}' for r in seen[name])} s")
+                         f"SeaweedFS {', '.join(f'{r[3]:.2f}' for r in seen[name])} s, "
+                         f"the reader {', '.join(f'{r[4]:.2f}' for r in seen[name])} s")
 
         print(f"remote: every column of a {ms_mib} MiB MeasurementSet, s3:// vs local ...",
               flush=True)

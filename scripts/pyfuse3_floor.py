@@ -8,10 +8,11 @@ the least any pyfuse3+trio file system (ctdsfs among them) pays here:
   Python's and pyfuse3's alone.
 - ``serve_object``: one S3 object as one file, read by the same ranged GETs as the
   benchmark's raw baselines (8 MiB, 8 in flight, sequential readahead; botocore or
-  obstore), each reply a view of the fetched bytes.
+  obstore), each reply a view of the fetched bytes; or, with ``memory``, fetched
+  whole before the mount and served from memory: what the FUSE path alone costs.
 
     python3 scripts/pyfuse3_floor.py LISTING ROOT MOUNTPOINT        # serves until unmounted
-    python3 scripts/pyfuse3_floor.py s3 botocore|obstore ENDPOINT BUCKET KEY MOUNTPOINT
+    python3 scripts/pyfuse3_floor.py s3 botocore|obstore|memory ENDPOINT BUCKET KEY MOUNTPOINT
 """
 
 import errno
@@ -110,8 +111,12 @@ def serve(listing_path, root, mountpoint):
 
 
 def _ranged_get(library, endpoint, bucket, key, concurrency):
-    """(size, mtime_ns, ``get(start, end)``) of the object through ``library``; the
-    credentials come from the AWS environment variables."""
+    """(size, mtime_ns, ``get(start, end)``) of the object through ``library`` (``memory``:
+    fetched whole by botocore now); the credentials come from the AWS environment."""
+    if library == "memory":
+        size, mtime_ns, get = _ranged_get("botocore", endpoint, bucket, key, concurrency)
+        whole = memoryview(get(0, size))
+        return size, mtime_ns, lambda start, end: whole[start:end]
     if library == "obstore":
         import obstore
         from obstore.store import S3Store
@@ -138,8 +143,8 @@ def _ranged_get(library, endpoint, bucket, key, concurrency):
 def serve_object(library, endpoint, bucket, key, mountpoint, concurrency=8, chunk=8 << 20,
                  readahead=8):
     """The floor of the stack for the remote part: object ``key`` as the file ``object``,
-    read in ``chunk``-byte ranged GETs by ``concurrency`` threads (``library``: botocore
-    or obstore), the chunks after the one read asked for ``readahead`` ahead and those
+    read in ``chunk``-byte ranged GETs by ``concurrency`` threads (``library``: botocore,
+    obstore, or memory), the chunks after the one read asked for ``readahead`` ahead and those
     behind dropped; a read waits in a thread only for a chunk not fetched yet. No retries,
     versions, caches or checks: any pyfuse3+trio file system reading S3 through that
     library pays at least this."""

@@ -260,7 +260,7 @@ def test_reads_inside_a_chunk_are_views_of_it_not_copies(seaweed):
 
 
 @pytest.mark.fuse
-@pytest.mark.parametrize("library", ["botocore", "obstore"])
+@pytest.mark.parametrize("library", ["botocore", "obstore", "memory"])
 def test_benchmark_floor_serves_the_object_byte_for_byte(seaweed, mount, library):
     """The benchmark's remote floor (scripts/pyfuse3_floor.py) is only a floor if it
     serves the object's own bytes: read whole, across its 8 MiB chunks, at the end."""
