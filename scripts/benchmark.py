@@ -686,7 +686,8 @@ def remote_figures(tmp, pool, size, ms_mib, rounds=3, read_rounds=8):
                  "bench", "big.mf", str(tmp / "r1")], tmp / "r1" / "object", None)
                for library, label in (("botocore", "botocore GETs"), ("obstore", "obstore GETs"),
                                       ("memory", "the object in memory, no GETs"))}}
-        seen = {name: [] for name in readers}  # (GB/s, its round's best raw GB/s, CPU s/GiB)
+        # (GB/s, its round's best raw GB/s, CPU s per GiB of the daemon, SeaweedFS, the reader)
+        seen = {name: [] for name in readers}
         best_raw = {}
         names = list(readers)
         for round_ in range(read_rounds):
@@ -699,15 +700,12 @@ def remote_figures(tmp, pool, size, ms_mib, rounds=3, read_rounds=8):
                 with Mounted(command, str(tmp / "r1")) as m:
                     set_readahead(tmp / "r1")  # (ctdsfs sets its own; the floor gets the same)
                     drop_caches()
-                    cpu = process_cpu_seconds(m.proc.pid), process_cpu_seconds(server.proc.pid)
-                    mine = os.times()
+                    pids = (m.proc.pid, server.proc.pid, os.getpid())  # (this one reads)
+                    before = [process_cpu_seconds(pid) for pid in pids]
                     speed = read_through(path)
-                    reader = sum(os.times()[:2]) - sum(mine[:2])
-                    daemon, weed = (process_cpu_seconds(pid) - before for pid, before
-                                    in zip((m.proc.pid, server.proc.pid), cpu))
+                    used = [process_cpu_seconds(pid) - b for pid, b in zip(pids, before)]
                     gib = path.stat().st_size / 2 ** 30
-                seen[name].append((speed, max(raw.values()), daemon / gib, weed / gib,
-                                   reader / gib))
+                seen[name].append((speed, max(raw.values()), *(u / gib for u in used)))
         rows += [(f"raw GET: {name} (best round)", value, None, None)
                  for name, value in best_raw.items()]
         for name, (_, _, target) in readers.items():

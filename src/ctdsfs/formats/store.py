@@ -323,7 +323,7 @@ class VirtualFileStore:
         self.label = f"{parent.label}/{name}"
 
     def pread(self, offset, size):
-        return bytes(self.parent.read(self.name, offset, size))
+        return bytes(self.view(offset, size))
 
     def view(self, offset, size):
         """The parent's read as it comes (bytes or a read-only memoryview), not copied."""
