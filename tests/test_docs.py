@@ -82,3 +82,14 @@ def test_the_check_finds_a_broken_link_and_anchor(tmp_path):
     assert anchors(tmp_path / "other.md") == {"a-heading-with-code"}
     assert broken_links(page) == ["missing.md: no such file",
                                   "other.md#nope: no heading with that anchor"]
+
+
+def test_the_version_is_written_once():
+    """pyproject.toml takes the version from ctdsfs.__version__; the changelog has it."""
+    import tomllib
+
+    from ctdsfs import __version__
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert "version" not in project and "version" in project["dynamic"]
+    assert f"## {__version__} " in (ROOT / "CHANGELOG.md").read_text()
