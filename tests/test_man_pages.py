@@ -133,3 +133,17 @@ def test_help_names_every_format_and_the_man_page(parser, page):
     missing = [word for word in FORMATS_NAMED if word not in text]
     assert not missing, f"{parser.prog} --help does not name {missing}"
     assert page in text
+
+
+def test_docs_name_every_mount_option_and_command():
+    """docs/mounting.md lists every -o option, docs/toolbox.md every command and option."""
+    docs = MAN.parent / "docs"
+    mounting = (docs / "mounting.md").read_text()
+    missing = sorted(o for o in _accepted_mount_options() if not _mentions(mounting, o))
+    assert not missing, f"docs/mounting.md does not name the -o options {missing}"
+    toolbox = (docs / "toolbox.md").read_text()
+    for name, parser in _subparsers(cli._main_parser()).items():
+        assert _mentions(toolbox, name), f"docs/toolbox.md does not name '{name}'"
+        missing = [s for s in _option_strings(parser, shown_only=True) - {"-h", "--help"}
+                   if not _mentions(toolbox, s)]
+        assert not missing, f"docs/toolbox.md does not name {missing} of '{name}'"

@@ -53,8 +53,8 @@ that holds files).
 
 Read-only unless -o rw; read-write mounts translate every write, truncate,
 unlink, rename and mkdir into the container's own blocks, CRCs and header,
-and commit crash-safely. Creating symbolic links, hard links, FIFOs, sockets
-and device nodes is not supported (ENOSYS).
+and commit crash-safely. Creating symbolic links, FIFOs, sockets and device
+nodes fails with ENOSYS, hard links with EPERM.
 
 The command returns once the mount is live (exit status 0) or with a one-line
 error (exit status 1). The daemon unmounts and exits on SIGTERM or SIGINT, or
