@@ -42,19 +42,21 @@ import time
 import weakref
 from collections import OrderedDict
 from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
-from email.utils import parsedate_to_datetime
 from types import SimpleNamespace
 from urllib.parse import urlsplit
 
-from ..errors import BlockError, CtdsfsError
+from ..errors import CtdsfsError
 from . import REMOTE_SCHEMES
+from .remote_http import HTTPObject, timed_pool_classes
+from .remote_wire import (DEADLINES, RemoteError, _Missing, _Replaced, _Transient, _Version,
+                          _length, check_body, check_range, deadline)
 
 log = logging.getLogger(__name__)
 
 SPEC_ENV = "CTDSFS_REMOTE_SPEC"  # how an HDF5 probe child gets the same pinned object
 BACKOFF_FIRST, BACKOFF_MAX = 0.2, 2.0  # seconds between attempts, doubling
+LIST_PAGE_BYTES = 1 << 20  # what a page of a listing may take as long as (its deadline)
 UNREACHABLE_RECHECK = 10.0  # seconds between version checks while the server does not answer
-DATE_PIN = "Last-Modified: "  # a version pinned by its date and size (a server without ETags)
 
 
 def is_remote(source):
@@ -162,118 +164,6 @@ class DiskCache:
             self._used = used
 
 
-class RemoteError(BlockError):
-    """A remote read failed after its retries (or found the object replaced)."""
-
-
-class _Transient(Exception):
-    """A failure worth another attempt (5xx, 429, reset, timeout)."""
-
-
-class _Replaced(Exception):
-    """The server holds another version than the one pinned (412, or another ETag)."""
-
-
-class _Missing(Exception):
-    """No such object (404)."""
-
-
-@dataclasses.dataclass(frozen=True)
-class _Version:
-    size: int
-    etag: str  # what pins this version: its ETag, or DATE_PIN + its Last-Modified date
-    mtime: float
-
-
-def _length(text, url):
-    try:
-        size = int(text)
-    except (TypeError, ValueError):
-        raise CtdsfsError(f"{url}: the server gives no valid size ({text!r})") from None
-    if size < 0:
-        raise CtdsfsError(f"{url}: the server gives a negative size")
-    return size
-
-
-class _HTTP:
-    """Plain HTTP(S) with urllib3: HEAD for the version, ranged GETs pinned by If-Match."""
-
-    def __init__(self, url, options):
-        import urllib3
-
-        self.url = url
-        self._errors = urllib3.exceptions.HTTPError
-        self._tls_errors = urllib3.exceptions.SSLError  # a refused certificate: no retry
-        self._pool = urllib3.PoolManager(
-            maxsize=options.concurrency + 2, retries=False, block=False,
-            timeout=urllib3.Timeout(connect=options.timeout, read=options.timeout))
-
-    def _request(self, method, headers, limit):
-        """``(response, body)``: never more of the body than ``limit`` bytes is read (read
-        exactly, urllib3 hands its buffer over without a copy)."""
-        try:
-            r = self._pool.request(method, self.url, headers=headers, preload_content=False,
-                                   redirect=False)
-            try:
-                body = r.read(limit) if limit else b""
-            finally:
-                r.release_conn()
-        except self._tls_errors as exc:
-            raise RemoteError(f"{self.url}: TLS: {exc}", f"TLS: {exc}") from None
-        except (self._errors, OSError) as exc:
-            raise _Transient(str(exc) or type(exc).__name__) from None
-        if r.status in (404, 410):
-            raise _Missing()
-        if r.status == 412:
-            raise _Replaced()
-        if r.status >= 500 or r.status == 429:
-            raise _Transient(f"HTTP {r.status}")
-        if r.status not in (200, 206):
-            raise RemoteError(f"{self.url}: HTTP {r.status} {r.reason}", f"HTTP {r.status}")
-        return r, body
-
-    def head(self):
-        """The version: its ETag, else its Last-Modified date (with its size); a server
-        sending neither cannot tell versions apart, so its objects are refused."""
-        r, _ = self._request("HEAD", {}, 0)
-        modified = r.headers.get("Last-Modified")
-        try:
-            mtime = parsedate_to_datetime(modified).timestamp() if modified else 0.0
-        except (TypeError, ValueError):
-            mtime = 0.0
-        etag = r.headers.get("ETag") or (modified and DATE_PIN + modified)
-        if not etag:
-            raise RemoteError(f"{self.url}: the server sends neither ETag nor Last-Modified, "
-                              "so a replaced object could serve mixed bytes: refused")
-        return _Version(_length(r.headers.get("Content-Length"), self.url), etag, mtime)
-
-    def get(self, start, end, version):
-        """Bytes ``start`` to ``end`` of ``version``: asked for under its ETag (If-Match)
-        or date (If-Unmodified-Since), and checked against the answer's ETag, or its
-        Last-Modified and total size, for servers ignoring those conditions."""
-        headers = {"Range": f"bytes={start}-{end - 1}"}
-        by_date = version.etag.startswith(DATE_PIN)
-        if by_date:
-            headers["If-Unmodified-Since"] = version.etag[len(DATE_PIN):]
-        elif not version.etag.startswith("W/"):  # If-Match compares strongly: never weak
-            headers["If-Match"] = version.etag
-        r, body = self._request("GET", headers, end - start)
-        if by_date:
-            total = r.headers.get("Content-Range", "").rpartition("/")[2]
-            if r.headers.get("Last-Modified") != version.etag[len(DATE_PIN):] \
-                    or total not in ("", "*", str(version.size)):
-                raise _Replaced()
-        elif r.headers.get("ETag") not in (None, version.etag):
-            raise _Replaced()
-        if r.status != 206 and not (start == 0 and r.headers.get("Content-Length")
-                                    == str(end - start)):
-            raise _Transient(f"HTTP {r.status} instead of the range asked for")
-        return body
-
-    def close(self):
-        self._pool.clear()
-
-
 class _S3:
     """S3 through botocore: the AWS credential chain, endpoint and region conventions."""
 
@@ -305,6 +195,11 @@ class _S3:
                 or "us-east-1")
         except self._exc.BotoCoreError as exc:  # a missing profile, a bad endpoint
             raise CtdsfsError(f"{url}: {exc}") from None
+        sending = getattr(self._client._endpoint, "http_session", None)  # (no public way)
+        pools = getattr(sending, "_pool_classes_by_scheme", None)
+        if isinstance(pools, dict):  # its connections under DEADLINES, as HTTPObject's
+            pools.update(timed_pool_classes(pools))
+        self.options = options
 
     def for_key(self, key):
         """The same bucket's object ``key``, through the same client (and connections)."""
@@ -333,29 +228,32 @@ class _S3:
             raise _Transient(str(exc) or type(exc).__name__) from None
 
     def head(self):
-        r = self._call(self._client.head_object, Key=self.key)
+        with DEADLINES.watching(deadline(self.options, 0)):
+            r = self._call(self._client.head_object, Key=self.key)
         modified = r.get("LastModified")
         return _Version(_length(r.get("ContentLength"), self.url), r.get("ETag"),
                         modified.timestamp() if modified else 0.0)
 
     def get(self, start, end, version):
+        """Bytes ``start`` to ``end`` of ``version`` (If-Match its ETag), the answer checked
+        as an HTTP one is (``check_range``), all within the request's deadline."""
         kwargs = {"Range": f"bytes={start}-{end - 1}"}
         if version.etag:
             kwargs["IfMatch"] = version.etag
-        r = self._call(self._client.get_object, Key=self.key, **kwargs)
-        if version.etag and r.get("ETag") not in (None, version.etag):
-            r["Body"].close()
-            raise _Replaced()
-        if r.get("ContentLength") != end - start:
-            r["Body"].close()
-            raise _Transient(f"{r.get('ContentLength')} bytes where {end - start} were asked for")
-        try:
-            body = r["Body"].read(end - start)  # exactly: botocore hands urllib3's buffer over
-        except (self._exc.BotoCoreError, OSError, ValueError) as exc:
-            raise _Transient(str(exc) or type(exc).__name__) from None
-        finally:
-            r["Body"].close()
-        return body
+        with DEADLINES.watching(deadline(self.options, end - start)):
+            r = self._call(self._client.get_object, Key=self.key, **kwargs)
+            try:
+                if version.etag and r.get("ETag") not in (None, version.etag):
+                    raise _Replaced()
+                headers = r.get("ResponseMetadata", {}).get("HTTPHeaders", {})
+                check_range(r.get("ResponseMetadata", {}).get("HTTPStatusCode"),
+                            lambda name: headers.get(name.lower()), start, end, version.size)
+                body = r["Body"].read(end - start + 1)  # botocore hands urllib3's buffer over
+            except (self._exc.BotoCoreError, OSError, ValueError) as exc:
+                raise _Transient(str(exc) or type(exc).__name__) from None
+            finally:
+                r["Body"].close()
+        return check_body(body, start, end)
 
     def list(self, prefix, limit):
         """``({name: _Version}, {subdirectory names})`` directly under ``prefix`` (one
@@ -364,8 +262,9 @@ class _S3:
         objects, prefixes, token = {}, set(), None
         while True:
             more = {"ContinuationToken": token} if token else {}
-            r = self._call(self._client.list_objects_v2, Prefix=prefix, Delimiter="/",
-                           MaxKeys=1000, **more)
+            with DEADLINES.watching(deadline(self.options, LIST_PAGE_BYTES)):
+                r = self._call(self._client.list_objects_v2, Prefix=prefix, Delimiter="/",
+                               MaxKeys=1000, **more)
             for item in r.get("Contents", []):
                 modified = item.get("LastModified")
                 objects[item["Key"][len(prefix):]] = _Version(
@@ -396,7 +295,7 @@ def source_stat(mtime):
 
 
 def _connect(url, options):
-    return _S3(url, options) if url.startswith("s3://") else _HTTP(url, options)
+    return _S3(url, options) if url.startswith("s3://") else HTTPObject(url, options)
 
 
 def retried(label, options, what, request, *args):
@@ -578,8 +477,6 @@ class RemoteStore:
             raise RemoteError(f"{self.label}: replaced on the server while being read "
                               "(reloaded at the next access)",
                               "replaced on the server while being read") from None
-        if len(data) != end - start:
-            raise _Transient(f"{len(data)} bytes where {end - start} were asked for")
         return data
 
     def _chunk(self, version, index):
