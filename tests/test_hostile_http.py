@@ -1,0 +1,129 @@
+"""A remote container on a misbehaving HTTP server (``hostile_http``, one misbehaviour a
+mode): every read ends in the right bytes, EIO or a one-line refusal within the
+configured limits, and a listing of the mount answers throughout."""
+
+import os
+import subprocess
+import time
+
+import pytest
+
+from ctdsfs.formats.remote import RemoteError, RemoteOptions, open_remote
+from ctdsfs.toolbox import pack
+
+from .hostile_http import HostileServer
+
+CHUNK = 65536
+TIMEOUT, RETRIES = 1.0, 1
+OPTIONS = f"timeout={TIMEOUT:g},retries={RETRIES},chunk_size={CHUNK},readahead=2"
+# (retries + 1) attempts of at most timeout * (1 + CHUNK / 1 MiB) s, the backoff between
+# them, and some slack for a loaded machine
+LIMIT = (RETRIES + 1) * TIMEOUT * (1 + CHUNK / (1 << 20)) + 0.2 + 1.5
+FILE_SIZE = 256 * 600  # two files, so the second one's bytes lie past the first chunk
+
+RIGHT, EIO, REFUSED = "right bytes", "EIO", "refused"
+OUTCOMES = {
+    "honest": RIGHT,
+    "wrong-range": EIO, "shifted-range": EIO, "wrong-total": EIO, "gzip-bomb": EIO,
+    "longer-body": EIO, "endless-body": EIO, "endless-chunked": EIO, "ignored-range": EIO,
+    "503": EIO, "reset": EIO, "etag-flips": EIO, "trickled-body": EIO,
+    "half-body-held": EIO,
+    "slow-headers": REFUSED, "huge-headers": REFUSED, "many-headers": REFUSED,
+    "no-validators": REFUSED, "redirect-port": REFUSED, "redirect-self": REFUSED,
+    "redirect-file": REFUSED, "redirect-unresolvable": REFUSED,
+}
+
+
+@pytest.fixture(scope="module")
+def container(tmp_path_factory):
+    """A MultiFile of two files (``first``, ``second``) with distinct bytes."""
+    directory = tmp_path_factory.mktemp("hostile")
+    tree = directory / "tree"
+    tree.mkdir()
+    contents = {"first": bytes(range(256)) * (FILE_SIZE // 256),
+                "second": bytes(reversed(range(256))) * (FILE_SIZE // 256)}
+    for name, data in contents.items():
+        (tree / name).write_bytes(data)
+    pack(str(tree), str(directory / "two.mf"), block_size=4096, quiet=True)
+    return (directory / "two.mf").read_bytes(), contents
+
+
+@pytest.fixture
+def hostile():
+    """``hostile(data, mode, ...) -> HostileServer``, each closed at teardown."""
+    servers = []
+
+    def make(data, mode, **kwargs):
+        if mode == "redirect-port":
+            kwargs["other_port"] = make(data, "honest").port
+        servers.append(HostileServer(data, mode, **kwargs))
+        return servers[-1]
+    yield make
+    for server in servers:
+        server.close()
+
+
+@pytest.mark.parametrize("mode", sorted(OUTCOMES))
+def test_every_answer_is_checked_and_every_request_ends(container, hostile, mode):
+    data, _ = container
+    server = hostile(data, mode)
+    options = RemoteOptions(timeout=TIMEOUT, retries=RETRIES, chunk_size=CHUNK, readahead=2)
+    began = time.monotonic()
+    try:
+        store = open_remote(server.url(), options)
+        try:
+            outcome = RIGHT if store.pread(CHUNK + 100, 1000) == data[CHUNK + 100:CHUNK + 1100] \
+                else "wrong bytes"
+        except RemoteError as exc:
+            outcome = EIO
+            assert "\n" not in str(exc)
+        finally:
+            store.close()
+    except RemoteError as exc:
+        outcome = REFUSED
+        assert "\n" not in str(exc)
+    assert (outcome, time.monotonic() - began < LIMIT) == (OUTCOMES[mode], True)
+    assert all(h.get("accept-encoding") == "identity" for _, h in server.requests)
+
+
+def test_mount_returns_within_its_deadline_from_a_server_trickling_headers(
+        container, hostile, tmp_path):
+    server = hostile(container[0], "slow-headers")
+    (tmp_path / "mnt").mkdir()
+    began = time.monotonic()
+    result = subprocess.run(["mount.ctdsfs", server.url(), str(tmp_path / "mnt"), "-o", OPTIONS],
+                            capture_output=True, text=True, timeout=60)
+    assert time.monotonic() - began < LIMIT + 2  # (+ the command's start)
+    assert result.returncode == 1 and "no complete answer within" in result.stderr
+    assert len(result.stderr.splitlines()) == 1, result.stderr
+
+
+@pytest.mark.fuse
+@pytest.mark.parametrize("mode", ["half-body-held", "trickled-body", "shifted-range",
+                                  "gzip-bomb"])
+def test_listing_answers_while_a_read_fails(container, hostile, mount, mode):
+    """The header is served well, the files' bytes are not: a read of them ends in EIO
+    within the limit, never in wrong bytes, while ``ls -l`` and ``stat`` answer at once."""
+    data, contents = container
+    server = hostile(data, mode, honest_below=CHUNK)
+    m = mount(server.url(), [OPTIONS])
+    began = time.monotonic()
+    reader = subprocess.Popen(["tail", "-c", "4096", str(m.mountpoint / "second")],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        time.sleep(0.3)  # (the read is under way)
+        for _ in range(3):
+            asked = time.monotonic()
+            listing = subprocess.run(["ls", "-l", str(m.mountpoint)], capture_output=True,
+                                     text=True, timeout=LIMIT)
+            assert listing.returncode == 0 and "second" in listing.stdout
+            assert os.stat(m.mountpoint / "second").st_size == FILE_SIZE
+            assert time.monotonic() - asked < 0.5
+        out, err = reader.communicate(timeout=LIMIT + 1)
+    finally:
+        if reader.poll() is None:
+            reader.kill()
+            reader.wait()
+    assert reader.returncode != 0 and b"Input/output error" in err and out == b""
+    assert time.monotonic() - began < LIMIT + 1
+    assert m.proc.poll() is None
