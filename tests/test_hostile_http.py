@@ -127,3 +127,21 @@ def test_listing_answers_while_a_read_fails(container, hostile, mount, mode):
     assert reader.returncode != 0 and b"Input/output error" in err and out == b""
     assert time.monotonic() - began < LIMIT + 1
     assert m.proc.poll() is None
+
+
+@pytest.mark.fuse
+def test_listing_never_waits_for_a_get(container, hostile, mount):
+    """With a cache of one chunk, reading a file pushes the header's chunk out; a
+    listing (which checks the header's counter) still answers from memory while the
+    server holds every GET."""
+    data, contents = container
+    server = hostile(data, "honest")
+    m = mount(server.url(), [OPTIONS, f"cache_size={CHUNK}"])
+    assert (m.mountpoint / "first").read_bytes() == contents["first"]
+    server.mode = "half-body-held"
+    for _ in range(3):
+        asked = time.monotonic()
+        listing = subprocess.run(["ls", "-l", str(m.mountpoint)], capture_output=True,
+                                 text=True, timeout=LIMIT)
+        assert listing.returncode == 0 and "second" in listing.stdout
+        assert time.monotonic() - asked < 0.5

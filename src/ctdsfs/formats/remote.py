@@ -461,13 +461,24 @@ class RemoteStore:
             with self._lock:
                 if self._version is version:
                     self._cache[key] = data
-                    while len(self._cache) * self.options.chunk_size > self.options.cache_size \
-                            and len(self._cache) > 1:
-                        self._cache.popitem(last=False)
+                    self._evict(version)
             return data
         finally:
             with self._lock:
                 self._pending.pop(key, None)
+
+    def _evict(self, version):
+        """Drop the chunks used longest ago beyond ``cache_size`` (called with the lock).
+        Chunk 0 stays: it holds the container's header, which every listing checks (the
+        counter), and a listing must never wait for a GET."""
+        header = (version.etag, 0)
+        while len(self._cache) * self.options.chunk_size > self.options.cache_size \
+                and len(self._cache) > 2 - (header not in self._cache):
+            oldest = next(iter(self._cache))
+            if oldest == header:
+                self._cache.move_to_end(oldest)
+            else:
+                del self._cache[oldest]
 
     def _get(self, start, end, version):
         try:
