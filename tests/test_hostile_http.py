@@ -2,15 +2,18 @@
 mode): every read ends in the right bytes, EIO or a one-line refusal within the
 configured limits, and a listing of the mount answers throughout."""
 
+import errno
 import os
 import subprocess
 import time
 
 import pytest
 
+from ctdsfs.formats import open_container
 from ctdsfs.formats.remote import RemoteError, RemoteOptions, open_remote
 from ctdsfs.toolbox import pack
 
+from .conftest import DATA
 from .hostile_http import HostileServer
 
 CHUNK = 65536
@@ -102,10 +105,11 @@ def test_mount_returns_within_its_deadline_from_a_server_trickling_headers(
 @pytest.mark.parametrize("mode", ["half-body-held", "trickled-body", "shifted-range",
                                   "gzip-bomb"])
 def test_listing_answers_while_a_read_fails(container, hostile, mount, mode):
-    """The header is served well, the files' bytes are not: a read of them ends in EIO
-    within the limit, never in wrong bytes, while ``ls -l`` and ``stat`` answer at once."""
+    """The header and the files' first bytes (which tell whether they are nested
+    containers) are served well, the rest is not: a read of it ends in EIO within the
+    limit, never in wrong bytes, while ``ls -l`` and ``stat`` answer at once."""
     data, contents = container
-    server = hostile(data, mode, honest_below=CHUNK)
+    server = hostile(data, mode, honest_below=3 * CHUNK)  # (the tail of "second": chunk 4)
     m = mount(server.url(), [OPTIONS])
     began = time.monotonic()
     reader = subprocess.Popen(["tail", "-c", "4096", str(m.mountpoint / "second")],
@@ -137,7 +141,9 @@ def test_listing_never_waits_for_a_get(container, hostile, mount):
     data, contents = container
     server = hostile(data, "honest")
     m = mount(server.url(), [OPTIONS, f"cache_size={CHUNK}"])
-    assert (m.mountpoint / "first").read_bytes() == contents["first"]
+    assert sorted(os.listdir(m.mountpoint)) == ["first", "second"]
+    for name in ("first", "second"):
+        assert (m.mountpoint / name).read_bytes() == contents[name]
     server.mode = "half-body-held"
     for _ in range(3):
         asked = time.monotonic()
@@ -145,3 +151,32 @@ def test_listing_never_waits_for_a_get(container, hostile, mount):
                                  text=True, timeout=LIMIT)
         assert listing.returncode == 0 and "second" in listing.stdout
         assert time.monotonic() - asked < 0.5
+
+
+@pytest.mark.fuse
+def test_nested_container_that_failed_on_the_network_is_a_directory_again(hostile, mount):
+    """A subtable whose first GET failed gives EIO, not a plain file for the rest of the
+    mount: once the server answers it is a directory again."""
+    data = (DATA / "mf2_nested.mf").read_bytes()
+    server = hostile(data, "503", honest_below=8192)  # (the header and table.dat: blocks 0-1)
+    m = mount(server.url(), ["timeout=1,retries=1,chunk_size=4096,readahead=1"])
+    for _ in range(2):  # (not remembered as a file either)
+        with pytest.raises(OSError) as failed:
+            os.listdir(m.mountpoint / "SUB")
+        assert failed.value.errno == errno.EIO
+    server.mode = "honest"
+    local = open_container(DATA / "mf2_nested.mf").nested("SUB")
+    assert sorted(os.listdir(m.mountpoint / "SUB")) == sorted(local.names())
+    assert (m.mountpoint / "SUB" / "x").read_bytes() == local.read("x", 0, 1 << 20)
+    assert "Traceback" not in m.log_text()
+
+
+@pytest.mark.fuse
+def test_stat_of_a_directory_never_waits_for_a_get(container, hostile, mount):
+    """A directory's link count would need its entries' first bytes (nested or not): a
+    stat of a remote mount leaves it unknown until a listing, rather than wait for GETs."""
+    server = hostile(container[0], "half-body-held", honest_below=CHUNK)
+    m = mount(server.url(), [OPTIONS])
+    asked = time.monotonic()
+    assert os.stat(m.mountpoint).st_nlink == 1
+    assert time.monotonic() - asked < 0.5
