@@ -259,6 +259,40 @@ def test_reads_inside_a_chunk_are_views_of_it_not_copies(seaweed):
         container.close()
 
 
+def test_opening_and_listing_a_large_container_fetches_only_its_header(seaweed, tmp_path,
+                                                                      monkeypatch):
+    """Opening a 64 MiB container and listing it (as a mount's ``ls`` does) costs the
+    GET of its first chunk (the header), no readahead: many nodes opening one archive
+    multiply every byte."""
+    from ctdsfs.formats import open_from_store
+    from ctdsfs.formats.remote import open_remote
+    from ctdsfs.vfs import ROOT_INO, ContainerFS
+
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    with open(tree / "large", "wb") as f:
+        f.truncate(64 << 20)
+    (tree / "tiny").write_bytes(b"t" * 10)
+    pack(str(tree), str(tmp_path / "large.mf"), block_size=65536, quiet=True)
+    seaweed.client.put_object(Bucket=BUCKET, Key="large.mf",
+                              Body=(tmp_path / "large.mf").read_bytes())
+    asked = []
+    get = RemoteStore._get
+    monkeypatch.setattr(RemoteStore, "_get", lambda self, start, end, version: (
+        asked.append((start, end)), get(self, start, end, version))[1])
+    options = RemoteOptions(endpoint_url=seaweed.endpoint)
+    store = open_remote(seaweed.url("large.mf"), options)
+    fs = ContainerFS(open_from_store(store), seaweed.url("large.mf"), source_stat=store.stat,
+                     stat_reads=False)
+    try:
+        assert [name for name, _, _ in fs.readdir(fs.opendir(ROOT_INO))] == \
+            [".", "..", "large", "tiny"]
+        time.sleep(1)  # (readahead, if any, has begun)
+        assert asked == [(0, options.chunk_size)]
+    finally:
+        fs.root.close()
+
+
 @pytest.mark.fuse
 @pytest.mark.parametrize("library", ["botocore", "obstore", "memory"])
 def test_benchmark_floor_serves_the_object_byte_for_byte(seaweed, mount, library):

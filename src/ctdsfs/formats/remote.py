@@ -544,14 +544,19 @@ class RemoteStore:
         first, last = offset // step, (end - 1) // step
         chunks = [self._chunk(version, i) for i in range(first, last + 1)]
         with self._lock:
-            sequential = self._next_chunk is not None and first in (self._next_chunk - 1,
-                                                                    self._next_chunk)
+            # readahead starts when a reader moves on into the next chunk, never while it
+            # stays in one (opening a container reads its first chunk more than once)
+            was = self._next_chunk
+            moved_on = was is not None and first in (was - 1, was) and last >= was
+            stays = was is not None and first == last == was - 1
             self._next_chunk = last + 1
-            # chunks not asked for yet: none while a reader stays in one chunk
             ahead = range(max(last + 1, self._read_ahead_to),
                           min(last + 1 + self.options.readahead, -(-version.size // step))) \
-                if sequential else range(0)
-            self._read_ahead_to = max(ahead.start, ahead.stop) if sequential else 0
+                if moved_on else range(0)
+            if moved_on:
+                self._read_ahead_to = max(ahead.start, ahead.stop)
+            elif not stays:
+                self._read_ahead_to = 0
         for i in ahead:
             self._chunk(version, i)
         pieces = []
