@@ -454,6 +454,41 @@ def test_fsspec_reads_containers_without_fuse(seaweed, web, objects, ctdsfs_prot
     assert fsspec_tree(fs) == snapshot(open_container(objects / "mf2_crc.mf"))
 
 
+def test_fsspec_takes_s3fs_storage_options_with_credentials_in_process(
+        seaweed, objects, ctdsfs_protocol, monkeypatch, tmp_path):
+    """Code written for s3fs hands credentials over in-process; the AWS environment and
+    config files hold none here. The filesystem still pickles."""
+    import pickle
+
+    fsspec = ctdsfs_protocol
+    for name in (*CREDENTIALS, "AWS_PROFILE", "AWS_ENDPOINT_URL"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    url = seaweed.url("mf2_nested.mf")
+    expected = snapshot(open_container(objects / "mf2_nested.mf"))
+    credentials = {"key": CREDENTIALS["AWS_ACCESS_KEY_ID"],
+                   "secret": CREDENTIALS["AWS_SECRET_ACCESS_KEY"]}
+    for refused in ({"endpoint_url": seaweed.endpoint},  # no credentials at all
+                    {"endpoint_url": seaweed.endpoint, "anon": True}):
+        with pytest.raises(OSError):
+            fsspec.filesystem("ctdsfs", fo=url, target_options=refused, skip_instance_cache=True)
+    with fsspec.open("ctdsfs://SUB/x", fo=url,
+                     target_options={**credentials, "endpoint_url": seaweed.endpoint}) as f:
+        assert f.read() == expected["SUB/x"]
+    s3fs_style = {"client_kwargs": {"endpoint_url": seaweed.endpoint, "region_name": "us-east-1"},
+                  "config_kwargs": {"connect_timeout": 5, "read_timeout": 5}, **credentials}
+    fs = fsspec.filesystem("ctdsfs", fo=url, target_options=s3fs_style)
+    assert fsspec_tree(fs) == expected
+    assert fsspec_tree(pickle.loads(pickle.dumps(fs))) == expected
+    with fsspec.open(f"ctdsfs://SUB/y::{url}",
+                     s3={**credentials, "endpoint_url": seaweed.endpoint}) as f:
+        assert f.read() == expected["SUB/y"]
+    with pytest.raises(ValueError, match=r"use_ssl.*not understood"):
+        fsspec.filesystem("ctdsfs", fo=url, target_options={**credentials, "use_ssl": False},
+                          skip_instance_cache=True)
+
+
 def test_cache_dir_survives_the_store_is_shared_and_bounded(seaweed, objects, tmp_path):
     from concurrent.futures import ThreadPoolExecutor
 

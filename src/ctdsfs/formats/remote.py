@@ -80,6 +80,11 @@ class RemoteOptions:
     revalidate: float = 1.0  # seconds between checks for a replaced object
     cache_dir: str = None  # a directory of chunks that outlives the mount (DiskCache)
     cache_dir_size: int = 4 << 30  # bytes that directory may hold
+    # S3 credentials handed over in-process (fsspec's convention, as s3fs takes them);
+    # never mount options: a command line is seen by every local user
+    key: str = dataclasses.field(default=None, repr=False)
+    secret: str = dataclasses.field(default=None, repr=False)
+    token: str = dataclasses.field(default=None, repr=False)
 
 
 class DiskCache:
@@ -189,10 +194,12 @@ class _S3:
                 retries={"total_max_attempts": 1}, connect_timeout=options.timeout,
                 read_timeout=options.timeout, max_pool_connections=options.concurrency + 2,
                 s3={"addressing_style": "path" if endpoint else "auto"})
+            given = {"aws_access_key_id": options.key, "aws_secret_access_key": options.secret,
+                     "aws_session_token": options.token}
             self._client = session.create_client(
                 "s3", endpoint_url=endpoint, config=config,
                 region_name=options.region or session.get_config_variable("region")
-                or "us-east-1")
+                or "us-east-1", **{k: v for k, v in given.items() if v is not None})
         except self._exc.BotoCoreError as exc:  # a missing profile, a bad endpoint
             raise CtdsfsError(f"{url}: {exc}") from None
         sending = getattr(self._client._endpoint, "http_session", None)  # (no public way)
