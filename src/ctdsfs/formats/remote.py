@@ -3,14 +3,16 @@
 A :class:`RemoteStore` stands where a :class:`~ctdsfs.formats.store.FileStore`
 stands for a local file, read-only: ``pread`` becomes ranged GETs of whole
 chunks (``chunk_size``), run by a small thread pool (``concurrency``), kept in
-a bounded memory cache (``cache_size``) and read ahead when access is
-sequential (``readahead`` chunks), so a FUSE read of 128 KiB costs no request
-of its own.
+a bounded memory cache (``cache_size``; the header's chunk 0 always stays) and
+read ahead (``readahead`` chunks) once a reader moves on into the next chunk,
+so a FUSE read of 128 KiB costs no request of its own, and opening a container
+costs the GET of its header's chunk and nothing more.
 
 Libraries: botocore (synchronous) for S3, since it brings the whole AWS
 configuration chain (``AWS_*`` variables, ``~/.aws/config`` and credentials,
-profiles, ``AWS_ENDPOINT_URL``) and is what s3fs is built on; urllib3 for
-plain HTTP(S). Throughput comes from the concurrent chunked GETs, not from the
+profiles, ``AWS_ENDPOINT_URL``; in-process ``key``/``secret``/``token`` too)
+and is what s3fs is built on; urllib3 for plain HTTP(S) (``remote_http``).
+Throughput comes from the concurrent chunked GETs, not from the
 client (README, "Containers on S3 and HTTP", has the figures).
 
 Coherence: every GET carries ``If-Match`` with the ETag of the version being
@@ -22,11 +24,16 @@ that read (EIO) and marks the store stale; the container's next reload check
 (``replaced()``) switches to the new version, the way a local container
 reloads when its header counter moved on.
 
-Faults: every request has a ``timeout``; a failure (5xx, reset, timeout) is
-retried ``retries`` times with exponential backoff, then the read fails with a
-:class:`RemoteError` (a BlockError: EIO for that read in a mount, one line from
-a command). Nothing a server answers is trusted: sizes are checked against
-what was asked for, and a body is never read past the range requested.
+Faults: every request has a ``timeout`` between bytes and a total deadline
+(``remote_wire.deadline``: ``timeout`` plus ``timeout`` per MiB asked for),
+after which its connection is cut; a failure (5xx, reset, timeout, a wrong
+answer) is retried ``retries`` times with exponential backoff, then the read
+fails with a :class:`RemoteError` (a BlockError: EIO for that read in a mount,
+one line from a command). Nothing a server answers is trusted
+(``remote_wire.check_range``): a 206 must name exactly the range asked for and
+the object's size, the body must be exactly that long (at most one byte more
+is ever read), an encoded body is refused (``Accept-Encoding: identity``), and
+redirects are never followed.
 """
 
 import contextlib
@@ -169,6 +176,10 @@ class DiskCache:
             self._used = used
 
 
+class _Redirected(Exception):
+    """An S3 answer redirected elsewhere, without naming the bucket's region."""
+
+
 class _S3:
     """S3 through botocore: the AWS credential chain, endpoint and region conventions."""
 
@@ -202,11 +213,17 @@ class _S3:
                 or "us-east-1", **{k: v for k, v in given.items() if v is not None})
         except self._exc.BotoCoreError as exc:  # a missing profile, a bad endpoint
             raise CtdsfsError(f"{url}: {exc}") from None
+        # botocore asks a bucket redirected without its region for the region (HeadBucket),
+        # and again at each redirect of that: a server redirecting everything recursed
+        self._client.meta.events.register("before-call.s3.HeadBucket", self._no_region_lookup)
         sending = getattr(self._client._endpoint, "http_session", None)  # (no public way)
         pools = getattr(sending, "_pool_classes_by_scheme", None)
         if isinstance(pools, dict):  # its connections under DEADLINES, as HTTPObject's
             pools.update(timed_pool_classes(pools))
         self.options = options
+
+    def _no_region_lookup(self, **kwargs):
+        raise _Redirected(f"{self.url}: redirected elsewhere without a region: refused")
 
     def for_key(self, key):
         """The same bucket's object ``key``, through the same client (and connections)."""
@@ -217,6 +234,8 @@ class _S3:
     def _call(self, method, **kwargs):
         try:
             return method(Bucket=self.bucket, **kwargs)
+        except _Redirected as exc:
+            raise RemoteError(str(exc), "redirected elsewhere: refused") from None
         except self._exc.ClientError as exc:
             code = str(exc.response.get("Error", {}).get("Code", ""))
             status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
@@ -237,6 +256,9 @@ class _S3:
     def head(self):
         with DEADLINES.watching(deadline(self.options, 0)):
             r = self._call(self._client.head_object, Key=self.key)
+        if not r.get("ETag"):
+            raise RemoteError(f"{self.url}: the server sends no ETag, so a replaced object "
+                              "could serve mixed bytes: refused")
         modified = r.get("LastModified")
         return _Version(_length(r.get("ContentLength"), self.url), r.get("ETag"),
                         modified.timestamp() if modified else 0.0)
