@@ -83,7 +83,7 @@ class RemoteOptions:
     readahead: int = 8  # chunks fetched ahead of a sequential reader (all GETs busy)
     concurrency: int = 8  # GETs in flight
     retries: int = 3  # further attempts after a failed request
-    timeout: float = 10.0  # seconds to connect, and between bytes of an answer
+    timeout: float = 10.0  # seconds to connect, between bytes, and per request and MiB
     revalidate: float = 1.0  # seconds between checks for a replaced object
     cache_dir: str = None  # a directory of chunks that outlives the mount (DiskCache)
     cache_dir_size: int = 4 << 30  # bytes that directory may hold

@@ -116,10 +116,16 @@ class Deadlines:
 
     def __init__(self):
         self._local = threading.local()
-        self._pid = None
+        self._forked()
+        os.register_at_fork(after_in_child=self._forked)
+
+    def _forked(self):
+        """(A forked child starts its own thread, at its first request.)"""
+        self._starting = threading.Lock()
+        self._started = False
 
     def _start(self):
-        self._pid = os.getpid()  # (a forked child starts its own thread)
+        self._started = True
         self._cond = threading.Condition()
         self._heap = []  # (when, sequence number, _Watch)
         self._numbers = itertools.count()
@@ -132,8 +138,9 @@ class Deadlines:
 
     @contextlib.contextmanager
     def watching(self, seconds):
-        if self._pid != os.getpid():
-            self._start()
+        with self._starting:
+            if not self._started:
+                self._start()
         watch = _Watch()
         with self._cond:
             heapq.heappush(self._heap, (time.monotonic() + seconds, next(self._numbers), watch))
