@@ -111,7 +111,7 @@ def test_mount_returns_within_its_deadline_from_a_trickling_server(container, ho
     (tmp_path / "mnt").mkdir()
     began = time.monotonic()
     result = subprocess.run(["mount.ctdsfs", server.url(), str(tmp_path / "mnt"), "-o", OPTIONS],
-                            capture_output=True, text=True, timeout=60)
+                            capture_output=True, text=True, timeout=60, check=False)
     assert time.monotonic() - began < LIMIT + 2  # (+ the command's start)
     assert result.returncode == 1 and "no complete answer within" in result.stderr
     assert len(result.stderr.splitlines()) == 1, result.stderr
@@ -123,8 +123,7 @@ def test_listing_answers_while_a_read_fails(container, hostile, mount, mode):
     """The header and the files' first bytes (which tell whether they are nested
     containers) are served well, the rest is not: a read of it ends in EIO within the
     limit, never in wrong bytes, while ``ls -l`` and ``stat`` answer at once."""
-    data, contents = container
-    server = hostile(data, mode, honest_below=3 * CHUNK)  # (the tail of "second": chunk 4)
+    server = hostile(container[0], mode, honest_below=3 * CHUNK)  # (the tail of "second": chunk 4)
     m = mount(server.url(), [OPTIONS])
     began = time.monotonic()
     reader = subprocess.Popen(["tail", "-c", "4096", str(m.mountpoint / "second")],
@@ -134,7 +133,7 @@ def test_listing_answers_while_a_read_fails(container, hostile, mount, mode):
         for _ in range(3):
             asked = time.monotonic()
             listing = subprocess.run(["ls", "-l", str(m.mountpoint)], capture_output=True,
-                                     text=True, timeout=LIMIT)
+                                     text=True, timeout=LIMIT, check=False)
             assert listing.returncode == 0 and "second" in listing.stdout
             assert os.stat(m.mountpoint / "second").st_size == FILE_SIZE
             assert time.monotonic() - asked < 0.5
@@ -163,7 +162,7 @@ def test_listing_never_waits_for_a_get(container, hostile, mount):
     for _ in range(3):
         asked = time.monotonic()
         listing = subprocess.run(["ls", "-l", str(m.mountpoint)], capture_output=True,
-                                 text=True, timeout=LIMIT)
+                                 text=True, timeout=LIMIT, check=False)
         assert listing.returncode == 0 and "second" in listing.stdout
         assert time.monotonic() - asked < 0.5
 
