@@ -259,6 +259,40 @@ def test_reads_inside_a_chunk_are_views_of_it_not_copies(seaweed):
         container.close()
 
 
+def test_opening_and_listing_a_large_container_fetches_only_its_header(seaweed, tmp_path,
+                                                                      monkeypatch):
+    """Opening a 64 MiB container and listing it (as a mount's ``ls`` does) costs the
+    GET of its first chunk (the header), no readahead: many nodes opening one archive
+    multiply every byte."""
+    from ctdsfs.formats import open_from_store
+    from ctdsfs.formats.remote import open_remote
+    from ctdsfs.vfs import ROOT_INO, ContainerFS
+
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    with open(tree / "large", "wb") as f:
+        f.truncate(64 << 20)
+    (tree / "tiny").write_bytes(b"t" * 10)
+    pack(str(tree), str(tmp_path / "large.mf"), block_size=65536, quiet=True)
+    seaweed.client.put_object(Bucket=BUCKET, Key="large.mf",
+                              Body=(tmp_path / "large.mf").read_bytes())
+    asked = []
+    get = RemoteStore._get
+    monkeypatch.setattr(RemoteStore, "_get", lambda self, start, end, version: (
+        asked.append((start, end)), get(self, start, end, version))[1])
+    options = RemoteOptions(endpoint_url=seaweed.endpoint)
+    store = open_remote(seaweed.url("large.mf"), options)
+    fs = ContainerFS(open_from_store(store), seaweed.url("large.mf"), source_stat=store.stat,
+                     stat_reads=False)
+    try:
+        assert [name for name, _, _ in fs.readdir(fs.opendir(ROOT_INO))] == \
+            [".", "..", "large", "tiny"]
+        time.sleep(1)  # (readahead, if any, has begun)
+        assert asked == [(0, options.chunk_size)]
+    finally:
+        fs.root.close()
+
+
 @pytest.mark.fuse
 @pytest.mark.parametrize("library", ["botocore", "obstore", "memory"])
 def test_benchmark_floor_serves_the_object_byte_for_byte(seaweed, mount, library):
@@ -418,6 +452,41 @@ def test_fsspec_reads_containers_without_fuse(seaweed, web, objects, ctdsfs_prot
     memory.pipe("/ctdsfs-test/crc.mf", (objects / "mf2_crc.mf").read_bytes())
     fs = fsspec.filesystem("ctdsfs", fo="memory://ctdsfs-test/crc.mf")
     assert fsspec_tree(fs) == snapshot(open_container(objects / "mf2_crc.mf"))
+
+
+def test_fsspec_takes_s3fs_storage_options_with_credentials_in_process(
+        seaweed, objects, ctdsfs_protocol, monkeypatch, tmp_path):
+    """Code written for s3fs hands credentials over in-process; the AWS environment and
+    config files hold none here. The filesystem still pickles."""
+    import pickle
+
+    fsspec = ctdsfs_protocol
+    for name in (*CREDENTIALS, "AWS_PROFILE", "AWS_ENDPOINT_URL"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    url = seaweed.url("mf2_nested.mf")
+    expected = snapshot(open_container(objects / "mf2_nested.mf"))
+    credentials = {"key": CREDENTIALS["AWS_ACCESS_KEY_ID"],
+                   "secret": CREDENTIALS["AWS_SECRET_ACCESS_KEY"]}
+    for refused in ({"endpoint_url": seaweed.endpoint},  # no credentials at all
+                    {"endpoint_url": seaweed.endpoint, "anon": True}):
+        with pytest.raises(OSError):
+            fsspec.filesystem("ctdsfs", fo=url, target_options=refused, skip_instance_cache=True)
+    with fsspec.open("ctdsfs://SUB/x", fo=url,
+                     target_options={**credentials, "endpoint_url": seaweed.endpoint}) as f:
+        assert f.read() == expected["SUB/x"]
+    s3fs_style = {"client_kwargs": {"endpoint_url": seaweed.endpoint, "region_name": "us-east-1"},
+                  "config_kwargs": {"connect_timeout": 5, "read_timeout": 5}, **credentials}
+    fs = fsspec.filesystem("ctdsfs", fo=url, target_options=s3fs_style)
+    assert fsspec_tree(fs) == expected
+    assert fsspec_tree(pickle.loads(pickle.dumps(fs))) == expected
+    with fsspec.open(f"ctdsfs://SUB/y::{url}",
+                     s3={**credentials, "endpoint_url": seaweed.endpoint}) as f:
+        assert f.read() == expected["SUB/y"]
+    with pytest.raises(ValueError, match=r"use_ssl.*not understood"):
+        fsspec.filesystem("ctdsfs", fo=url, target_options={**credentials, "use_ssl": False},
+                          skip_instance_cache=True)
 
 
 def test_cache_dir_survives_the_store_is_shared_and_bounded(seaweed, objects, tmp_path):

@@ -109,8 +109,9 @@ mount options (-o, comma separated):
                        later mounts (bounded: default 4G, oldest go first;
                        two mounts may share it)
   timeout=SECONDS, retries=N, revalidate=SECONDS
-                       remote sources: a request's timeout (10), retries
-                       with backoff before a read fails with EIO (3), how
+                       remote sources: a request's timeout (10; a whole
+                       request may take it, and as much again per MiB
+                       asked), retries with backoff before EIO (3), how
                        often the object's ETag is checked for a new version
                        (1)
   logfile=PATH         log to PATH (the daemon logs to syslog otherwise)

@@ -9,10 +9,12 @@ The container is opened by the same code a mount uses (``open_container``;
 ``s3://`` and ``http(s)://`` through ``formats.remote``), and other fsspec
 sources (``memory://``, ``gcs://``, ...) through their own filesystem's
 ranged reads. Nested containers are directories; files are read in ranges.
-Read-only. Credentials come from the AWS environment and config files, as for
-the mount; ``target_options`` take ``endpoint_url``, ``region``, ``profile``,
-``anon`` (or s3fs's ``client_kwargs={"endpoint_url":, "region_name":}``) and
-the RemoteOptions numbers (``cache_size``, ``chunk_size``, ...).
+Read-only. ``target_options`` (and a chained URL's ``s3={...}``) take s3fs's
+storage options that make sense for reading: credentials in-process (``key``,
+``secret``, ``token``; else the AWS environment and config files, as for the
+mount), ``endpoint_url``, ``region``, ``profile``, ``anon``, s3fs's
+``client_kwargs`` and ``config_kwargs`` (``_remote_options`` says which), and
+the RemoteOptions numbers (``cache_size``, ``chunk_size``, ``timeout``, ...).
 """
 
 import dataclasses
@@ -26,18 +28,34 @@ from .formats import REMOTE_SCHEMES, open_container, open_from_store
 from .formats.remote import RemoteOptions
 
 REMOTE_FIELDS = {f.name for f in dataclasses.fields(RemoteOptions)}
+# s3fs's storage options that mean something for reading, as RemoteOptions names
+CLIENT_KWARGS = {"endpoint_url": "endpoint_url", "region_name": "region",
+                 "aws_access_key_id": "key", "aws_secret_access_key": "secret",
+                 "aws_session_token": "token"}
+CONFIG_KWARGS = {"region_name": "region", "connect_timeout": "timeout",
+                 "read_timeout": "timeout", "max_pool_connections": "concurrency"}
 
 
 def _remote_options(target_options):
-    """RemoteOptions from s3fs-style ``target_options`` (no credentials: the AWS chain has them)."""
+    """RemoteOptions from s3fs-style ``target_options``: ``key``, ``secret``, ``token``,
+    ``endpoint_url``, ``anon``, ``profile``, ``client_kwargs`` and ``config_kwargs`` (the
+    entries of CLIENT_KWARGS and CONFIG_KWARGS), and the RemoteOptions names. Anything
+    else is refused, never ignored."""
     given = dict(target_options)
-    client = given.pop("client_kwargs", {}) or {}
-    given.setdefault("endpoint_url", client.get("endpoint_url"))
-    given.setdefault("region", client.get("region_name"))
-    unknown = sorted(set(given) - REMOTE_FIELDS)
+    unknown = []
+    for nested, names in (("client_kwargs", CLIENT_KWARGS), ("config_kwargs", CONFIG_KWARGS)):
+        for name, value in (given.pop(nested, None) or {}).items():
+            if name not in names:
+                unknown.append(f"{nested}[{name!r}]")
+            elif value is not None:
+                field = names[name]
+                if field == "timeout" and field in given:  # (one for connect and read)
+                    given[field] = max(given[field], value)
+                else:
+                    given.setdefault(field, value)
+    unknown += sorted(set(given) - REMOTE_FIELDS)
     if unknown:
-        raise ValueError(f"ctdsfs: target option(s) {', '.join(unknown)} not understood "
-                         "(credentials come from the AWS environment and config files)")
+        raise ValueError(f"ctdsfs: target option(s) {', '.join(unknown)} not understood")
     return RemoteOptions(**{k: v for k, v in given.items() if v is not None})
 
 

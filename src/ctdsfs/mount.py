@@ -300,7 +300,7 @@ def mount(source, mountpoint, opts, foreground=False):
         container = open_container(source, verify_crc=opts.verify_crc, writable=opts.writable)
     write_cache = opts.writable and container.kernel_write_cache
     fs = ContainerFS(container, source, writable=opts.writable, kernel_appends=write_cache,
-                     source_stat=source_stat)
+                     source_stat=source_stat, stat_reads=not remote)
     fuse_options = {"rw" if opts.writable else "ro", "subtype=ctdsfs",
                     "fsname=" + source.replace(",", "\\,")}
     fuse_options |= opts.kernel

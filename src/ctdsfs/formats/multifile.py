@@ -42,6 +42,7 @@ from .multifile_header import (FIXED_V2, PLAIN, Entry, Header, encode_body_v2, e
                                encode_header_v2, index_runs, looks_like_multifile,
                                looks_like_v2, read_header)
 from .multifile_index import open_index, plain_bitmap
+from .remote_wire import RemoteError
 from .store import VirtualFileStore, open_store
 
 log = logging.getLogger(__name__)
@@ -539,6 +540,8 @@ class MultiFile(Container):
         try:
             if not looks_like_v2(first or self.read(name, 0, FIXED_V2.size)):
                 return None
+        except RemoteError:
+            raise  # a failed GET tells nothing of the file: EIO now, tried again next time
         except BlockError:
             self._unsure.add(name)
             return None
@@ -552,6 +555,9 @@ class MultiFile(Container):
                               index=self.index, index_path=f"{self.index_path}/{name}")
             self._unsure.discard(name)
             return child
+        except RemoteError:
+            self._unsure.discard(name)
+            raise
         except (FormatError, BlockError) as exc:
             self._problem(f"{name!r} shown as a file: looks nested but {exc}")
             return None

@@ -3,14 +3,16 @@
 A :class:`RemoteStore` stands where a :class:`~ctdsfs.formats.store.FileStore`
 stands for a local file, read-only: ``pread`` becomes ranged GETs of whole
 chunks (``chunk_size``), run by a small thread pool (``concurrency``), kept in
-a bounded memory cache (``cache_size``) and read ahead when access is
-sequential (``readahead`` chunks), so a FUSE read of 128 KiB costs no request
-of its own.
+a bounded memory cache (``cache_size``; the header's chunk 0 always stays) and
+read ahead (``readahead`` chunks) once a reader moves on into the next chunk,
+so a FUSE read of 128 KiB costs no request of its own, and opening a container
+costs the GET of its header's chunk and nothing more.
 
 Libraries: botocore (synchronous) for S3, since it brings the whole AWS
 configuration chain (``AWS_*`` variables, ``~/.aws/config`` and credentials,
-profiles, ``AWS_ENDPOINT_URL``) and is what s3fs is built on; urllib3 for
-plain HTTP(S). Throughput comes from the concurrent chunked GETs, not from the
+profiles, ``AWS_ENDPOINT_URL``; in-process ``key``/``secret``/``token`` too)
+and is what s3fs is built on; urllib3 for plain HTTP(S) (``remote_http``).
+Throughput comes from the concurrent chunked GETs, not from the
 client (README, "Containers on S3 and HTTP", has the figures).
 
 Coherence: every GET carries ``If-Match`` with the ETag of the version being
@@ -22,11 +24,16 @@ that read (EIO) and marks the store stale; the container's next reload check
 (``replaced()``) switches to the new version, the way a local container
 reloads when its header counter moved on.
 
-Faults: every request has a ``timeout``; a failure (5xx, reset, timeout) is
-retried ``retries`` times with exponential backoff, then the read fails with a
-:class:`RemoteError` (a BlockError: EIO for that read in a mount, one line from
-a command). Nothing a server answers is trusted: sizes are checked against
-what was asked for, and a body is never read past the range requested.
+Faults: every request has a ``timeout`` between bytes and a total deadline
+(``remote_wire.deadline``: ``timeout`` plus ``timeout`` per MiB asked for),
+after which its connection is cut; a failure (5xx, reset, timeout, a wrong
+answer) is retried ``retries`` times with exponential backoff, then the read
+fails with a :class:`RemoteError` (a BlockError: EIO for that read in a mount,
+one line from a command). Nothing a server answers is trusted
+(``remote_wire.check_range``): a 206 must name exactly the range asked for and
+the object's size, the body must be exactly that long (at most one byte more
+is ever read), an encoded body is refused (``Accept-Encoding: identity``), and
+redirects are never followed.
 """
 
 import contextlib
@@ -42,19 +49,21 @@ import time
 import weakref
 from collections import OrderedDict
 from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
-from email.utils import parsedate_to_datetime
 from types import SimpleNamespace
 from urllib.parse import urlsplit
 
-from ..errors import BlockError, CtdsfsError
+from ..errors import CtdsfsError
 from . import REMOTE_SCHEMES
+from .remote_http import HTTPObject, timed_pool_classes
+from .remote_wire import (DEADLINES, RemoteError, _Missing, _Replaced, _Transient, _Version,
+                          _length, check_body, check_range, deadline)
 
 log = logging.getLogger(__name__)
 
 SPEC_ENV = "CTDSFS_REMOTE_SPEC"  # how an HDF5 probe child gets the same pinned object
 BACKOFF_FIRST, BACKOFF_MAX = 0.2, 2.0  # seconds between attempts, doubling
+LIST_PAGE_BYTES = 1 << 20  # what a page of a listing may take as long as (its deadline)
 UNREACHABLE_RECHECK = 10.0  # seconds between version checks while the server does not answer
-DATE_PIN = "Last-Modified: "  # a version pinned by its date and size (a server without ETags)
 
 
 def is_remote(source):
@@ -74,10 +83,15 @@ class RemoteOptions:
     readahead: int = 8  # chunks fetched ahead of a sequential reader (all GETs busy)
     concurrency: int = 8  # GETs in flight
     retries: int = 3  # further attempts after a failed request
-    timeout: float = 10.0  # seconds to connect, and between bytes of an answer
+    timeout: float = 10.0  # seconds to connect, between bytes, and per request and MiB
     revalidate: float = 1.0  # seconds between checks for a replaced object
     cache_dir: str = None  # a directory of chunks that outlives the mount (DiskCache)
     cache_dir_size: int = 4 << 30  # bytes that directory may hold
+    # S3 credentials handed over in-process (fsspec's convention, as s3fs takes them);
+    # never mount options: a command line is seen by every local user
+    key: str = dataclasses.field(default=None, repr=False)
+    secret: str = dataclasses.field(default=None, repr=False)
+    token: str = dataclasses.field(default=None, repr=False)
 
 
 class DiskCache:
@@ -162,116 +176,8 @@ class DiskCache:
             self._used = used
 
 
-class RemoteError(BlockError):
-    """A remote read failed after its retries (or found the object replaced)."""
-
-
-class _Transient(Exception):
-    """A failure worth another attempt (5xx, 429, reset, timeout)."""
-
-
-class _Replaced(Exception):
-    """The server holds another version than the one pinned (412, or another ETag)."""
-
-
-class _Missing(Exception):
-    """No such object (404)."""
-
-
-@dataclasses.dataclass(frozen=True)
-class _Version:
-    size: int
-    etag: str  # what pins this version: its ETag, or DATE_PIN + its Last-Modified date
-    mtime: float
-
-
-def _length(text, url):
-    try:
-        size = int(text)
-    except (TypeError, ValueError):
-        raise CtdsfsError(f"{url}: the server gives no valid size ({text!r})") from None
-    if size < 0:
-        raise CtdsfsError(f"{url}: the server gives a negative size")
-    return size
-
-
-class _HTTP:
-    """Plain HTTP(S) with urllib3: HEAD for the version, ranged GETs pinned by If-Match."""
-
-    def __init__(self, url, options):
-        import urllib3
-
-        self.url = url
-        self._errors = urllib3.exceptions.HTTPError
-        self._tls_errors = urllib3.exceptions.SSLError  # a refused certificate: no retry
-        self._pool = urllib3.PoolManager(
-            maxsize=options.concurrency + 2, retries=False, block=False,
-            timeout=urllib3.Timeout(connect=options.timeout, read=options.timeout))
-
-    def _request(self, method, headers, limit):
-        """``(response, body)``: never more of the body than ``limit`` bytes is read (read
-        exactly, urllib3 hands its buffer over without a copy)."""
-        try:
-            r = self._pool.request(method, self.url, headers=headers, preload_content=False,
-                                   redirect=False)
-            try:
-                body = r.read(limit) if limit else b""
-            finally:
-                r.release_conn()
-        except self._tls_errors as exc:
-            raise RemoteError(f"{self.url}: TLS: {exc}", f"TLS: {exc}") from None
-        except (self._errors, OSError) as exc:
-            raise _Transient(str(exc) or type(exc).__name__) from None
-        if r.status in (404, 410):
-            raise _Missing()
-        if r.status == 412:
-            raise _Replaced()
-        if r.status >= 500 or r.status == 429:
-            raise _Transient(f"HTTP {r.status}")
-        if r.status not in (200, 206):
-            raise RemoteError(f"{self.url}: HTTP {r.status} {r.reason}", f"HTTP {r.status}")
-        return r, body
-
-    def head(self):
-        """The version: its ETag, else its Last-Modified date (with its size); a server
-        sending neither cannot tell versions apart, so its objects are refused."""
-        r, _ = self._request("HEAD", {}, 0)
-        modified = r.headers.get("Last-Modified")
-        try:
-            mtime = parsedate_to_datetime(modified).timestamp() if modified else 0.0
-        except (TypeError, ValueError):
-            mtime = 0.0
-        etag = r.headers.get("ETag") or (modified and DATE_PIN + modified)
-        if not etag:
-            raise RemoteError(f"{self.url}: the server sends neither ETag nor Last-Modified, "
-                              "so a replaced object could serve mixed bytes: refused")
-        return _Version(_length(r.headers.get("Content-Length"), self.url), etag, mtime)
-
-    def get(self, start, end, version):
-        """Bytes ``start`` to ``end`` of ``version``: asked for under its ETag (If-Match)
-        or date (If-Unmodified-Since), and checked against the answer's ETag, or its
-        Last-Modified and total size, for servers ignoring those conditions."""
-        headers = {"Range": f"bytes={start}-{end - 1}"}
-        by_date = version.etag.startswith(DATE_PIN)
-        if by_date:
-            headers["If-Unmodified-Since"] = version.etag[len(DATE_PIN):]
-        elif not version.etag.startswith("W/"):  # If-Match compares strongly: never weak
-            headers["If-Match"] = version.etag
-        r, body = self._request("GET", headers, end - start)
-        if by_date:
-            total = r.headers.get("Content-Range", "").rpartition("/")[2]
-            if r.headers.get("Last-Modified") != version.etag[len(DATE_PIN):] \
-                    or total not in ("", "*", str(version.size)):
-                raise _Replaced()
-        elif r.headers.get("ETag") not in (None, version.etag):
-            raise _Replaced()
-        if r.status != 206 and not (start == 0 and r.headers.get("Content-Length")
-                                    == str(end - start)):
-            raise _Transient(f"HTTP {r.status} instead of the range asked for")
-        return body
-
-    def close(self):
-        self._pool.clear()
+class _Redirected(Exception):
+    """An S3 answer redirected elsewhere, without naming the bucket's region."""
 
 
 class _S3:
@@ -299,12 +205,25 @@ class _S3:
                 retries={"total_max_attempts": 1}, connect_timeout=options.timeout,
                 read_timeout=options.timeout, max_pool_connections=options.concurrency + 2,
                 s3={"addressing_style": "path" if endpoint else "auto"})
+            given = {"aws_access_key_id": options.key, "aws_secret_access_key": options.secret,
+                     "aws_session_token": options.token}
             self._client = session.create_client(
                 "s3", endpoint_url=endpoint, config=config,
                 region_name=options.region or session.get_config_variable("region")
-                or "us-east-1")
+                or "us-east-1", **{k: v for k, v in given.items() if v is not None})
         except self._exc.BotoCoreError as exc:  # a missing profile, a bad endpoint
             raise CtdsfsError(f"{url}: {exc}") from None
+        # botocore asks a bucket redirected without its region for the region (HeadBucket),
+        # and again at each redirect of that: a server redirecting everything recursed
+        self._client.meta.events.register("before-call.s3.HeadBucket", self._no_region_lookup)
+        sending = getattr(self._client._endpoint, "http_session", None)  # (no public way)
+        pools = getattr(sending, "_pool_classes_by_scheme", None)
+        if isinstance(pools, dict):  # its connections under DEADLINES, as HTTPObject's
+            pools.update(timed_pool_classes(pools))
+        self.options = options
+
+    def _no_region_lookup(self, **kwargs):
+        raise _Redirected(f"{self.url}: redirected elsewhere without a region: refused")
 
     def for_key(self, key):
         """The same bucket's object ``key``, through the same client (and connections)."""
@@ -315,6 +234,8 @@ class _S3:
     def _call(self, method, **kwargs):
         try:
             return method(Bucket=self.bucket, **kwargs)
+        except _Redirected as exc:
+            raise RemoteError(str(exc), "redirected elsewhere: refused") from None
         except self._exc.ClientError as exc:
             code = str(exc.response.get("Error", {}).get("Code", ""))
             status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
@@ -333,29 +254,35 @@ class _S3:
             raise _Transient(str(exc) or type(exc).__name__) from None
 
     def head(self):
-        r = self._call(self._client.head_object, Key=self.key)
+        with DEADLINES.watching(deadline(self.options, 0)):
+            r = self._call(self._client.head_object, Key=self.key)
+        if not r.get("ETag"):
+            raise RemoteError(f"{self.url}: the server sends no ETag, so a replaced object "
+                              "could serve mixed bytes: refused")
         modified = r.get("LastModified")
         return _Version(_length(r.get("ContentLength"), self.url), r.get("ETag"),
                         modified.timestamp() if modified else 0.0)
 
     def get(self, start, end, version):
+        """Bytes ``start`` to ``end`` of ``version`` (If-Match its ETag), the answer checked
+        as an HTTP one is (``check_range``), all within the request's deadline."""
         kwargs = {"Range": f"bytes={start}-{end - 1}"}
         if version.etag:
             kwargs["IfMatch"] = version.etag
-        r = self._call(self._client.get_object, Key=self.key, **kwargs)
-        if version.etag and r.get("ETag") not in (None, version.etag):
-            r["Body"].close()
-            raise _Replaced()
-        if r.get("ContentLength") != end - start:
-            r["Body"].close()
-            raise _Transient(f"{r.get('ContentLength')} bytes where {end - start} were asked for")
-        try:
-            body = r["Body"].read(end - start)  # exactly: botocore hands urllib3's buffer over
-        except (self._exc.BotoCoreError, OSError, ValueError) as exc:
-            raise _Transient(str(exc) or type(exc).__name__) from None
-        finally:
-            r["Body"].close()
-        return body
+        with DEADLINES.watching(deadline(self.options, end - start)):
+            r = self._call(self._client.get_object, Key=self.key, **kwargs)
+            try:
+                if version.etag and r.get("ETag") not in (None, version.etag):
+                    raise _Replaced()
+                headers = r.get("ResponseMetadata", {}).get("HTTPHeaders", {})
+                check_range(r.get("ResponseMetadata", {}).get("HTTPStatusCode"),
+                            lambda name: headers.get(name.lower()), start, end, version.size)
+                body = r["Body"].read(end - start + 1)  # botocore hands urllib3's buffer over
+            except (self._exc.BotoCoreError, OSError, ValueError) as exc:
+                raise _Transient(str(exc) or type(exc).__name__) from None
+            finally:
+                r["Body"].close()
+        return check_body(body, start, end)
 
     def list(self, prefix, limit):
         """``({name: _Version}, {subdirectory names})`` directly under ``prefix`` (one
@@ -364,8 +291,9 @@ class _S3:
         objects, prefixes, token = {}, set(), None
         while True:
             more = {"ContinuationToken": token} if token else {}
-            r = self._call(self._client.list_objects_v2, Prefix=prefix, Delimiter="/",
-                           MaxKeys=1000, **more)
+            with DEADLINES.watching(deadline(self.options, LIST_PAGE_BYTES)):
+                r = self._call(self._client.list_objects_v2, Prefix=prefix, Delimiter="/",
+                               MaxKeys=1000, **more)
             for item in r.get("Contents", []):
                 modified = item.get("LastModified")
                 objects[item["Key"][len(prefix):]] = _Version(
@@ -396,7 +324,7 @@ def source_stat(mtime):
 
 
 def _connect(url, options):
-    return _S3(url, options) if url.startswith("s3://") else _HTTP(url, options)
+    return _S3(url, options) if url.startswith("s3://") else HTTPObject(url, options)
 
 
 def retried(label, options, what, request, *args):
@@ -562,13 +490,24 @@ class RemoteStore:
             with self._lock:
                 if self._version is version:
                     self._cache[key] = data
-                    while len(self._cache) * self.options.chunk_size > self.options.cache_size \
-                            and len(self._cache) > 1:
-                        self._cache.popitem(last=False)
+                    self._evict(version)
             return data
         finally:
             with self._lock:
                 self._pending.pop(key, None)
+
+    def _evict(self, version):
+        """Drop the chunks used longest ago beyond ``cache_size`` (called with the lock).
+        Chunk 0 stays: it holds the container's header, which every listing checks (the
+        counter), and a listing must never wait for a GET."""
+        header = (version.etag, 0)
+        while len(self._cache) * self.options.chunk_size > self.options.cache_size \
+                and len(self._cache) > 2 - (header not in self._cache):
+            oldest = next(iter(self._cache))
+            if oldest == header:
+                self._cache.move_to_end(oldest)
+            else:
+                del self._cache[oldest]
 
     def _get(self, start, end, version):
         try:
@@ -578,8 +517,6 @@ class RemoteStore:
             raise RemoteError(f"{self.label}: replaced on the server while being read "
                               "(reloaded at the next access)",
                               "replaced on the server while being read") from None
-        if len(data) != end - start:
-            raise _Transient(f"{len(data)} bytes where {end - start} were asked for")
         return data
 
     def _chunk(self, version, index):
@@ -636,14 +573,19 @@ class RemoteStore:
         first, last = offset // step, (end - 1) // step
         chunks = [self._chunk(version, i) for i in range(first, last + 1)]
         with self._lock:
-            sequential = self._next_chunk is not None and first in (self._next_chunk - 1,
-                                                                    self._next_chunk)
+            # readahead starts when a reader moves on into the next chunk, never while it
+            # stays in one (opening a container reads its first chunk more than once)
+            was = self._next_chunk
+            moved_on = was is not None and first in (was - 1, was) and last >= was
+            stays = was is not None and first == last == was - 1
             self._next_chunk = last + 1
-            # chunks not asked for yet: none while a reader stays in one chunk
             ahead = range(max(last + 1, self._read_ahead_to),
                           min(last + 1 + self.options.readahead, -(-version.size // step))) \
-                if sequential else range(0)
-            self._read_ahead_to = max(ahead.start, ahead.stop) if sequential else 0
+                if moved_on else range(0)
+            if moved_on:
+                self._read_ahead_to = max(ahead.start, ahead.stop)
+            elif not stays:
+                self._read_ahead_to = 0
         for i in ahead:
             self._chunk(version, i)
         pieces = []

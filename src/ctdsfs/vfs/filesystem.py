@@ -162,8 +162,11 @@ class ContainerFS:
     """The mounted tree: every operation the FUSE adapter forwards, as plain calls."""
 
     def __init__(self, root, source_path, writable=False, kernel_appends=False,
-                 source_stat=None):
+                 source_stat=None, stat_reads=True):
         self.root = root
+        # whether a stat may read entries' first bytes to count a directory's subdirectories
+        # (not of a remote source: a stat must not wait for a GET; a listing counts them)
+        self.stat_reads = stat_reads
         self.source_path = source_path
         # owner, modes and times shown (a remote source has no local file to stat)
         self._source_stat = source_stat or functools.partial(os.stat, source_path)
@@ -225,7 +228,7 @@ class ContainerFS:
         ino = inos.get(name)
         if ino is not None:
             return self._nodes[ino]
-        return self._new_node(parent, inos, name, parent.directory.nested(name))
+        return self._new_node(parent, inos, name, self._call(parent.directory.nested, name))
 
     def _new_node(self, parent, inos, name, nested):
         node = self._nodes.new(parent.ino, parent.directory, name, nested)
@@ -237,7 +240,7 @@ class ContainerFS:
         container, nodes = parent.directory, self._nodes
         inos = self._inos_of(container)
         out = []
-        for name, nested in zip(names, container.classify(names)):
+        for name, nested in zip(names, self._call(container.classify, names)):
             ino = inos.get(name)
             out.append(nodes[ino] if ino is not None
                        else self._new_node(parent, inos, name, nested))
@@ -282,14 +285,13 @@ class ContainerFS:
         count = self._subdirs.get(directory)
         if count is None:
             names = directory.names()
-            count = UNKNOWN if len(names) > CLASSIFY_MAX else self._count_subdirectories(
-                directory, names)
+            count = UNKNOWN if len(names) > CLASSIFY_MAX or not self.stat_reads \
+                else self._count_subdirectories(directory, names)
             self._subdirs[directory] = count
         return count
 
-    @staticmethod
-    def _count_subdirectories(directory, names):
-        return sum(nested is not None for nested in directory.classify(names))
+    def _count_subdirectories(self, directory, names):
+        return sum(nested is not None for nested in self._call(directory.classify, names))
 
     def _link_text(self, node):
         """The text of ``node`` if it is a symbolic link, else None."""

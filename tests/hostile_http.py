@@ -1,0 +1,200 @@
+"""A small HTTP server on loopback that serves one object and misbehaves in one way (its
+``mode``), the way object stores and proxies in the wild do. Threads; ``close()`` ends
+every connection it holds (the tests call it in a finalizer).
+
+A mode's misbehaviour applies to ranged GETs, and to HEADs too where the mode is about
+the answer itself (slow headers, redirects, huge headers, no validators)."""
+
+import re
+import socket
+import struct
+import threading
+import zlib
+
+ETAG = '"hostile-1"'
+MODIFIED = "Mon, 02 Jan 2023 03:04:05 GMT"
+HEAD_MODES = {"slow-headers", "redirect-port", "redirect-self", "redirect-file",
+              "redirect-unresolvable", "huge-headers", "no-validators", "many-headers"}
+MODES = {"honest", "wrong-range", "shifted-range", "wrong-total", "gzip-bomb", "slow-headers",
+         "trickled-body", "half-body-held", "ignored-range", "503", "reset", "etag-flips",
+         "longer-body", "endless-body", "endless-chunked"} | HEAD_MODES
+BOMB = 16 << 20  # bytes a gzip-bomb body inflates to
+
+
+def _gzip_bomb():
+    """A gzip member of BOMB zero bytes (about 70 KiB)."""
+    squeeze = zlib.compressobj(1, zlib.DEFLATED, 31)  # (31: with the gzip header and trailer)
+    zeros = bytes(1 << 20)
+    return b"".join(squeeze.compress(zeros) for _ in range(BOMB >> 20)) + squeeze.flush()
+
+
+class HostileServer:
+    """``data`` at ``url()``, misbehaving as ``mode`` says (MODES), except to GETs of a
+    range starting below ``honest_below`` (where a container's header lies)."""
+
+    def __init__(self, data, mode, other_port=None, honest_below=0):
+        assert mode in MODES, mode
+        self.data, self.mode, self.other_port = data, mode, other_port
+        self.honest_below = honest_below  # GETs starting below it are answered well
+        self.requests = []  # (method, {header: value}) of each request seen
+        self._closing = threading.Event()
+        self._connections = []
+        self._lock = threading.Lock()
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self._listener.getsockname()[1]
+        self._bomb = _gzip_bomb() if mode == "gzip-bomb" else None
+        self._flips = 0
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def url(self, name="object.mf"):
+        return f"http://127.0.0.1:{self.port}/{name}"
+
+    def close(self):
+        self._closing.set()
+        self._listener.close()
+        with self._lock:
+            for conn in self._connections:
+                try:
+                    conn.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+                conn.close()
+
+    # ------------------------------------------------------------ serving
+
+    def _accept(self):
+        while not self._closing.is_set():
+            try:
+                conn, _ = self._listener.accept()
+            except OSError:
+                return
+            with self._lock:
+                self._connections.append(conn)
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn):
+        buffer = b""
+        try:
+            while not self._closing.is_set():
+                while b"\r\n\r\n" not in buffer:
+                    more = conn.recv(65536)
+                    if not more or len(buffer) > 1 << 20:
+                        return
+                    buffer += more
+                head, _, buffer = buffer.partition(b"\r\n\r\n")
+                lines = head.decode("latin-1").split("\r\n")
+                method = lines[0].split(" ")[0]
+                headers = {k.strip().lower(): v.strip() for k, _, v in
+                           (line.partition(":") for line in lines[1:])}
+                self.requests.append((method, headers))
+                if not self._answer(conn, method, headers):
+                    return
+        except OSError:
+            pass
+        finally:
+            conn.close()
+
+    def _send(self, conn, status, headers, body=b""):
+        text = f"HTTP/1.1 {status}\r\n" + "".join(f"{k}: {v}\r\n" for k, v in headers) + "\r\n"
+        conn.sendall(text.encode("latin-1") + body)
+
+    def _hold(self, seconds=60):
+        self._closing.wait(seconds)
+
+    def _answer(self, conn, method, headers):
+        """Answer one request; False: the connection is done with."""
+        mode, data, size = self.mode, self.data, len(self.data)
+        match = re.fullmatch(r"bytes=(\d+)-(\d+)", headers.get("range", ""))
+        if match and int(match[1]) < self.honest_below:
+            mode = "honest"
+        validators = [] if mode == "no-validators" else [("ETag", self._etag(mode)),
+                                                          ("Last-Modified", MODIFIED)]
+        if mode in HEAD_MODES or method == "GET":
+            if mode.startswith("redirect-"):
+                target = {"redirect-port": f"http://127.0.0.1:{self.other_port}/object.mf",
+                          "redirect-self": self.url(),
+                          "redirect-file": "file:///etc/passwd",
+                          "redirect-unresolvable": "http://no-such-host.invalid/object.mf"}
+                self._send(conn, "302 Found", [("Location", target[mode]),
+                                               ("Content-Length", "0")])
+                return True
+            if mode == "slow-headers":
+                conn.sendall(b"HTTP/1.1 200 OK\r\n")
+                for i in range(120):
+                    if self._closing.wait(1):
+                        return False
+                    conn.sendall(f"X-Slow-{i}: {i}\r\n".encode())
+                return False
+            if mode == "huge-headers":
+                self._send(conn, "200 OK", [("X-Huge", "x" * (1 << 20))] + validators)
+                return False
+            if mode == "many-headers":
+                self._send(conn, "200 OK", [(f"X-Many-{i}", "x") for i in range(5000)])
+                return False
+        if method == "HEAD":
+            self._send(conn, "200 OK", [("Content-Length", str(size)),
+                                        ("Accept-Ranges", "bytes")] + validators)
+            return True
+        if method != "GET" or not match:
+            self._send(conn, "400 Bad Request", [("Content-Length", "0")])
+            return True
+        start, end = int(match[1]), min(int(match[2]) + 1, size)
+        length = end - start
+        if mode == "503":
+            self._send(conn, "503 Service Unavailable", [("Content-Length", "0")])
+            return True
+        if mode == "reset":
+            conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            return False
+        if mode == "ignored-range":
+            self._send(conn, "200 OK", [("Content-Length", str(size))] + validators, data)
+            return True
+        if mode in ("wrong-range", "shifted-range"):
+            shift = length if mode == "wrong-range" else 7
+            if end + shift > size:
+                shift = -shift
+            start, end = start + shift, end + shift
+        if mode == "gzip-bomb":
+            self._send(conn, "206 Partial Content",
+                       [("Content-Range", f"bytes {start}-{end - 1}/{size}"),
+                        ("Content-Encoding", "gzip"), ("Content-Length", str(len(self._bomb)))]
+                       + validators, self._bomb)
+            return True
+        total = size + 1 if mode == "wrong-total" else size
+        ranged = [("Content-Range", f"bytes {start}-{end - 1}/{total}")] + validators
+        body = data[start:end]
+        if mode in ("endless-body", "endless-chunked"):
+            chunked = mode == "endless-chunked"
+            self._send(conn, "206 Partial Content",
+                       ranged + ([("Transfer-Encoding", "chunked")] if chunked
+                                 else [("Connection", "close")]))
+            piece = b"\0" * 65536
+            frame = b"10000\r\n" + piece + b"\r\n" if chunked else piece
+            while not self._closing.is_set():
+                conn.sendall(frame)
+            return False
+        if mode == "longer-body":  # a Content-Length that fits, more bytes than it says
+            self._send(conn, "206 Partial Content",
+                       ranged + [("Transfer-Encoding", "chunked")],
+                       b"%x\r\n" % (length + 100) + data[start:end] + bytes(100)
+                       + b"\r\n0\r\n\r\n")
+            return True
+        self._send(conn, "206 Partial Content",
+                   ranged + [("Content-Length", str(len(body)))],
+                   b"" if mode in ("trickled-body", "half-body-held") else body)
+        if mode == "trickled-body":
+            for byte in body:
+                if self._closing.wait(1):
+                    return False
+                conn.sendall(bytes([byte]))
+        elif mode == "half-body-held":
+            conn.sendall(body[:len(body) // 2])
+            self._hold()
+            return False
+        return True
+
+    def _etag(self, mode):
+        if mode != "etag-flips":
+            return ETAG
+        self._flips += 1
+        return f'"hostile-{self._flips}"'

@@ -1,0 +1,196 @@
+"""A remote container on a misbehaving HTTP server (``hostile_http``, one misbehaviour a
+mode): every read ends in the right bytes, EIO or a one-line refusal within the
+configured limits, and a listing of the mount answers throughout."""
+
+import dataclasses
+import errno
+import os
+import subprocess
+import time
+
+import pytest
+
+from ctdsfs.formats import open_container
+from ctdsfs.formats.remote import RemoteError, RemoteOptions, open_remote
+from ctdsfs.toolbox import pack
+
+from .conftest import DATA
+from .hostile_http import HostileServer
+
+CHUNK = 65536
+TIMEOUT, RETRIES = 1.0, 1
+OPTIONS = f"timeout={TIMEOUT:g},retries={RETRIES},chunk_size={CHUNK},readahead=2"
+# (retries + 1) attempts of at most timeout * (1 + CHUNK / 1 MiB) s, the backoff between
+# them, and some slack for a loaded machine
+LIMIT = (RETRIES + 1) * TIMEOUT * (1 + CHUNK / (1 << 20)) + 0.2 + 1.5
+FILE_SIZE = 256 * 600  # two files, so the second one's bytes lie past the first chunk
+
+RIGHT, EIO, REFUSED = "right bytes", "EIO", "refused"
+OUTCOMES = {
+    "honest": RIGHT,
+    "wrong-range": EIO, "shifted-range": EIO, "wrong-total": EIO, "gzip-bomb": EIO,
+    "longer-body": EIO, "endless-body": EIO, "endless-chunked": EIO, "ignored-range": EIO,
+    "503": EIO, "reset": EIO, "etag-flips": EIO, "trickled-body": EIO,
+    "half-body-held": EIO,
+    "slow-headers": REFUSED, "huge-headers": REFUSED, "many-headers": REFUSED,
+    "no-validators": REFUSED, "redirect-port": REFUSED, "redirect-self": REFUSED,
+    "redirect-file": REFUSED, "redirect-unresolvable": REFUSED,
+}
+
+
+@pytest.fixture(scope="module")
+def container(tmp_path_factory):
+    """A MultiFile of two files (``first``, ``second``) with distinct bytes."""
+    directory = tmp_path_factory.mktemp("hostile")
+    tree = directory / "tree"
+    tree.mkdir()
+    contents = {"first": bytes(range(256)) * (FILE_SIZE // 256),
+                "second": bytes(reversed(range(256))) * (FILE_SIZE // 256)}
+    for name, data in contents.items():
+        (tree / name).write_bytes(data)
+    pack(str(tree), str(directory / "two.mf"), block_size=4096, quiet=True)
+    return (directory / "two.mf").read_bytes(), contents
+
+
+@pytest.fixture
+def hostile():
+    """``hostile(data, mode, ...) -> HostileServer``, each closed at teardown."""
+    servers = []
+
+    def make(data, mode, **kwargs):
+        if mode == "redirect-port":
+            kwargs["other_port"] = make(data, "honest").port
+        servers.append(HostileServer(data, mode, **kwargs))
+        return servers[-1]
+    yield make
+    for server in servers:
+        server.close()
+
+
+# the modes an S3 endpoint is tried with too: where botocore's own handling matters
+S3_MODES = {"honest", "wrong-range", "gzip-bomb", "endless-body", "trickled-body",
+            "half-body-held", "slow-headers", "no-validators", "redirect-self", "503"}
+
+
+@pytest.mark.parametrize("scheme,mode", [("http", mode) for mode in sorted(OUTCOMES)]
+                         + [("s3", mode) for mode in sorted(S3_MODES)])
+def test_every_answer_is_checked_and_every_request_ends(container, hostile, mode, scheme):
+    """Each misbehaviour as a web server's (urllib3) and as an S3 endpoint's (botocore,
+    path-style requests; the server checks no signature)."""
+    data, _ = container
+    server = hostile(data, mode)
+    options = RemoteOptions(timeout=TIMEOUT, retries=RETRIES, chunk_size=CHUNK, readahead=2)
+    url = server.url()
+    if scheme == "s3":
+        url = "s3://bucket/object.mf"
+        options = dataclasses.replace(options, endpoint_url=f"http://127.0.0.1:{server.port}",
+                                      key="hostile", secret="hostile")
+    began = time.monotonic()
+    try:
+        store = open_remote(url, options)
+        try:
+            outcome = RIGHT if store.pread(CHUNK + 100, 1000) == data[CHUNK + 100:CHUNK + 1100] \
+                else "wrong bytes"
+        except RemoteError as exc:
+            outcome = EIO
+            assert "\n" not in str(exc)
+        finally:
+            store.close()
+    except RemoteError as exc:
+        outcome = REFUSED
+        assert "\n" not in str(exc)
+    assert (outcome, time.monotonic() - began < LIMIT) == (OUTCOMES[mode], True)
+    assert all(h.get("accept-encoding") == "identity" for _, h in server.requests)
+
+
+@pytest.mark.parametrize("mode", ["slow-headers", "trickled-body"])
+def test_mount_returns_within_its_deadline_from_a_trickling_server(container, hostile,
+                                                                  tmp_path, mode):
+    """Its HEAD's headers, or the header's GET, trickled: one line, in time."""
+    server = hostile(container[0], mode)
+    (tmp_path / "mnt").mkdir()
+    began = time.monotonic()
+    result = subprocess.run(["mount.ctdsfs", server.url(), str(tmp_path / "mnt"), "-o", OPTIONS],
+                            capture_output=True, text=True, timeout=60, check=False)
+    assert time.monotonic() - began < LIMIT + 2  # (+ the command's start)
+    assert result.returncode == 1 and "no complete answer within" in result.stderr
+    assert len(result.stderr.splitlines()) == 1, result.stderr
+
+
+@pytest.mark.fuse
+@pytest.mark.parametrize("mode", ["half-body-held", "trickled-body"])
+def test_listing_answers_while_a_read_fails(container, hostile, mount, mode):
+    """The header and the files' first bytes (which tell whether they are nested
+    containers) are served well, the rest is not: a read of it ends in EIO within the
+    limit, never in wrong bytes, while ``ls -l`` and ``stat`` answer at once."""
+    server = hostile(container[0], mode, honest_below=3 * CHUNK)  # (the tail of "second": chunk 4)
+    m = mount(server.url(), [OPTIONS])
+    began = time.monotonic()
+    reader = subprocess.Popen(["tail", "-c", "4096", str(m.mountpoint / "second")],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        time.sleep(0.3)  # (the read is under way)
+        for _ in range(3):
+            asked = time.monotonic()
+            listing = subprocess.run(["ls", "-l", str(m.mountpoint)], capture_output=True,
+                                     text=True, timeout=LIMIT, check=False)
+            assert listing.returncode == 0 and "second" in listing.stdout
+            assert os.stat(m.mountpoint / "second").st_size == FILE_SIZE
+            assert time.monotonic() - asked < 0.5
+        out, err = reader.communicate(timeout=LIMIT + 1)
+    finally:
+        if reader.poll() is None:
+            reader.kill()
+            reader.wait()
+    assert reader.returncode != 0 and b"Input/output error" in err and out == b""
+    assert time.monotonic() - began < LIMIT + 1
+    assert m.proc.poll() is None
+
+
+@pytest.mark.fuse
+def test_listing_never_waits_for_a_get(container, hostile, mount):
+    """With a cache of one chunk, reading a file pushes the header's chunk out; a
+    listing (which checks the header's counter) still answers from memory while the
+    server holds every GET."""
+    data, contents = container
+    server = hostile(data, "honest")
+    m = mount(server.url(), [OPTIONS, f"cache_size={CHUNK}"])
+    assert sorted(os.listdir(m.mountpoint)) == ["first", "second"]
+    for name in ("first", "second"):
+        assert (m.mountpoint / name).read_bytes() == contents[name]
+    server.mode = "half-body-held"
+    for _ in range(3):
+        asked = time.monotonic()
+        listing = subprocess.run(["ls", "-l", str(m.mountpoint)], capture_output=True,
+                                 text=True, timeout=LIMIT, check=False)
+        assert listing.returncode == 0 and "second" in listing.stdout
+        assert time.monotonic() - asked < 0.5
+
+
+@pytest.mark.fuse
+def test_nested_container_that_failed_on_the_network_is_a_directory_again(hostile, mount):
+    """A subtable whose first GET failed gives EIO, not a plain file for the rest of the
+    mount: once the server answers it is a directory again."""
+    data = (DATA / "mf2_nested.mf").read_bytes()
+    server = hostile(data, "503", honest_below=8192)  # (the header and table.dat: blocks 0-1)
+    m = mount(server.url(), ["timeout=1,retries=1,chunk_size=4096,readahead=1"])
+    for _ in range(2):  # (not remembered as a file either)
+        with pytest.raises(OSError) as failed:
+            os.listdir(m.mountpoint / "SUB")
+        assert failed.value.errno == errno.EIO
+    server.mode = "honest"
+    local = open_container(DATA / "mf2_nested.mf").nested("SUB")
+    assert sorted(os.listdir(m.mountpoint / "SUB")) == sorted(local.names())
+    assert (m.mountpoint / "SUB" / "x").read_bytes() == local.read("x", 0, 1 << 20)
+    assert "Traceback" not in m.log_text()
+
+
+@pytest.mark.fuse
+def test_stat_of_a_directory_never_waits_for_a_get(container, hostile, mount):
+    """A directory's link count would need its entries' first bytes (nested or not): a
+    stat of a remote mount leaves it unknown until a listing, rather than wait for GETs."""
+    server = hostile(container[0], "half-body-held", honest_below=CHUNK)
+    m = mount(server.url(), [OPTIONS])
+    asked = time.monotonic()
+    assert os.stat(m.mountpoint).st_nlink == 1
+    assert time.monotonic() - asked < 0.5
