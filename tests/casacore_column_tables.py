@@ -85,6 +85,30 @@ def varshape(path, manager):
     t.close()
 
 
+def measurement_set(path, nrow):
+    """casacore's default MS (every subtable) with a DATA column and ``nrow`` rows filled."""
+    desc = ct.maketabdesc([ct.makearrcoldesc("DATA", 0j, ndim=2, valuetype="complex")])
+    dminfo = {"*1": {"TYPE": "TiledShapeStMan", "NAME": "TiledData", "COLUMNS": ["DATA"],
+                     "SPEC": {"DEFAULTTILESHAPE": np.array([4, 16, 64], np.int32)}}}
+    t = ct.default_ms(path, desc, dminfo)
+    nrow = int(nrow)
+    t.addrows(nrow)
+    nchan = 64
+    t.putcol("DATA", values("complex", (nrow, nchan, 4), 1))
+    t.putcol("FLAG", values("bool", (nrow, nchan, 4), 2))
+    t.putcol("UVW", values("double", (nrow, 3), 3))
+    t.putcol("TIME", 4.8e9 + np.arange(nrow) // 10)
+    t.putcol("ANTENNA1", np.arange(nrow, dtype=np.int32) % 7)
+    t.putcol("WEIGHT", values("float", (nrow, 4), 4))
+    t.putcol("SIGMA", values("float", (nrow, 4), 5))
+    t.close()
+    ant = ct.table(path + "/ANTENNA", readonly=False, ack=False)
+    ant.addrows(3)
+    ant.putcol("NAME", ["ant-α", "ant-β", "ant-γ"])
+    ant.putcol("POSITION", values("double", (3, 3), 6))
+    ant.close()
+
+
 if __name__ == "__main__":
     what, path, manager = sys.argv[1:4]
-    {"fixed": scalar_and_fixed, "var": varshape}[what](path, manager)
+    {"fixed": scalar_and_fixed, "var": varshape, "ms": measurement_set}[what](path, manager)

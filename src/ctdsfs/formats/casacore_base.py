@@ -46,6 +46,29 @@ class DirectorySource:
             return f.read(size)
 
 
+class LayeredSource:
+    """Files found in the first of several sources that holds them: a MultiFile table keeps
+    ``table.dat`` beside its ``table.mf``, and the storage managers' files inside it."""
+
+    def __init__(self, *sources):
+        self.sources = sources
+
+    def _holder(self, name):
+        for source in self.sources:
+            try:
+                source.entry_size(name)
+            except (FileNotFoundError, KeyError):
+                continue
+            return source
+        raise FormatError(f"{name}: no such file in the table")
+
+    def entry_size(self, name):
+        return self._holder(name).entry_size(name)
+
+    def read(self, name, offset, size):
+        return self._holder(name).read(name, offset, size)
+
+
 def disk_dtype(data_type, big_endian):
     """The NumPy dtype of a numeric casacore type as stored in a table of that endianness."""
     kind = NUMERIC_TYPES[data_type][0]

@@ -23,7 +23,7 @@ import numpy as np
 
 from ..errors import FormatError
 from . import tabledat
-from .casacore_base import NUMERIC_TYPES, TP_BOOL, TP_STRING
+from .casacore_base import NUMERIC_TYPES, TP_BOOL, TP_STRING, EndianAipsReader
 
 OPTION_DIRECT = 1
 MAX_TABLE_DAT = 64 << 20
@@ -146,6 +146,30 @@ def _column_infos(table):
     return infos
 
 
+LOCK_INFO_AT = 260  # after casacore's request list of 65 Ints: the sync info's length
+
+
+def _synced_rows(source, label, nrow):
+    """The row count: casacore keeps the latest in ``table.lock``'s sync info (rows added
+    without a change of the description leave table.dat's count behind)."""
+    try:
+        size = source.entry_size("table.lock")
+    except (FileNotFoundError, KeyError, FormatError):
+        return nrow
+    if size < LOCK_INFO_AT + 4:
+        return nrow
+    head = source.read("table.lock", LOCK_INFO_AT, min(size - LOCK_INFO_AT, 4096))
+    length = int.from_bytes(bytes(head[:4]), "big")
+    if length == 0:
+        return nrow
+    try:
+        r = EndianAipsReader(bytes(head[4:4 + length]), True)
+        version = r.start("sync", outer=True)
+        return r.u32() if version == 1 else r.u64()
+    except FormatError as exc:
+        raise FormatError(f"{label}/table.lock: {exc}") from None
+
+
 def _decoders():
     from . import casacore_ism, casacore_ssm, casacore_tsm
     return {"StandardStMan": casacore_ssm.SSMReader,
@@ -164,7 +188,7 @@ class CasacoreTable:
         if size > MAX_TABLE_DAT:
             raise FormatError(f"{label}/table.dat: {size} bytes is too large for a table.dat")
         self.dat = tabledat.decode(source.read("table.dat", 0, size), f"{label}/table.dat")
-        self.nrow = int(self.dat.nrow)
+        self.nrow = _synced_rows(source, label, int(self.dat.nrow))
         self.big_endian = self.dat.endian == 0
         self.columns = {c.name: c for c in _column_infos(self.dat)}
         self.keywords = tabledat.record_dict(self.dat.desc.keywords)

@@ -58,8 +58,8 @@ class ISMReader:
         if n_used + 1 > len(rows) or n_used > len(buckets):
             raise FormatError(f"{self.name}: index uses {n_used} of {len(buckets)} buckets")
         self.first_row, self.bucket_nr = rows[:n_used + 1], buckets[:n_used]
-        if (np.diff(self.first_row) <= 0).any() or (n_used and self.first_row[0] != 0) or \
-                self.first_row[-1] < self.nrow or (self.bucket_nr >= n_buckets).any():
+        if self.nrow and ((np.diff(self.first_row) <= 0).any() or self.first_row[0] != 0 or
+                          self.first_row[-1] < self.nrow) or (self.bucket_nr >= n_buckets).any():
             raise FormatError(f"{self.name}: index rows or buckets are inconsistent")
         self._cache = {}
 
