@@ -166,3 +166,61 @@ def test_column_of_a_manager_not_decoded_is_listed_not_read(tmp_path):
     assert info["data_manager"] == "DyscoStMan" and not info["decoded"]
     with pytest.raises(NotDecoded, match="DyscoStMan"):
         table.read_column("s_int")
+
+
+def _read_everything(path):
+    table = open_table(DirectorySource(path))
+    for name in table.columns:
+        table.read_column(name)
+
+
+@pytest.mark.parametrize("manager,what", [("StandardStMan", "fixed"),
+                                          ("IncrementalStMan", "fixed"),
+                                          ("TiledShapeStMan", "var"),
+                                          ("TiledCellStMan", "var")])
+def test_hostile_storage_manager_files(tmp_path, manager, what):
+    """Bytes of the storage-manager files overwritten (header fields, index entries,
+    bucket numbers, tile counts, string lengths): each read gives the right values or a
+    one-line FormatError, never another exception."""
+    import resource
+    path = write_table(tmp_path / "t", what, manager)
+    files = [f for f in sorted(os.listdir(path)) if f.startswith("table.f") and
+             "_TSM" not in f][:3]  # headers, indexes, buckets (tile data is only values)
+    rng = np.random.default_rng(7)
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    resource.setrlimit(resource.RLIMIT_AS, (4 << 30, hard))  # a huge allocation would fail
+    refused = 0
+    try:
+        for name in files:
+            original = Path(path, name).read_bytes()
+            size = len(original)
+            spots = sorted(set(rng.integers(0, min(size, 1024), 12).tolist()) |
+                           set(rng.integers(0, size, 4).tolist()))
+            for at in spots:
+                for value in (b"\xff\xff\xff\x7f", b"\x00\x00\x00\x00", b"\x80"):
+                    data = bytearray(original)
+                    data[at:at + len(value)] = value[:size - at]
+                    Path(path, name).write_bytes(bytes(data))
+                    try:
+                        _read_everything(path)
+                    except FormatError as exc:
+                        assert "\n" not in str(exc)
+                        refused += 1
+            Path(path, name).write_bytes(original)
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+    assert refused > 5
+    _read_everything(path)
+
+
+def test_hostile_hypercube_shape_refused(tmp_path):
+    """A hypercube shape grown past what its _TSM file holds is refused up front."""
+    path = write_table(tmp_path / "t", "fixed", "TiledColumnStMan")
+    header = Path(path, "table.f0").read_bytes()
+    rows = (37).to_bytes(4, "big")
+    at = header.rindex(b"IPosition")  # the last cube's tile shape; its cube shape before
+    cube_at = header.rindex(rows, 0, at)
+    Path(path, "table.f0").write_bytes(header[:cube_at] + (1 << 30).to_bytes(4, "big") +
+                                       header[cube_at + 4:])
+    with pytest.raises(FormatError, match="needs .* bytes|is invalid"):
+        _read_everything(path)
