@@ -89,7 +89,11 @@ def measurement_set(path, nrow):
     """casacore's default MS (every subtable) with a DATA column and ``nrow`` rows filled."""
     desc = ct.maketabdesc([ct.makearrcoldesc("DATA", 0j, ndim=2, valuetype="complex")])
     dminfo = {"*1": {"TYPE": "TiledShapeStMan", "NAME": "TiledData", "COLUMNS": ["DATA"],
-                     "SPEC": {"DEFAULTTILESHAPE": np.array([4, 16, 64], np.int32)}}}
+                     "SPEC": {"DEFAULTTILESHAPE": np.array([4, 16, 64], np.int32)}},
+              "*2": {"TYPE": "TiledShapeStMan", "NAME": "TiledFlag", "COLUMNS": ["FLAG"],
+                     "SPEC": {"DEFAULTTILESHAPE": np.array([4, 64, 256], np.int32)}},
+              "*3": {"TYPE": "TiledColumnStMan", "NAME": "TiledUVW", "COLUMNS": ["UVW"],
+                     "SPEC": {"DEFAULTTILESHAPE": np.array([3, 1024], np.int32)}}}
     t = ct.default_ms(path, desc, dminfo)
     nrow = int(nrow)
     t.addrows(nrow)
