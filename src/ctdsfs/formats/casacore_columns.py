@@ -171,8 +171,9 @@ def _synced_rows(source, label, nrow):
 
 
 def _decoders():
-    from . import casacore_ism, casacore_ssm, casacore_tsm
+    from . import casacore_ism, casacore_ssm, casacore_stmanaipsio, casacore_tsm
     return {"StandardStMan": casacore_ssm.SSMReader,
+            "StManAipsIO": casacore_stmanaipsio.StManAipsIOReader,
             "IncrementalStMan": casacore_ism.ISMReader,
             "TiledColumnStMan": casacore_tsm.TiledReader,
             "TiledShapeStMan": casacore_tsm.TiledReader,
