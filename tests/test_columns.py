@@ -250,3 +250,38 @@ def test_hostile_hypercube_shape_refused(made):
     Path(path, "table.f0").write_bytes(bytes(header))
     with pytest.raises(FormatError, match="needs .* bytes"):
         _read_everything(path)
+
+
+class CountingSource(DirectorySource):
+    """Records the bytes read from each file."""
+
+    def __init__(self, path):
+        super().__init__(path)
+        self.bytes_read = {}
+
+    def read(self, name, offset, size):
+        data = super().read(name, offset, size)
+        self.bytes_read[name] = self.bytes_read.get(name, 0) + len(data)
+        return data
+
+
+def test_row_ranges_read_only_their_tiles_and_buckets(made):
+    path = made("ms", "2000")
+    table = open_table(DirectorySource(path))
+    with ct.table(path, ack=False) as ref:
+        for name in ("DATA", "FLAG", "UVW", "TIME", "ANTENNA1"):
+            source = CountingSource(path)
+            ranged = open_table(source)
+            col = table.columns[name]
+            reader = ranged._reader(col.seqnr)  # headers and indexes read on opening
+            opened = dict(source.bytes_read)
+            got = ranged.read_column(name, 1234, 1240)
+            np.testing.assert_array_equal(got, ref.getcol(name, 1234, 6))
+            moved = sum(source.bytes_read.values()) - sum(opened.values())
+            whole = table.read_column(name).nbytes
+            if col.manager.startswith("Tiled"):
+                cube = reader.cubes[-1]
+                tile_row = cube.n_tiles // cube.grid[-1] * cube.tile_bytes
+                assert moved <= tile_row < whole, name  # rows 1234..1240: one tile row
+            else:
+                assert moved <= 2 * reader.bucket_size < whole, name
