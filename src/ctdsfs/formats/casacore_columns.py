@@ -213,6 +213,18 @@ class CasacoreTable:
                 self.source, self, seqnr, bound, cs.dm_info[index])
         return self._readers[seqnr]
 
+    def uniform_shape(self, name):
+        """(known, shape): whether the manager can tell without decoding that every cell of
+        the column is defined with one shape, and that shape (None: not one shape)."""
+        col = self.columns[name]
+        reader = self._reader(col.seqnr)
+        if not hasattr(reader, "uniform_shape"):
+            return False, None
+        try:
+            return True, reader.uniform_shape(col)
+        except FormatError as exc:
+            raise FormatError(f"{self.label}: column {name}: {exc}") from None
+
     def read_column(self, name, start=0, stop=None):
         """Rows ``start..stop`` of column ``name`` (see the module docstring for the forms)."""
         col = self.columns[name]

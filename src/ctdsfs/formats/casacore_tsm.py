@@ -198,6 +198,18 @@ class TiledReader:
             yield (cube if cube else None), pos, end - start
             start, i = end, i + 1
 
+    def uniform_shape(self, col):
+        """The one cell shape (Python order) of every row, or None, from the cubes alone."""
+        shapes = set()
+        for cube_nr, pos, n in self._pieces(0, self.nrow):
+            if cube_nr is None or self.cubes[cube_nr].file < 0:
+                return None
+            cube = self.cubes[cube_nr]
+            shapes.add(tuple(cube.shape[::-1]) if pos is None else tuple(cube.shape[-2::-1]))
+            if len(shapes) > 1:
+                return None
+        return shapes.pop() if shapes else col.cell_shape
+
     def read(self, col, start, stop):
         if self.kind == "TiledCellStMan" and len(self.cubes) != self.nrow:
             raise FormatError(f"{self.name}: {len(self.cubes)} cells for {self.nrow} rows")
