@@ -54,9 +54,9 @@ def main():
         ours = table.read_column(name)
         theirs = ref.getcol(name)
         assert ours.dtype == theirs.dtype and (ours == theirs).all(), name
-        t_ref = best_of(5, lambda: ref.getcol(name))
-        t_ours = best_of(5, lambda: table.read_column(name))
-        t_open = best_of(5, lambda: open_table(DirectorySource(path)).read_column(name))
+        t_ref = best_of(5, lambda name=name: ref.getcol(name))
+        t_ours = best_of(5, lambda name=name: table.read_column(name))
+        t_open = best_of(5, lambda name=name: open_table(DirectorySource(path)).read_column(name))
         print(f"{name:<10}{col.manager:<18}{ours.nbytes / 1e6:>7.1f}{t_ref:>10.3f}"
               f"{t_ours:>10.3f}{t_ref / t_ours:>7.2f}{t_open:>9.3f}")
     ref.close()

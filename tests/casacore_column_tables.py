@@ -3,9 +3,8 @@
 
 import sys
 
-import numpy as np
-
 import casacore.tables as ct
+import numpy as np
 
 TYPES = {"bool": np.bool_, "uchar": np.uint8, "short": np.int16,
          "int": np.int32, "uint": np.uint32, "int64": np.int64, "float": np.float32,
@@ -35,11 +34,11 @@ def scalar_and_fixed(path, manager):
     """Every type as a scalar (SSM/ISM) and as a fixed-shape array, in ``manager``."""
     tiled = manager.startswith("Tiled")
     cols = []
-    for vtype in TYPES:
+    for vtype, numpy_type in TYPES.items():
         if not tiled:
-            cols.append(ct.makescacoldesc(f"s_{vtype}", TYPES[vtype](0).item(),
+            cols.append(ct.makescacoldesc(f"s_{vtype}", numpy_type(0).item(),
                                           manager, valuetype=vtype))
-        cols.append(ct.makearrcoldesc(f"a_{vtype}", TYPES[vtype](0).item(), shape=[3, 5],
+        cols.append(ct.makearrcoldesc(f"a_{vtype}", numpy_type(0).item(), shape=[3, 5],
                                       datamanagertype=manager, datamanagergroup=f"g_{vtype}",
                                       valuetype=vtype, options=5))
     if not tiled:

@@ -7,10 +7,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import casacore.tables as ct
 import numpy as np
 import pytest
 
-import casacore.tables as ct
 from ctdsfs.errors import FormatError
 from ctdsfs.formats.casacore_base import DirectorySource
 from ctdsfs.formats.casacore_columns import NotDecoded, StringColumn, open_table
@@ -133,7 +133,8 @@ def test_big_endian_copy(made, tmp_path):
         for what in ("fixed", "var") if manager in VAR_MANAGERS else ("fixed",):
             path = made(what, manager)
             with ct.table(path, ack=False) as t:
-                t.copy(str(tmp_path / f"{manager}-{what}-be"), deep=True, valuecopy=True, endian="big")
+                t.copy(str(tmp_path / f"{manager}-{what}-be"), deep=True, valuecopy=True,
+                       endian="big")
             table, _ = assert_same_as_casacore(str(tmp_path / f"{manager}-{what}-be"))
             assert table.big_endian
 

@@ -5,15 +5,15 @@ import io
 import json
 import os
 
+import casacore.tables as ct
 import numpy as np
 import pytest
+from test_columns import CountingSource, made  # noqa: F401  (the module's table fixture)
 
-import casacore.tables as ct
 from ctdsfs.errors import ReadOnlyError
 from ctdsfs.formats import open_container
 from ctdsfs.formats.casacore_base import DirectorySource, LayeredSource
 from ctdsfs.formats.casacore_columns_view import ColumnsView
-from test_columns import CountingSource, made  # noqa: F401  (the module's table fixture)
 
 
 def read_in_pieces(view, name, piece=100_003):
@@ -28,7 +28,7 @@ def load(view, name):
     return np.load(io.BytesIO(read_in_pieces(view, name)))
 
 
-def test_measurement_set_columns_as_npy(made):
+def test_measurement_set_columns_as_npy(made):  # noqa: F811 (the fixture)
     path = made("ms", "3000")
     view = ColumnsView(DirectorySource(path), path)
     names = set(view.names())
@@ -48,7 +48,7 @@ def test_measurement_set_columns_as_npy(made):
         view.write("DATA.npy", 0, b"x")
 
 
-def test_a_read_decodes_only_the_rows_it_touches(made, monkeypatch):
+def test_a_read_decodes_only_the_rows_it_touches(made, monkeypatch):  # noqa: F811 (the fixture)
     from ctdsfs.formats import casacore_columns_view
     monkeypatch.setattr(casacore_columns_view, "BLOCK_BYTES", 256 << 10)
     path = made("ms", "3000")
@@ -68,7 +68,7 @@ def test_a_read_decodes_only_the_rows_it_touches(made, monkeypatch):
     assert piece == whole.tobytes()[size // 2 - header:size // 2 - header + 4096]
 
 
-def test_strings_and_variable_shapes(made):
+def test_strings_and_variable_shapes(made):  # noqa: F811 (the fixture)
     path = made("var", "StandardStMan")
     view = ColumnsView(DirectorySource(path), path)
     with ct.table(path, ack=False) as ref:
@@ -92,7 +92,7 @@ def test_strings_and_variable_shapes(made):
         np.testing.assert_array_equal(load(view, "a_bool.npy"), ref.getcol("a_bool"))
 
 
-def test_multifile_table(made):
+def test_multifile_table(made):  # noqa: F811 (the fixture)
     path = made("fixed", "TiledColumnStMan", multifile=True)
     container = open_container(os.path.join(path, "table.mf"))
     try:

@@ -10,8 +10,16 @@ and the characters (offset 0: an empty string).
 import numpy as np
 
 from ..errors import FormatError
-from .casacore_base import (MAX_ITEMS, NUMERIC_TYPES, TP_BOOL, TP_STRING, checked_count,
-                            disk_dtype, read_exact, unpack_bools)
+from .casacore_base import (
+    MAX_ITEMS,
+    NUMERIC_TYPES,
+    TP_BOOL,
+    TP_STRING,
+    checked_count,
+    disk_dtype,
+    read_exact,
+    unpack_bools,
+)
 
 MAX_NDIM = 32
 

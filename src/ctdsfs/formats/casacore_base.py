@@ -84,19 +84,19 @@ def unpack_bools(raw, first_bit, count):
     return bits[first_bit:first_bit + count].astype(bool)
 
 
+_LITTLE_ENDIAN = {code: struct.Struct("<" + code) for code in "IiqQ"}
+
+
 class EndianAipsReader(AipsReader):
     """AipsIO in the table's byte order: casacore writes storage-manager headers and
     indexes little-endian in little-endian tables (``LECanonicalIO``)."""
-
-    _LE = {n: struct.Struct("<" + f) for n, f in
-           (("B", "B"), ("I", "I"), ("i", "i"), ("q", "q"), ("Q", "Q"), ("f", "f"), ("d", "d"))}
 
     def __init__(self, data, big_endian, pos=0, end=None):
         super().__init__(data, pos, end)
         self.big_endian = big_endian
 
     def _le(self, code):
-        st = self._LE[code]
+        st = _LITTLE_ENDIAN[code]
         return st.unpack(self.take(st.size))[0]
 
     def u32(self):

@@ -123,7 +123,7 @@ class VarShapeColumn:
 
 
 def _column_infos(table):
-    managers = dict((seq, name) for name, seq in table.column_set.data_managers)
+    managers = {seq: name for name, seq in table.column_set.data_managers}
     infos = []
     for desc, binding in zip(table.desc.columns, table.column_set.columns):
         shape = None

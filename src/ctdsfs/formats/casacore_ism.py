@@ -16,8 +16,15 @@ import numpy as np
 
 from ..errors import FormatError
 from .casacore_arrayfile import ArrayFile
-from .casacore_base import (NUMERIC_TYPES, TP_BOOL, TP_STRING, EndianAipsReader,
-                            checked_count, disk_dtype, read_exact, unpack_bools)
+from .casacore_base import (
+    NUMERIC_TYPES,
+    TP_BOOL,
+    TP_STRING,
+    EndianAipsReader,
+    checked_count,
+    disk_dtype,
+    read_exact,
+)
 
 HEADER_SIZE = 512
 MAX_BUCKET = 1 << 30

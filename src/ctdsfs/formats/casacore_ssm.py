@@ -18,8 +18,17 @@ import numpy as np
 
 from ..errors import FormatError
 from .casacore_arrayfile import ArrayFile
-from .casacore_base import (MAX_ITEMS, NUMERIC_TYPES, TP_BOOL, TP_STRING, EndianAipsReader,
-                            checked_count, disk_dtype, read_exact, unpack_bools)
+from .casacore_base import (
+    MAX_ITEMS,
+    NUMERIC_TYPES,
+    TP_BOOL,
+    TP_STRING,
+    EndianAipsReader,
+    checked_count,
+    disk_dtype,
+    read_exact,
+    unpack_bools,
+)
 
 HEADER_SIZE = 512
 HEAP_HEADER = 16

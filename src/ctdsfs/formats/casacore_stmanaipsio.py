@@ -16,8 +16,16 @@ import numpy as np
 
 from ..errors import FormatError
 from .casacore_arrayfile import ArrayFile
-from .casacore_base import (NUMERIC_TYPES, TP_BOOL, TP_STRING, EndianAipsReader,
-                            checked_count, disk_dtype, read_exact, unpack_bools)
+from .casacore_base import (
+    NUMERIC_TYPES,
+    TP_BOOL,
+    TP_STRING,
+    EndianAipsReader,
+    checked_count,
+    disk_dtype,
+    read_exact,
+    unpack_bools,
+)
 
 MAX_FILE = 1 << 30
 WIDE_OFFSET = 2 ** 31 + 1

@@ -19,8 +19,14 @@ import numpy as np
 
 from ..errors import FormatError
 from . import tabledat
-from .casacore_base import (NUMERIC_TYPES, TP_BOOL, EndianAipsReader, checked_count,
-                            disk_dtype, read_exact)
+from .casacore_base import (
+    NUMERIC_TYPES,
+    TP_BOOL,
+    EndianAipsReader,
+    checked_count,
+    disk_dtype,
+    read_exact,
+)
 
 MAX_NDIM = 32
 MAX_HEADER = 256 << 20
@@ -174,7 +180,8 @@ class TiledReader:
         values = values.reshape(grid + cube.tile[::-1])
         order = [i for d in range(nd) for i in (d, nd + d)]
         full = values.transpose(order).reshape([g * t for g, t in zip(grid, cube.tile[::-1])])
-        cut = (slice(first - t0 * cube.tile[-1], stop - t0 * cube.tile[-1]),) + tuple(slice(0, n) for n in cube.shape[-2::-1])
+        skip = t0 * cube.tile[-1]
+        cut = (slice(first - skip, stop - skip),) + tuple(slice(0, n) for n in cube.shape[-2::-1])
         return np.ascontiguousarray(full[cut], dtype=col.dtype)
 
     def _pieces(self, start, stop):
