@@ -286,3 +286,63 @@ def test_row_ranges_read_only_their_tiles_and_buckets(made):
                 assert moved <= tile_row < whole, name  # rows 1234..1240: one tile row
             else:
                 assert moved <= 2 * reader.bucket_size < whole, name
+
+
+def _patch(path, name, at, value):
+    data = bytearray(Path(path, name).read_bytes())
+    data[at:at + len(value)] = value
+    Path(path, name).write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("value", [0x7FFFFFFF, 0xFFFFFFF0])
+def test_hostile_ssm_string_reference_and_bucket_index(made, value):
+    """A string's heap bucket or length, or a bucket number in SSM's index, pointing
+    anywhere: a one-line FormatError naming the column."""
+    path = made("fixed", "StandardStMan")
+    table = open_table(DirectorySource(path))
+    ssm = table._reader(0)
+    offset, group = ssm.place["s_string"]
+    bucket = int(ssm.indexes[group].bucket[0])
+    row = next(i for i, s in enumerate(table.read_column("s_string").tolist())
+               if len(s.encode()) > 8)
+    ref_at = 512 + bucket * ssm.bucket_size + offset + 12 * row
+    little = value.to_bytes(4, "little")
+    for field in (0, 8):  # heap bucket number, string length
+        copy = made("fixed", "StandardStMan")
+        _patch(copy, "table.f0", ref_at + field, little)
+        with pytest.raises(FormatError, match="column s_string: .*") as err:
+            open_table(DirectorySource(copy)).read_column("s_string")
+        assert "\n" not in str(err.value)
+    # the data bucket numbers in the index: Block<uInt> after the last-row Block
+    index_bytes = Path(path, "table.f0").read_bytes()
+    first_index = 512 + ssm.first_index_bucket * ssm.bucket_size
+    blocks = index_bytes.find(b"Block", index_bytes.find(b"Block", first_index) + 1)
+    copy = made("fixed", "StandardStMan")
+    _patch(copy, "table.f0", blocks + 5 + 4 + 4, little)  # type name, version, count
+    with pytest.raises(FormatError, match="bucket"):
+        _read_everything(copy)
+
+
+@pytest.mark.parametrize("count", [0, 0x7FFFFFFF])
+def test_hostile_ism_value_count(made, count):
+    """The number of values of a column in an ISM bucket's index, zero or huge."""
+    path = made("fixed", "IncrementalStMan")
+    ism = open_table(DirectorySource(path))._reader(0)
+    bucket_at = 512 + int(ism.bucket_nr[0]) * ism.bucket_size
+    head = int.from_bytes(Path(path, "table.f0").read_bytes()[bucket_at:bucket_at + 4], "little")
+    _patch(path, "table.f0", bucket_at + (head & 0x0FFFFFFF), count.to_bytes(4, "little"))
+    with pytest.raises(FormatError, match="index has .* values"):
+        _read_everything(path)
+
+
+def test_hostile_row_map_of_tiled_shape_manager(made):
+    """A TiledShapeStMan position map sending rows past their hypercube."""
+    path = made("var", "TiledShapeStMan")
+    reader = open_table(DirectorySource(path))._reader(0)
+    header = Path(path, "table.f0").read_bytes()
+    pos_block = header.rindex(b"Block")  # the last Block: the position map
+    first_pos = pos_block + 5 + 4 + 4
+    assert int.from_bytes(header[first_pos:first_pos + 4], "big") == int(reader.pos_map[0])
+    _patch(path, "table.f0", first_pos, (1 << 20).to_bytes(4, "big"))
+    with pytest.raises(FormatError, match="positions"):
+        _read_everything(path)
