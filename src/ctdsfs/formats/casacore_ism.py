@@ -72,8 +72,9 @@ class ISMReader:
 
     def _bucket(self, i):
         """(data part, per column (row starts, offsets)) of the i-th bucket in the index."""
-        if i in self._cache:
-            return self._cache[i]
+        cached = self._cache.get(i)  # (reads may come from several threads)
+        if cached is not None:
+            return cached
         number = int(self.bucket_nr[i])
         data = read_exact(self.source, self.name, HEADER_SIZE + number * self.bucket_size,
                           self.bucket_size, "bucket")
@@ -100,8 +101,8 @@ class ISMReader:
             pos = end
         if len(self._cache) > 16:
             self._cache.clear()
-        self._cache[i] = (data[4:index_at], columns)
-        return self._cache[i]
+        parsed = self._cache[i] = (data[4:index_at], columns)
+        return parsed
 
     def _runs(self, col, start, stop):
         """(data part, value offsets, repeat counts) per bucket covering ``start..stop``."""
