@@ -1,0 +1,161 @@
+"""``columns/``: a casacore table's columns as NumPy files, decoded lazily.
+
+For a table read through a source (see :mod:`.casacore_base`) the view shows:
+
+* ``NAME.npy`` for each numeric or Bool column whose cells all have one shape: shape
+  ``(nrow, *cell_shape)``, dtype as ``getcol`` gives; a read of a byte range decodes
+  only the rows it touches (in blocks of about 4 MiB, the last block kept);
+* ``NAME.offsets.npy`` (uint64, nrow + 1) and ``NAME.data`` (UTF-8) for String scalars;
+* for a numeric variable-shape column: ``NAME.shapes.npy`` (int64, nrow x ndim, -1 in
+  undefined rows), ``NAME.offsets.npy`` (uint64, nrow + 1: each row's first element)
+  and ``NAME.values.npy`` (all cells' elements, each cell in C order), from which
+  ``values[offsets[i]:offsets[i+1]].reshape(shapes[i])`` is ``getvarcol``'s row i;
+* ``table.json``: the table's and every column's keywords, type, shape and data manager,
+  and which files show the column (none: a manager not decoded, or String arrays).
+"""
+
+import json
+import threading
+
+import numpy as np
+
+from ..container import DerivedView
+from ..errors import FormatError
+from .casacore_base import TP_STRING
+from .casacore_columns import StringColumn, VarShapeColumn, open_table
+from .npy import npy_header
+
+BLOCK_BYTES = 4 << 20
+
+
+class _Bytes:
+    """A file made whole on first use."""
+
+    def __init__(self, make):
+        self._make, self._data = make, None
+
+    def data(self):
+        if self._data is None:
+            self._data = self._make()
+        return self._data
+
+    def size(self):
+        return len(self.data())
+
+    def read(self, offset, size):
+        return self.data()[offset:offset + size]
+
+
+class _ColumnNpy:
+    """``NAME.npy`` of a column with one cell shape: rows decoded as reads reach them."""
+
+    def __init__(self, table, name, cell_shape, dtype):
+        self.table, self.name, self.cell_shape = table, name, tuple(cell_shape)
+        self.dtype = np.dtype(dtype)
+        self.header = npy_header(self.dtype.str, (table.nrow,) + tuple(cell_shape))
+        self.row_bytes = int(np.prod(cell_shape, dtype=np.int64)) * self.dtype.itemsize
+        self.rows_per_block = max(1, BLOCK_BYTES // max(1, self.row_bytes))
+        self._block = (None, b"")
+        self._lock = threading.Lock()
+
+    def size(self):
+        return len(self.header) + self.table.nrow * self.row_bytes
+
+    def _rows(self, block):
+        with self._lock:
+            if self._block[0] != block:
+                start = block * self.rows_per_block
+                values = self.table.read_column(self.name, start, start + self.rows_per_block)
+                if not isinstance(values, np.ndarray) or values.dtype != self.dtype or \
+                        values.shape[1:] != self.cell_shape:
+                    raise FormatError(f"column {self.name}: rows {start}.. changed shape")
+                self._block = (block, values.tobytes())
+            return self._block[1]
+
+    def read(self, offset, size):
+        head = len(self.header)
+        end = min(offset + size, self.size())
+        out = [self.header[offset:end]] if offset < head else []
+        at = max(offset, head) - head
+        stop = end - head
+        if self.row_bytes == 0:
+            return b"".join(out)
+        block_bytes = self.rows_per_block * self.row_bytes
+        while at < stop:
+            block = at // block_bytes
+            data = self._rows(block)
+            inner = at - block * block_bytes
+            piece = data[inner:inner + stop - at]
+            if not piece:
+                break
+            out.append(piece)
+            at += len(piece)
+        return b"".join(out)
+
+
+def _npy_bytes(array):
+    array = np.ascontiguousarray(array)
+    return npy_header(array.dtype.str, array.shape) + array.tobytes()
+
+
+class ColumnsView(DerivedView):
+    format_name = "casacore columns"
+    read_only_note = " (columns/ shows the table's columns; it is not written)"
+
+    def __init__(self, source, label):
+        super().__init__(label)
+        self.table = open_table(source, label)
+
+    def _build(self):
+        entries, shown = {}, {}
+        for name, col in self.table.columns.items():
+            shown[name] = self._column_entries(entries, name, col)
+        described = self.table.describe()
+        for name, files in shown.items():
+            described["columns"][name]["files"] = files
+        entries["table.json"] = (json.dumps(described, indent=2, ensure_ascii=False,
+                                            default=str) + "\n").encode()
+        return entries
+
+    def _column_entries(self, entries, name, col):
+        if not col.decoded:
+            return []
+        if col.data_type == TP_STRING:
+            if col.is_array:
+                return []
+            column = _Bytes(lambda: self._strings(name))
+            entries[f"{name}.offsets.npy"] = _Bytes(lambda: _npy_bytes(column.data().offsets))
+            entries[f"{name}.data"] = _Bytes(lambda: column.data().data)
+            return [f"{name}.offsets.npy", f"{name}.data"]
+        shape = col.cell_shape if col.cell_shape is not None else self._uniform_shape(name)
+        if shape is not None:
+            entries[f"{name}.npy"] = _ColumnNpy(self.table, name, shape, col.dtype)
+            return [f"{name}.npy"]
+        whole = _Bytes(lambda: self.table.read_column(name))
+        ndim = max(col.ndim, 0)
+
+        def shapes():
+            out = np.full((self.table.nrow, ndim), -1, np.int64)
+            for i, s in enumerate(whole.data().shapes):
+                if s is not None:
+                    out[i, :len(s)] = s
+            return _npy_bytes(out)
+        entries[f"{name}.shapes.npy"] = _Bytes(shapes)
+        entries[f"{name}.offsets.npy"] = _Bytes(lambda: _npy_bytes(whole.data().offsets))
+        entries[f"{name}.values.npy"] = _Bytes(lambda: _npy_bytes(whole.data().values))
+        return [f"{name}.shapes.npy", f"{name}.offsets.npy", f"{name}.values.npy"]
+
+    def _strings(self, name):
+        column = self.table.read_column(name)
+        if not isinstance(column, StringColumn):
+            raise FormatError(f"column {name} did not decode as strings")
+        return column
+
+    def _uniform_shape(self, name):
+        """The one cell shape of a variable-shape column, or None. The tiled managers tell it
+        from their hypercubes; other managers' columns are decoded whole to find out."""
+        known, shape = self.table.uniform_shape(name)
+        if known:
+            return shape
+        values = self.table.read_column(name)
+        return None if isinstance(values, VarShapeColumn) else values.shape[1:]

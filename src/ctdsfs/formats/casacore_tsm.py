@@ -1,0 +1,252 @@
+"""The tiled storage managers: TiledColumnStMan, TiledShapeStMan, TiledCellStMan.
+
+Facts used (tables/DataMan/TiledStMan.cc, TSMCube.cc, TSMFile.cc, Tiled*StMan.cc):
+the header ``table.f<N>`` is big-endian AipsIO: the manager's object (TiledColumnStMan:
+default tile shape first; TiledCellStMan: tile shape first; TiledShapeStMan: after the
+base part its default tile shape and three row maps), holding a ``TiledStMan`` part
+(endian flag from version 2, 64-bit counts in version 3): row and column counts, the
+column types, the hypercolumn name, the number of dimensions, the ``_TSM<k>`` files and
+the hypercubes (version, value record, extensible flag, rank, cube shape, tile shape,
+file number, offset in the file). A cube's tiles are numbered in Fortran order of the
+tile grid and lie at ``offset + n * tile_bytes`` of ``table.f<N>_TSM<file>``; a tile
+holds each data column's pixels back to back (Fortran order; Bools as bits), columns
+ordered by descending pixel size (stable over the hypercolumn's data columns).
+TiledColumnStMan keeps one cube whose last axis is the row; TiledShapeStMan maps row
+intervals to (cube, position) (cube 0: no value); TiledCellStMan keeps a cube per row.
+"""
+
+import numpy as np
+
+from ..errors import FormatError
+from . import tabledat
+from .casacore_base import (
+    NUMERIC_TYPES,
+    TP_BOOL,
+    EndianAipsReader,
+    checked_count,
+    disk_dtype,
+    read_exact,
+)
+
+MAX_NDIM = 32
+MAX_HEADER = 256 << 20
+MAX_CUBES = 1 << 24
+MAX_TILE_BYTES = 1 << 31
+
+
+def _iposition(r):
+    version = r.start("IPosition")
+    n = checked_count(r.u32(), MAX_NDIM, "IPosition rank")
+    values = [r.i32() if version == 1 else r.i64() for _ in range(n)]
+    r.end()
+    return values
+
+
+class Cube:
+    def __init__(self, r, v3):
+        version = r.u32()
+        r.skip_object()  # value record (TiledDataStMan's ids)
+        r.bool()  # extensible
+        self.ndim = checked_count(r.u32(), MAX_NDIM, "hypercube rank")
+        self.shape, self.tile = _iposition(r), _iposition(r)
+        self.file = r.i32()
+        self.offset = r.u32() if version == 1 else r.i64()
+        if len(self.shape) != self.ndim or len(self.tile) != self.ndim or \
+                min(self.shape, default=0) < 0 or min(self.tile, default=1) < 1 or \
+                self.offset < 0:
+            raise FormatError(f"hypercube shape {self.shape} / tile shape {self.tile} / "
+                              f"offset {self.offset} is invalid")
+        self.grid = [-(-n // t) for n, t in zip(self.shape, self.tile)]
+        self.tile_pixels = int(np.prod(self.tile, dtype=np.float64))
+        self.n_tiles = int(np.prod(self.grid, dtype=np.float64))
+
+
+class TiledReader:
+    def __init__(self, source, table, seqnr, columns, dm_info):
+        self.source, self.big_endian, self.nrow = source, table.big_endian, table.nrow
+        self.name = f"table.f{seqnr}"
+        size = source.entry_size(self.name)
+        if size > MAX_HEADER:
+            raise FormatError(f"{self.name}: header of {size} bytes is too large")
+        r = EndianAipsReader(read_exact(source, self.name, 0, size, "header"), True)
+        r.start(outer=True)
+        self.kind = manager = r.last_type
+        if manager not in ("TiledColumnStMan", "TiledShapeStMan", "TiledCellStMan"):
+            raise FormatError(f"{self.name}: {manager} is not a tiled manager decoded here")
+        if manager in ("TiledColumnStMan", "TiledCellStMan"):
+            _iposition(r)
+        self._read_base(r, columns)
+        if manager == "TiledShapeStMan":
+            _iposition(r)
+            used = r.u32()
+            maps = [r.block("u4").astype(np.int64) for _ in range(3)]
+            if any(len(m) < used for m in maps):
+                raise FormatError(f"{self.name}: row maps shorter than their {used} entries")
+            self.row_map, self.cube_map, self.pos_map = (m[:used] for m in maps)
+            if (np.diff(self.row_map) <= 0).any() or (self.cube_map >= len(self.cubes)).any():
+                raise FormatError(f"{self.name}: row maps are inconsistent")
+        r.end()
+        self._order_columns(table, columns)
+
+    def _read_base(self, r, columns):
+        version = r.start("TiledStMan")
+        if version >= 2 and r.bool() != self.big_endian:
+            raise FormatError(f"{self.name}: endian flag differs from table.dat's")
+        v3 = version >= 3
+        r.u32()  # sequence number
+        nrow = r.u64() if v3 else r.u32()
+        ncol = r.u32()
+        if nrow != self.nrow or ncol != len(columns):
+            raise FormatError(f"{self.name}: {nrow} rows / {ncol} columns, table.dat has "
+                              f"{self.nrow} / {len(columns)}")
+        types = [r.i32() for _ in range(ncol)]
+        if types != [c.data_type for c in columns]:
+            raise FormatError(f"{self.name}: column types differ from table.dat's")
+        self.hypercolumn = r.string()
+        r.u64() if v3 else r.u32()  # cache size
+        r.u32()  # rank
+        self.files = {}
+        for k in range(checked_count(r.u64() if v3 else r.u32(), MAX_CUBES, "file count")):
+            if r.bool():
+                file_version = r.u32()
+                number = r.u32()
+                r.u32() if file_version == 1 else r.i64()  # length
+                self.files[number] = f"{self.name}_TSM{number}"
+        n_cubes = checked_count(r.u64() if v3 else r.u32(), MAX_CUBES, "hypercube count")
+        if n_cubes > (r.limit - r.pos) // 16:
+            raise FormatError(f"{self.name}: {n_cubes} hypercubes cannot fit the header")
+        self.cubes = [Cube(r, v3) for _ in range(n_cubes)]
+        r.end()
+
+    def _order_columns(self, table, columns):
+        """Each data column's byte offset and length in a tile of every cube."""
+        hyper = tabledat.record_dict(table.dat.desc.private_keywords).get(
+            "Hypercolumn_" + self.hypercolumn)
+        names = [c.name for c in columns]
+        if isinstance(hyper, dict) and isinstance(hyper.get("data"), dict):
+            names = [n for n in hyper["data"]["values"] if n in names]
+        by_name = {c.name: c for c in columns}
+        pixel = {n: 0 if by_name[n].data_type == TP_BOOL else
+                 NUMERIC_TYPES[by_name[n].data_type][1] for n in names}
+        self.data_columns = sorted(names, key=lambda n: -pixel[n])
+        self.pixel = pixel
+        for cube in self.cubes:
+            cube.layout, at = {}, 0
+            for n in self.data_columns:
+                length = (cube.tile_pixels + 7) // 8 if pixel[n] == 0 else \
+                    cube.tile_pixels * pixel[n]
+                cube.layout[n] = (at, length)
+                at += length
+            cube.tile_bytes = at
+            if cube.n_tiles and (at > MAX_TILE_BYTES or at == 0):
+                raise FormatError(f"{self.name}: tiles of {at} bytes")
+            if cube.file < 0:  # a cube without storage (TiledShapeStMan's cube 0)
+                continue
+            if cube.n_tiles and cube.file not in self.files:
+                raise FormatError(f"{self.name}: hypercube in unknown file {cube.file}")
+            if cube.n_tiles:
+                end = cube.offset + cube.n_tiles * at
+                size = self.source.entry_size(self.files[cube.file])
+                if end > size:
+                    raise FormatError(f"{self.files[cube.file]}: hypercube {cube.shape} with "
+                                      f"tiles {cube.tile} needs {end} bytes, file has {size}")
+
+    # ------------------------------------------------------------ reading
+
+    def _slab(self, col, cube, first, stop):
+        """Positions ``first..stop`` along the last axis of ``cube`` (all of a cube without a
+        row axis when ``first`` is None), as a C-order array (positions, ...reversed axes)."""
+        name, nd = col.name, cube.ndim
+        if col.name not in cube.layout:
+            raise FormatError(f"{self.name}: {col.name} is not a data column of its cube")
+        at, length = cube.layout[name]
+        if first is None:
+            first, stop = 0, cube.shape[-1]
+        if cube.n_tiles == 0 or first == stop:
+            return np.zeros([stop - first] + cube.shape[-2::-1], col.dtype)
+        per_slab = cube.n_tiles // cube.grid[-1]
+        t0, t1 = first // cube.tile[-1], -(-stop // cube.tile[-1])
+        count = (t1 - t0) * per_slab
+        raw = read_exact(self.source, self.files[cube.file],
+                         cube.offset + t0 * per_slab * cube.tile_bytes, count * cube.tile_bytes,
+                         "tiles")
+        tiles = np.frombuffer(raw, np.uint8).reshape(count, cube.tile_bytes)[:, at:at + length]
+        if self.pixel[name] == 0:
+            values = np.unpackbits(tiles, axis=1, bitorder="little")[:, :cube.tile_pixels]
+            values = values.view(bool)
+        else:
+            values = tiles.reshape(-1).view(disk_dtype(col.data_type, self.big_endian))
+        grid = [t1 - t0] + cube.grid[-2::-1]
+        values = values.reshape(grid + cube.tile[::-1])
+        order = [i for d in range(nd) for i in (d, nd + d)]
+        full = values.transpose(order).reshape([g * t for g, t in zip(grid, cube.tile[::-1])])
+        skip = t0 * cube.tile[-1]
+        cut = (slice(first - skip, stop - skip),) + tuple(slice(0, n) for n in cube.shape[-2::-1])
+        return np.ascontiguousarray(full[cut], dtype=col.dtype)
+
+    def _pieces(self, start, stop):
+        """(cube index or None, first position, row count) per interval of ``start..stop``."""
+        if self.kind == "TiledColumnStMan":
+            yield (0, start, stop - start) if self.cubes else (None, 0, stop - start)
+            return
+        if self.kind == "TiledCellStMan":
+            for row in range(start, stop):
+                yield row, None, 1
+            return
+        i = int(np.searchsorted(self.row_map, start))
+        while start < stop:
+            if i >= len(self.row_map):
+                yield None, 0, stop - start
+                return
+            last = int(self.row_map[i])
+            end = min(stop, last + 1)
+            cube = int(self.cube_map[i])
+            pos = int(self.pos_map[i]) - (last - start)
+            yield (cube if cube else None), pos, end - start
+            start, i = end, i + 1
+
+    def uniform_shape(self, col):
+        """The one cell shape (Python order) of every row, or None, from the cubes alone."""
+        shapes = set()
+        for cube_nr, pos, n in self._pieces(0, self.nrow):
+            if cube_nr is None or self.cubes[cube_nr].file < 0:
+                return None
+            cube = self.cubes[cube_nr]
+            shapes.add(tuple(cube.shape[::-1]) if pos is None else tuple(cube.shape[-2::-1]))
+            if len(shapes) > 1:
+                return None
+        return shapes.pop() if shapes else col.cell_shape
+
+    def read(self, col, start, stop):
+        if self.kind == "TiledCellStMan" and len(self.cubes) != self.nrow:
+            raise FormatError(f"{self.name}: {len(self.cubes)} cells for {self.nrow} rows")
+        arrays = []
+        for cube_nr, pos, n in self._pieces(start, stop):
+            if cube_nr is None:
+                arrays.append((None, n))
+                continue
+            cube = self.cubes[cube_nr]
+            if cube.file < 0:
+                arrays.append((None, n))
+                continue
+            if pos is None:
+                if not cube.ndim:
+                    raise FormatError(f"{self.name}: a cell hypercube of rank 0")
+                arrays.append((self._slab(col, cube, None, None)[None], 1))
+                continue
+            if pos < 0 or pos + n > cube.shape[-1]:
+                raise FormatError(f"{self.name}: rows map to positions {pos}..{pos + n} of a "
+                                  f"hypercube of {cube.shape[-1]}")
+            arrays.append((self._slab(col, cube, pos, pos + n), n))
+        shapes = {a.shape[1:] for a, _ in arrays if a is not None}
+        if all(a is not None for a, _ in arrays) and len(shapes) <= 1:
+            if not arrays:
+                return np.zeros((0,) + tuple(col.cell_shape or ()), col.dtype)
+            return np.concatenate([a for a, _ in arrays]) if len(arrays) > 1 else arrays[0][0]
+        cells = []
+        for a, n in arrays:
+            if a is None:
+                cells.extend([None] * n)
+            else:
+                cells.extend((a.shape[1:], a[i].reshape(-1)) for i in range(n))
+        return cells

@@ -1,0 +1,117 @@
+"""Tables python-casacore writes for the column decoder's tests (run in a subprocess so a
+``.casarc`` can choose MultiFile storage)."""
+
+import sys
+
+import casacore.tables as ct
+import numpy as np
+
+TYPES = {"bool": np.bool_, "uchar": np.uint8, "short": np.int16,
+         "int": np.int32, "uint": np.uint32, "int64": np.int64, "float": np.float32,
+         "double": np.float64, "complex": np.complex64, "dcomplex": np.complex128}
+NROW = 37
+
+
+def values(vtype, shape, seed):
+    rng = np.random.default_rng(seed)
+    if vtype == "bool":
+        return rng.random(shape) < 0.5
+    dtype = np.dtype(TYPES[vtype])
+    if dtype.kind == "c":
+        return (rng.normal(size=shape) + 1j * rng.normal(size=shape)).astype(dtype)
+    if dtype.kind == "f":
+        return rng.normal(size=shape).astype(dtype)
+    info = np.iinfo(dtype)
+    return rng.integers(info.min, info.max, size=shape, dtype=dtype, endpoint=True)
+
+
+def strings(n, seed):
+    words = ["", "a", "eight ch", "nine char", "Ångström", "日本語のテキスト", "x" * 300, "ß"]
+    return [words[(i * 7 + seed) % len(words)] + str(i % 3) * (i % 5) for i in range(n)]
+
+
+def scalar_and_fixed(path, manager):
+    """Every type as a scalar (SSM/ISM) and as a fixed-shape array, in ``manager``."""
+    tiled = manager.startswith("Tiled")
+    cols = []
+    for vtype, numpy_type in TYPES.items():
+        if not tiled:
+            cols.append(ct.makescacoldesc(f"s_{vtype}", numpy_type(0).item(),
+                                          manager, valuetype=vtype))
+        cols.append(ct.makearrcoldesc(f"a_{vtype}", numpy_type(0).item(), shape=[3, 5],
+                                      datamanagertype=manager, datamanagergroup=f"g_{vtype}",
+                                      valuetype=vtype, options=5))
+    if not tiled:
+        cols.append(ct.makescacoldesc("s_string", "", manager))
+        cols.append(ct.makearrcoldesc("a_string", "", shape=[2, 2], datamanagertype=manager,
+                                      options=5))
+        cols.append(ct.makescacoldesc("s_fixstring", "", manager, maxlen=6))
+    t = ct.table(path, ct.maketabdesc(cols), nrow=NROW, ack=False)
+    for i, vtype in enumerate(TYPES):
+        if not tiled:
+            v = values(vtype, NROW, i)
+            if manager == "IncrementalStMan":
+                v = np.repeat(v[::4], 4)[:NROW]  # runs of equal values
+            t.putcol(f"s_{vtype}", v)
+        t.putcol(f"a_{vtype}", values(vtype, (NROW, 3, 5), 100 + i))
+    if not tiled:
+        t.putcol("s_string", strings(NROW, 1))
+        t.putcol("a_string", np.array(strings(NROW * 4, 2)).reshape(NROW, 2, 2))
+        t.putcol("s_fixstring", ["abcdefgh"[:i % 7] for i in range(NROW)])
+    t.putcolkeyword("a_double", "QuantumUnits", ["m", "m"])
+    t.putkeyword("TELESCOPE", "ÅLMA")
+    t.close()
+
+
+def varshape(path, manager):
+    """Variable-shape arrays with undefined cells; in TiledShapeStMan several hypercubes."""
+    tiled = manager.startswith("Tiled")
+    kinds = ["bool", "int", "float", "dcomplex"] + ([] if tiled else ["string"])
+    cols = [ct.makearrcoldesc(f"v_{k}", "" if k == "string" else TYPES[k](0).item(), ndim=2,
+                              datamanagertype=manager, datamanagergroup=f"h_{k}",
+                              valuetype=k) for k in kinds]
+    t = ct.table(path, ct.maketabdesc(cols), nrow=NROW, ack=False)
+    for j, k in enumerate(kinds):
+        for row in range(NROW):
+            if row % 5 == 3 and manager != "TiledCellStMan":
+                continue  # left undefined
+            shape = (1 + row % 3, 2 + (row // 7) % 2)
+            if k == "string":
+                v = np.array(strings(shape[0] * shape[1], row)).reshape(shape)
+            else:
+                v = values(k, shape, row * 10 + j)
+            t.putcell(f"v_{k}", row, v)
+    t.close()
+
+
+def measurement_set(path, nrow):
+    """casacore's default MS (every subtable) with a DATA column and ``nrow`` rows filled."""
+    desc = ct.maketabdesc([ct.makearrcoldesc("DATA", 0j, ndim=2, valuetype="complex")])
+    dminfo = {"*1": {"TYPE": "TiledShapeStMan", "NAME": "TiledData", "COLUMNS": ["DATA"],
+                     "SPEC": {"DEFAULTTILESHAPE": np.array([4, 16, 64], np.int32)}},
+              "*2": {"TYPE": "TiledShapeStMan", "NAME": "TiledFlag", "COLUMNS": ["FLAG"],
+                     "SPEC": {"DEFAULTTILESHAPE": np.array([4, 64, 256], np.int32)}},
+              "*3": {"TYPE": "TiledColumnStMan", "NAME": "TiledUVW", "COLUMNS": ["UVW"],
+                     "SPEC": {"DEFAULTTILESHAPE": np.array([3, 1024], np.int32)}}}
+    t = ct.default_ms(path, desc, dminfo)
+    nrow = int(nrow)
+    t.addrows(nrow)
+    nchan = 64
+    t.putcol("DATA", values("complex", (nrow, nchan, 4), 1))
+    t.putcol("FLAG", values("bool", (nrow, nchan, 4), 2))
+    t.putcol("UVW", values("double", (nrow, 3), 3))
+    t.putcol("TIME", 4.8e9 + np.arange(nrow) // 10)
+    t.putcol("ANTENNA1", np.arange(nrow, dtype=np.int32) % 7)
+    t.putcol("WEIGHT", values("float", (nrow, 4), 4))
+    t.putcol("SIGMA", values("float", (nrow, 4), 5))
+    t.close()
+    ant = ct.table(path + "/ANTENNA", readonly=False, ack=False)
+    ant.addrows(3)
+    ant.putcol("NAME", ["ant-α", "ant-β", "ant-γ"])
+    ant.putcol("POSITION", values("double", (3, 3), 6))
+    ant.close()
+
+
+if __name__ == "__main__":
+    what, path, manager = sys.argv[1:4]
+    {"fixed": scalar_and_fixed, "var": varshape, "ms": measurement_set}[what](path, manager)

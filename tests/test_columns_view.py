@@ -1,0 +1,104 @@
+"""columns/: a casacore table's columns as .npy files, read back with numpy.load and
+compared with python-casacore's getcol/getvarcol."""
+
+import io
+import json
+import os
+
+import casacore.tables as ct
+import numpy as np
+import pytest
+from test_columns import CountingSource, made  # noqa: F401  (the module's table fixture)
+
+from ctdsfs.errors import ReadOnlyError
+from ctdsfs.formats import open_container
+from ctdsfs.formats.casacore_base import DirectorySource, LayeredSource
+from ctdsfs.formats.casacore_columns_view import ColumnsView
+
+
+def read_in_pieces(view, name, piece=100_003):
+    """A file of the view read as FUSE would, in ranged reads of odd size."""
+    size = view.entry_size(name)
+    data = b"".join(view.read(name, at, piece) for at in range(0, size, piece))
+    assert len(data) == size
+    return data
+
+
+def load(view, name):
+    return np.load(io.BytesIO(read_in_pieces(view, name)))
+
+
+def test_measurement_set_columns_as_npy(made):  # noqa: F811 (the fixture)
+    path = made("ms", "3000")
+    view = ColumnsView(DirectorySource(path), path)
+    names = set(view.names())
+    assert {"DATA.npy", "FLAG.npy", "UVW.npy", "TIME.npy", "table.json"} <= names
+    with ct.table(path, ack=False) as ref:
+        for name in ("DATA", "FLAG", "UVW", "TIME", "ANTENNA1", "WEIGHT"):
+            got = load(view, f"{name}.npy")
+            expected = ref.getcol(name)
+            assert got.dtype == expected.dtype and got.shape == expected.shape, name
+            np.testing.assert_array_equal(got, expected, err_msg=name)
+        described = json.loads(view.read("table.json", 0, 1 << 20))
+        assert described["columns"]["UVW"]["keywords"]["QuantumUnits"]["values"] == ["m"] * 3
+        assert described["columns"]["DATA"]["files"] == ["DATA.npy"]
+        assert described["columns"]["FLAG_CATEGORY"]["files"] == [
+            "FLAG_CATEGORY.shapes.npy", "FLAG_CATEGORY.offsets.npy", "FLAG_CATEGORY.values.npy"]
+    with pytest.raises(ReadOnlyError):
+        view.write("DATA.npy", 0, b"x")
+
+
+def test_a_read_decodes_only_the_rows_it_touches(made, monkeypatch):  # noqa: F811 (the fixture)
+    from ctdsfs.formats import casacore_columns_view
+    monkeypatch.setattr(casacore_columns_view, "BLOCK_BYTES", 256 << 10)
+    path = made("ms", "3000")
+    source = CountingSource(path)
+    view = ColumnsView(source, path)
+    size = view.entry_size("DATA.npy")
+    def tiles_read():
+        return sum(n for f, n in source.bytes_read.items() if "_TSM" in f)
+    before = tiles_read()
+    piece = view.read("DATA.npy", size // 2, 4096)
+    moved = tiles_read() - before
+    assert len(piece) == 4096
+    assert 0 < moved < (size // 4), moved  # a block of rows, not the column
+    with ct.table(path, ack=False) as ref:
+        whole = ref.getcol("DATA")
+    header = size - whole.nbytes
+    assert piece == whole.tobytes()[size // 2 - header:size // 2 - header + 4096]
+
+
+def test_strings_and_variable_shapes(made):  # noqa: F811 (the fixture)
+    path = made("var", "StandardStMan")
+    view = ColumnsView(DirectorySource(path), path)
+    with ct.table(path, ack=False) as ref:
+        shapes = load(view, "v_float.shapes.npy")
+        offsets = load(view, "v_float.offsets.npy")
+        values = load(view, "v_float.values.npy")
+        for row in range(ref.nrows()):
+            if not ref.iscelldefined("v_float", row):
+                assert (shapes[row] == -1).all()
+                continue
+            cell = values[offsets[row]:offsets[row + 1]].reshape(shapes[row])
+            np.testing.assert_array_equal(cell, ref.getcell("v_float", row))
+        assert "v_string" not in json.dumps(view.names())  # String arrays: listed, not shown
+    path = made("fixed", "StandardStMan")
+    view = ColumnsView(DirectorySource(path), path)
+    with ct.table(path, ack=False) as ref:
+        offsets = load(view, "s_string.offsets.npy")
+        data = view.read("s_string.data", 0, view.entry_size("s_string.data"))
+        strings = [data[offsets[i]:offsets[i + 1]].decode() for i in range(len(offsets) - 1)]
+        assert strings == ref.getcol("s_string")
+        np.testing.assert_array_equal(load(view, "a_bool.npy"), ref.getcol("a_bool"))
+
+
+def test_multifile_table(made):  # noqa: F811 (the fixture)
+    path = made("fixed", "TiledColumnStMan", multifile=True)
+    container = open_container(os.path.join(path, "table.mf"))
+    try:
+        view = ColumnsView(LayeredSource(DirectorySource(path), container), path)
+        with ct.table(path, ack=False) as ref:
+            for name in ref.colnames():
+                np.testing.assert_array_equal(load(view, f"{name}.npy"), ref.getcol(name))
+    finally:
+        container.close()
