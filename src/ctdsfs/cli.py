@@ -552,7 +552,12 @@ def main(argv=None):
         return _run(lambda: _mount_from_args(args), "ctdsfs")
     if args.command == "info":
         def info():
-            container = open_container(args.container, verify_crc=not args.nocrc)
+            if os.path.isdir(args.container) and not os.path.islink(args.container):
+                from .vfs.directory import directory_or_table  # (a tree: what a mount shows)
+                container = directory_or_table(os.path.abspath(args.container), source=True,
+                                               verify_crc=not args.nocrc)
+            else:
+                container = open_container(args.container, verify_crc=not args.nocrc)
             data = container.describe()
             bmap = _block_map(container, not args.nocrc) if args.map else None
             if args.json:

@@ -312,7 +312,7 @@ class Carray(View):
                 "dtype": str(self.dtype), "shape": list(self.shape),
                 "chunklen": self.chunklen, "chunks": self.chunk_count(),
                 "cparams": self.storage.get("cparams"), "attrs": self.attrs,
-                "problems": list(self.problems)}
+                "problems": self.problems + (self._writer_note() if self.appendable else [])}
 
     def check(self, bar=None):
         """Every chunk decompresses to the bytes its place needs."""

@@ -113,7 +113,7 @@ class Ctable(View):
     def describe(self):
         return {"container": self.label, "format": "bcolz ctable", "attrs": self.attrs,
                 "columns": [c.describe() for c in self.columns.values()],
-                "problems": list(self.problems)}
+                "problems": self.problems + self._writer_note()}
 
     def check(self, bar=None):
         problems = [f"{self.label}: {p}" for p in self.problems]

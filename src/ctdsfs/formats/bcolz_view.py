@@ -3,6 +3,7 @@ made on demand, a .npy header followed by decoded items, one decoded chunk) and 
 view base class (read-only unless ``-o rw``, then only items of .npy files take writes)."""
 
 import contextlib
+import fcntl
 import json
 import logging
 import os
@@ -170,6 +171,24 @@ class View(DerivedView):
             except CtdsfsError:
                 self.close()
                 raise
+
+    def _writer_note(self):
+        """A problem line if another process holds this rootdir's writer lock (a read-write
+        mount then shows it raw and read-only), for ``ctdsfs info``."""
+        if self._writer_lock is not None:
+            return []
+        try:
+            fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            return []
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError:
+            return ["another writer holds this rootdir's lock (a read-write mount elsewhere): "
+                    "a second read-write mount refuses it"]
+        finally:
+            os.close(fd)
+        return []
 
     def _add(self, name, entry):
         why = name_problem(name) or ("a second entry of that name" if name in self._entries
