@@ -726,6 +726,32 @@ def test_write_edges_through_the_api(damaged):
     assert (table / "price" / "data" / "__4.blp").read_bytes() == before
 
 
+def test_a_write_ending_inside_an_item_commits_nothing(damaged, mount):
+    """Issue 24 item 7: a 12-byte O_APPEND write to a float64 array.npy stored one item and
+    then failed at close. Now nothing of it is stored, and close says why (EPERM)."""
+    root = damaged("float64_bitshuffle")
+    length = len(bcolz.open(str(root)))
+    c = open_container(root, writable=True)
+    c.write("array.npy", c.entry_size("array.npy"), bytes(12))
+    assert len(bcolz.open(str(root))) == length
+    with pytest.raises(NotPermitted, match="none stored"):
+        c.commit()
+    c.close()
+    top = mount(root, options=["rw"]).mountpoint
+    fd = os.open(top / "array.npy", os.O_WRONLY | os.O_APPEND)
+    try:
+        os.write(fd, struct.pack("<d", 1.5) + b"\x01\x02\x03\x04")
+    finally:
+        with pytest.raises(PermissionError):
+            os.close(fd)
+    assert len(bcolz.open(str(root))) == length
+    with open(top / "array.npy", "ab") as f:  # whole items in odd pieces are all stored
+        f.write(struct.pack("<dd", 2.5, 3.5)[:5])
+        f.flush()
+        f.write(struct.pack("<dd", 2.5, 3.5)[5:])
+    assert bcolz.open(str(root))[length:].tolist() == [2.5, 3.5]
+
+
 def test_parallel_reads_of_a_chunk_decompress_it_once():
     """The kernel's readahead sends several reads of one chunk at once: the first
     decompresses, the others wait for it (they used to decompress it each)."""

@@ -18,6 +18,8 @@ from .decoded_cache import DecodedCache
 from .npy import npy_header
 from .store import open_regular
 
+PENDING_BYTES_MAX = 16 << 20  # appended bytes held back until they end on an item boundary
+
 
 class Carray(View):
     """A carray rootdir: array.npy, attrs.json, meta.json, chunks/, raw/."""
@@ -29,7 +31,7 @@ class Carray(View):
         self.path = path
         self.cache = cache or DecodedCache()
         self.appendable = not column  # (a ctable's columns grow together: not one alone)
-        self._partial = bytearray()  # appended bytes short of a whole item
+        self._partial = bytearray()  # appended bytes not yet ending on an item boundary
         self._superchunk_prefix = self._real("data", "__")
         # counts reloads, appends and stored chunks (what derives from them follows it),
         # bumped after each change, so nothing made from a half-done change is kept
@@ -189,7 +191,11 @@ class Carray(View):
     # -- writing
 
     def write_data(self, start, data):
-        """Overwrite items, or append them: bytes written at the end wait for whole items."""
+        """Overwrite items, or append them. Appended bytes wait until what is pending ends on
+        an item boundary (a later write may complete an item: the kernel splits a large write
+        anywhere), so a write that leaves a part of an item commits nothing of itself; if
+        it is never completed, closing fails (EPERM) and nothing was changed. Only a
+        stream of PENDING_BYTES_MAX pending bytes commits its whole items (bounded memory)."""
         if self.cparams is None:
             raise refuse(self.label, "meta/storage has no usable cparams to compress with")
         stored = self.shape[0] * self.item_bytes
@@ -203,10 +209,12 @@ class Carray(View):
             self._overwrite(start, data[:min(end, stored) - start])
         if end > stored:
             self._partial += data[at - start:]
-            whole = len(self._partial) // self.item_bytes * self.item_bytes
-            if whole:
-                self._append(bytes(self._partial[:whole]))
-                del self._partial[:whole]
+            if len(self._partial) % self.item_bytes == 0 \
+                    or len(self._partial) >= PENDING_BYTES_MAX:
+                whole = len(self._partial) // self.item_bytes * self.item_bytes
+                if whole:
+                    self._append(bytes(self._partial[:whole]))
+                    del self._partial[:whole]
 
     def _overwrite(self, start, data):
         """Each touched chunk recompressed and its superchunk replaced."""
@@ -281,8 +289,8 @@ class Carray(View):
         """Bytes of an incomplete item are dropped (and said so): bcolz stores whole items."""
         if self._partial:
             count, self._partial = len(self._partial), bytearray()
-            raise refuse(self.label, f"{count} appended bytes do not make a whole item "
-                                     f"of {self.item_bytes} bytes: dropped")
+            raise refuse(self.label, f"{count} appended bytes do not end on an item boundary "
+                                     f"(items of {self.item_bytes} bytes): none stored")
         return False
 
     def chunk_headers(self):
