@@ -11,12 +11,12 @@ import numpy as np
 
 from ..errors import BlockError, FormatError
 from .bcolz_view import CHUNK_BYTES_MAX, MAGIC, SUPERCHUNK_HEADER, SUPERCHUNK_NAME, ChunkDir, \
-    NpyFile, View, attrs_line, carray_info_lines, is_dir, is_int, json_file, parse_dtype, \
+    NpyFile, View, attrs_line, carray_info_lines, is_int, json_file, parse_dtype, read_attrs, \
     read_json, refuse, replace_file
 from .blosc_chunk import Chunk, file_identity
 from .decoded_cache import DecodedCache
 from .npy import npy_header
-from .store import open_regular
+from .beneath import kind_beneath, listdir_beneath, lstat_beneath, open_regular_beneath
 
 PENDING_BYTES_MAX = 16 << 20  # appended bytes held back until they end on an item boundary
 
@@ -26,13 +26,15 @@ class Carray(View):
 
     format_name = "bcolz carray"
 
-    def __init__(self, path, *, writable=False, label=None, cache=None, column=False):
+    def __init__(self, path, *, writable=False, label=None, cache=None, column=None):
+        """``column``: its name inside the ctable rootdir ``path`` (the folder every file is
+        reached from without following a link), or None for a carray rootdir ``path``."""
         super().__init__(label or path, writable)
-        self.path = path
+        self.root, self.prefix = path, column or ""
+        self.path = os.path.join(path, self.prefix) if column else path
         self.cache = cache or DecodedCache()
-        self.appendable = not column  # (a ctable's columns grow together: not one alone)
+        self.appendable = column is None  # (a ctable's columns grow together: not one alone)
         self._partial = bytearray()  # appended bytes not yet ending on an item boundary
-        self._superchunk_prefix = self._real("data", "__")
         # counts reloads, appends and stored chunks (what derives from them follows it),
         # bumped after each change, so nothing made from a half-done change is kept
         self.version = 0
@@ -42,27 +44,28 @@ class Carray(View):
         self._add("attrs.json", json_file(lambda: self.attrs, lambda: self.version))
         self._add("meta.json", json_file(self.meta, lambda: self.version))
         self._add("chunks", ChunkDir(self))
-        self._add("raw", DirectorySource(path, recurse=False))
-        if not column:  # (a ctable locks its own rootdir)
+        self._add("raw", DirectorySource(self.path, recurse=False))
+        if column is None:  # (a ctable locks its own rootdir)
             self._lock_rootdir(path)
 
-    def _real(self, *parts):
-        return os.path.join(self.path, *parts)
+    def _rel(self, *parts):
+        """A path inside the rootdir, for the ``beneath`` functions (no link followed)."""
+        return os.path.join(self.prefix, *parts)
 
     def _load(self):
         where = self.label
         self.problems = []
         for folder in ("meta", "data"):
-            if not is_dir(self._real(folder)):
+            if not kind_beneath(self.root, self._rel(folder), stat.S_ISDIR):
                 raise FormatError(f"{where}: {folder} is not a directory")
         try:
-            self._sizes_identity = file_identity(os.lstat(self._real("meta", "sizes")))
+            self._sizes_identity = file_identity(lstat_beneath(self.root,
+                                                               self._rel("meta", "sizes")))
         except OSError as exc:
             raise FormatError(f"{where}: meta/sizes: {exc.strerror}") from None
-        self.storage = read_json(self._real("meta", "storage"))
-        self.sizes = read_json(self._real("meta", "sizes"))
-        self.attrs = read_json(self._real("__attrs__")) \
-            if os.path.lexists(self._real("__attrs__")) else {}
+        self.storage = read_json(self.root, self._rel("meta", "storage"))
+        self.sizes = read_json(self.root, self._rel("meta", "sizes"))
+        self.attrs = read_attrs(self.root, self._rel("__attrs__"))
         self.dtype = parse_dtype(self.storage.get("dtype"), f"{where}: meta/storage")
         shape, chunklen = self.sizes.get("shape"), self.storage.get("chunklen")
         if not isinstance(shape, list) or not shape or not all(map(is_int, shape)):
@@ -78,7 +81,8 @@ class Carray(View):
         self.cparams = self._cparams()
         try:
             present = {int(m.group(1)) for m in map(SUPERCHUNK_NAME.match,
-                                                      os.listdir(self._real("data"))) if m}
+                                                      listdir_beneath(self.root,
+                                                                      self._rel("data"))) if m}
         except OSError as exc:
             raise FormatError(f"{where}: data: {exc.strerror}") from None
         needed = self.chunk_count()
@@ -116,14 +120,15 @@ class Carray(View):
         return self.shape[0] * self.item_bytes + len(self._partial)
 
     def _superchunk(self, number):
-        return f"{self._superchunk_prefix}{number}.blp"
+        """Superchunk ``number``'s path inside the rootdir."""
+        return self._rel("data", f"__{number}.blp")
 
     def _chunk(self, number, fd, identity):
         """The chunk of superchunk ``number`` (its 16-byte header checked), kept while the
         file is the same (``identity``: inode, mtime, size)."""
         known, chunk = self._chunks.get(number, (None, None))
         if known != identity:
-            path = self._superchunk(number)
+            path = os.path.join(self.root, self._superchunk(number))
             head = os.pread(fd, SUPERCHUNK_HEADER.size, 0)
             room = identity[2] - SUPERCHUNK_HEADER.size
             if len(head) < SUPERCHUNK_HEADER.size:
@@ -142,7 +147,8 @@ class Carray(View):
     def _with_chunk(self, number, use):
         """``use(chunk, fd, identity)`` with superchunk ``number`` open (links not followed)."""
         try:
-            fd = open_regular(self._superchunk(number))
+            fd = open_regular_beneath(self.root, self._superchunk(number),
+                                      os.path.join(self.root, self._superchunk(number)))
         except FormatError as exc:
             raise BlockError(str(exc), str(exc)) from None
         try:
@@ -163,7 +169,7 @@ class Carray(View):
         lstat tells that (a link or anything not a regular file goes the opening way)."""
         key = (self.path, number)
         try:
-            st = os.lstat(self._superchunk(number))
+            st = lstat_beneath(self.root, self._superchunk(number))
         except OSError:
             st = None
         data = self.cache.get(key, file_identity(st)) \
@@ -242,9 +248,9 @@ class Carray(View):
         count = length + len(items) // self.item_bytes
         sizes = dict(self.sizes, shape=[count, *self.shape[1:]],
                      nbytes=count * self.item_bytes)
-        replace_file(self._real("meta", "sizes"), json.dumps(sizes).encode())
+        replace_file(self.root, self._rel("meta", "sizes"), json.dumps(sizes).encode())
         self.sizes, self.shape = sizes, (count, *self.shape[1:])
-        self._sizes_identity = file_identity(os.lstat(self._real("meta", "sizes")))
+        self._sizes_identity = file_identity(lstat_beneath(self.root, self._rel("meta", "sizes")))
         self.version += 1
 
     def _typesize(self):
@@ -257,8 +263,8 @@ class Carray(View):
     def _store_chunk(self, number, raw):
         packed = blosc.compress(raw, typesize=self._typesize(), **self.cparams)
         path = self._superchunk(number)
-        replace_file(path, SUPERCHUNK_HEADER.pack(MAGIC, 1, 1) + packed)
-        self.cache.put((self.path, number), file_identity(os.lstat(path)), raw)
+        replace_file(self.root, path, SUPERCHUNK_HEADER.pack(MAGIC, 1, 1) + packed)
+        self.cache.put((self.path, number), file_identity(lstat_beneath(self.root, path)), raw)
         self.version += 1
 
     def reload_if_changed(self):
@@ -266,7 +272,7 @@ class Carray(View):
         If it cannot be read now (bcolz mid-write), the view stays as it was."""
         with self._lock:
             try:
-                now = file_identity(os.lstat(self._real("meta", "sizes")))
+                now = file_identity(lstat_beneath(self.root, self._rel("meta", "sizes")))
                 same = now == self._sizes_identity
             except OSError:
                 same = True  # (gone for a moment: bcolz replaces it)

@@ -3,6 +3,7 @@ structured array), ``attrs.json`` and ``COLUMN/`` as a carray."""
 
 import logging
 import os
+import stat
 from collections import OrderedDict
 
 import numpy as np
@@ -10,8 +11,9 @@ import numpy as np
 from ..container import name_problem
 from ..errors import FormatError
 from .bcolz_carray import Carray
-from .bcolz_view import NpyFile, View, attrs_line, carray_info_lines, is_dir, json_file, \
+from .bcolz_view import NpyFile, View, attrs_line, carray_info_lines, json_file, read_attrs, \
     read_json, refuse
+from .beneath import kind_beneath
 from .decoded_cache import DecodedCache
 from .npy import npy_header
 
@@ -27,21 +29,19 @@ class Ctable(View):
         super().__init__(path, writable)
         self.path = path
         self.cache = DecodedCache()
-        names = read_json(os.path.join(path, "__rootdirs__")).get("names")
+        names = read_json(path, "__rootdirs__").get("names")
         if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
             raise FormatError(f"{path}: __rootdirs__: names is not a list of strings")
-        attrs = os.path.join(path, "__attrs__")
-        self.attrs = read_json(attrs) if os.path.lexists(attrs) else {}
+        self.attrs = read_attrs(path, "__attrs__")
         self.columns = OrderedDict()
         for name in names:
             why = name_problem(name) or ("listed twice" if name in self.columns else None)
-            if why is None and not is_dir(os.path.join(path, name)):
+            if why is None and not kind_beneath(path, name, stat.S_ISDIR):
                 why = "no such column directory"
             if why is None:
                 try:
-                    self.columns[name] = Carray(os.path.join(path, name), writable=writable,
-                                                label=f"{path}/{name}", cache=self.cache,
-                                                column=True)
+                    self.columns[name] = Carray(path, writable=writable, label=f"{path}/{name}",
+                                                cache=self.cache, column=name)
                 except FormatError as exc:
                     why = str(exc)
             if why:

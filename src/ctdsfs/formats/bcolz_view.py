@@ -15,27 +15,41 @@ import numpy as np
 
 from ..container import DerivedView, name_problem
 from ..errors import CtdsfsError, FormatError, NotPermitted
-from .store import fsync_path, lock_for_writing, read_small, write_synced
+from .beneath import create_exclusive_beneath, parent_fd, read_small_beneath
+from .store import lock_for_writing
 
 log = logging.getLogger(__name__)
 
 MAGIC = b"blpk"
 SUPERCHUNK_HEADER = struct.Struct("<4sB3xq")  # bcolz: magic, version, chunk count
-JSON_BYTES_MAX = 1 << 20  # meta/*, __attrs__, __rootdirs__, bloscpack metadata
+JSON_BYTES_MAX = 1 << 20  # meta/*, __rootdirs__, bloscpack metadata
+ATTRS_BYTES_MAX = 64 << 20  # __attrs__ (user attributes: zipline writes several MB)
 CHUNK_BYTES_MAX = 256 << 20  # one decompressed chunk (what a read may allocate)
 SUPERCHUNK_NAME = re.compile(r"__(0|[1-9][0-9]{0,17})\.blp\Z")
 
 # ---------------------------------------------------------------- untrusted files
 
-def read_json(path):
-    """The JSON object in ``path`` (small, a regular file)."""
+def read_json(root, rel, limit=JSON_BYTES_MAX):
+    """The JSON object in regular file ``root/rel`` (reached without following a link),
+    refused if it holds more than ``limit`` bytes."""
+    where = os.path.join(root, rel)
     try:
-        value = json.loads(read_small(path, JSON_BYTES_MAX).decode("utf-8"))
+        value = json.loads(read_small_beneath(root, rel, limit, where).decode("utf-8"))
     except (ValueError, RecursionError) as exc:
-        raise FormatError(f"{path}: not JSON ({exc})") from None
+        raise FormatError(f"{where}: not JSON ({exc})") from None
     if not isinstance(value, dict):
-        raise FormatError(f"{path}: not a JSON object")
+        raise FormatError(f"{where}: not a JSON object")
     return value
+
+
+def read_attrs(root, rel):
+    """``__attrs__`` (an empty object if there is none). bcolz users store what they like
+    there (zipline: several MB), so it is read whole as bcolz does, up to ATTRS_BYTES_MAX:
+    memory follows the file's real size, and a file far past what anyone stores as JSON
+    attributes is refused rather than parsed."""
+    if not os.path.lexists(os.path.join(root, rel)):
+        return {}
+    return read_json(root, rel, ATTRS_BYTES_MAX)
 
 
 def is_int(value, low=0):
@@ -250,19 +264,29 @@ class ChunkDir(View):
 
 
 
-def replace_file(path, data):
-    """Replace ``path`` by a file holding ``data``, crash-consistently: a new file, fsync,
-    rename over the old one, fsync of the directory."""
-    folder, name = os.path.split(path)
-    temporary = os.path.join(folder, f".{name}.ctdsfs-new")
+def replace_file(root, rel, data):
+    """Replace ``root/rel`` by a file holding ``data``, crash-consistently: a new file
+    (``.NAME.ctdsfs-new``, made with O_EXCL after unlinking a leftover, so a planted link
+    is never written through), fsync, rename over the old one, fsync of the directory;
+    no link is followed in any component."""
+    folder, name = os.path.split(rel)
+    temporary = f".{name}.ctdsfs-new"
+    fd = create_exclusive_beneath(root, os.path.join(folder, temporary))
     try:
-        write_synced(temporary, data)
-        os.replace(temporary, path)
-    except OSError:
-        with contextlib.suppress(OSError):  # (the new file may never have been made)
-            os.unlink(temporary)
-        raise
-    fsync_path(folder)
+        view = memoryview(data).cast("B")
+        while view:
+            view = view[os.write(fd, view):]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    with parent_fd(root, rel) as (folder_fd, name):
+        try:
+            os.replace(temporary, name, src_dir_fd=folder_fd, dst_dir_fd=folder_fd)
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.unlink(temporary, dir_fd=folder_fd)
+            raise
+        os.fsync(folder_fd)
 
 
 def is_dir(path):
