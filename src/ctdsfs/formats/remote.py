@@ -48,6 +48,7 @@ from urllib.parse import urlsplit
 
 from ..errors import BlockError, CtdsfsError
 from . import REMOTE_SCHEMES
+from .store import create_exclusive
 
 log = logging.getLogger(__name__)
 
@@ -119,7 +120,7 @@ class DiskCache:
         path = self._path(url, etag, chunk_size, index)
         temporary = f"{path}.{os.getpid()}-{threading.get_ident()}.tmp"
         try:
-            with open(temporary, "wb") as f:
+            with os.fdopen(create_exclusive(temporary), "wb") as f:  # (never a planted link)
                 f.write(data)
             os.replace(temporary, path)
         except OSError as exc:

@@ -37,6 +37,7 @@ from ..container import Container, Usage
 from ..formats import directory_format, open_container
 from ..errors import CtdsfsError, FormatError, NotPermitted, ReadOnlyError
 from ..formats import tabledat
+from ..formats.store import create_exclusive
 from .filesystem import FSError
 
 log = logging.getLogger(__name__)
@@ -435,7 +436,7 @@ class TableView(DirectorySource):
         if written.storage == "SepFile":
             written = written.with_storage(original.storage, original.column_set.block_size)
         tmp = self._real("table.dat.ctdsfs-new")
-        with open(tmp, "wb") as f:
+        with os.fdopen(create_exclusive(tmp), "wb") as f:  # (never a planted link)
             f.write(written.encode())
             f.flush()
             os.fsync(f.fileno())
