@@ -732,8 +732,8 @@ def test_ctable_hostile_column_list(damaged):
     rootdirs["names"] = names[:3] + [names[0], "../table", "", "missing"]
     (root / "__rootdirs__").write_text(json.dumps(rootdirs))
     c = open_container(root)
-    assert c.names() == [f"{n}.npy" for n in names[:3]] + ["table.npy", "attrs.json"] + \
-        names[:3]
+    assert c.names() == [f"{n}.npy" for n in names[:3]] + ["table.npy", "attrs.json", "ctable.json"] \
+        + names[:3]
     assert len(c.problems) == 4
     table = npy(c, "table.npy")  # (bcolz itself does not open this ctable)
     for name in names[:3]:

@@ -22,9 +22,10 @@ Mount SOURCE on MOUNTPOINT. SOURCE may be:
                               directories)
   a .pycauset file            payload, payload.npy, metadata.json, header.json
   a bcolz carray rootdir      array.npy, attrs.json, meta.json, chunks/, raw/
-  a bcolz ctable rootdir      COLUMN.npy per column, table.npy, attrs.json,
-                              COLUMN/ (as a carray)
-  a bloscpack file (.blp)     data, header.json, chunks/
+  a bcolz ctable rootdir      COLUMN.npy per column, table.npy, ctable.json,
+                              attrs.json, COLUMN/ (as a carray)
+  a bloscpack file (.blp)     data, data.npy (an array's file), header.json,
+                              chunks/
   a directory                 plain files and directories pass through,
                               container files inside it show as directories,
                               and every casacore table stored as a MultiFile

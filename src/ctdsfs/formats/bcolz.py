@@ -18,8 +18,11 @@ Shown as directories:
   ``attrs.json``, ``meta.json`` (sizes, storage and every chunk's headers),
   ``chunks/N`` (each chunk decompressed) and ``raw/`` (the rootdir's own files);
 * ctable: ``COLUMN.npy`` per column, ``table.npy`` (the rows as one structured
-  array), ``attrs.json``, and ``COLUMN/`` as a carray;
-* bloscpack file: ``data``, ``header.json``, ``chunks/N``.
+  array; ``table_.npy`` if a column is named ``table``), ``ctable.json`` (the row
+  count, the rows file, each column's dtype and shape), ``attrs.json``, and
+  ``COLUMN/`` as a carray;
+* bloscpack file: ``data``, ``data.npy`` (if its metadata describes a NumPy array, as
+  ``pack_ndarray_to_file`` writes it), ``header.json``, ``chunks/N``.
 
 Everything read is untrusted: JSON files are small or refused, every needed
 superchunk must exist before anything is shown (so no loop runs longer than

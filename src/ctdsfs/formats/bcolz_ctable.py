@@ -20,6 +20,16 @@ from .npy import npy_header
 log = logging.getLogger(__name__)
 
 
+def rows_file_name(columns):
+    """The file of all rows: ``table.npy``, unless a column's own file has that name (a
+    column named ``table``): then ``table_.npy``, one more ``_`` until the name is free."""
+    taken = {f"{name}.npy" for name in columns}
+    name = "table"
+    while f"{name}.npy" in taken:
+        name += "_"
+    return f"{name}.npy"
+
+
 class Ctable(View):
     """A ctable rootdir: COLUMN.npy per column, table.npy, attrs.json, COLUMN/ (a carray)."""
 
@@ -55,15 +65,25 @@ class Ctable(View):
                                        for n, c in self.columns.items()])
         except (TypeError, ValueError) as exc:  # (names NumPy does not take as fields)
             lengths = {f"no record type ({exc})"}
+        self.table_name = rows_file_name(self.columns)
         if len(lengths) == 1 and self.columns:
-            self._add("table.npy", NpyFile(self))
-        elif lengths:
-            self.problems.append(f"no table.npy: the columns have different lengths "
-                                 f"{sorted(map(str, lengths))}")
+            self._add(self.table_name, NpyFile(self))
+        else:
+            if lengths:
+                self.problems.append(f"no {self.table_name}: the columns have different "
+                                     f"lengths {sorted(map(str, lengths))}")
+            self.table_name = None
         self._add("attrs.json", json_file(lambda: self.attrs))
+        self._add("ctable.json", json_file(self.summary, lambda: self.version))
         for name, column in self.columns.items():
             self._add(name, column)
         self._lock_rootdir(path)
+
+    def summary(self):
+        """``ctable.json``: the row count at the top level, the rows file, each column."""
+        return {"rows": self.rows() if self.columns else 0, "table": self.table_name,
+                "columns": [{"name": name, "file": f"{name}.npy", "dtype": str(c.dtype),
+                             "shape": list(c.shape)} for name, c in self.columns.items()]}
 
     @property
     def version(self):

@@ -6,23 +6,30 @@ size, last chunk size, chunk count, spare offsets), an optional metadata
 section, optional chunk offsets, then Blosc chunks each followed by its checksum.
 """
 
+import ast
 import bisect
+import contextlib
 import itertools
 import json
+import math
 import os
 import struct
 import zlib
 
+import numpy as np
+
 from ..errors import BlockError, FormatError
 from .bcolz_view import CHUNK_BYTES_MAX, JSON_BYTES_MAX, MAGIC, SUPERCHUNK_HEADER, ChunkDir, \
-    NpyFile, View, attrs_line, json_file
+    NpyFile, View, attrs_line, is_int, json_file
 from .blosc_chunk import BLOSC_HEADER, CHECKSUMS, Chunk
 from .decoded_cache import DecodedCache
+from .npy import npy_header
 from .store import open_regular
 
 BLOSCPACK_HEADER = struct.Struct("<4sBBBBiiqq")
 METADATA_HEADER = struct.Struct("<8sBBBBIII8s")
 META_CODECS = ("None", "zlib")
+DTYPE_TEXT_MAX = 1 << 16  # the dtype text of an array's metadata (a record's descr)
 
 
 class BloscpackFile(View):
@@ -44,6 +51,9 @@ class BloscpackFile(View):
         # where each chunk's bytes start in ``data`` (and where the last one ends)
         self._starts = [0, *itertools.accumulate(c.nbytes_range[1] for c in self._chunks)]
         self._add("data", NpyFile(self))
+        layout = self._ndarray_layout()
+        if layout:
+            self._add("data.npy", NpyFile(_NdarrayView(self, *layout)))
         self._add("header.json", json_file(self.header_json))
         self._add("chunks", ChunkDir(self))
 
@@ -148,6 +158,38 @@ class BloscpackFile(View):
             self.problems.append(f"metadata {problem}")
         return end
 
+    def _ndarray_layout(self):
+        """(dtype, shape, fortran order) of the array ``pack_ndarray_to_file`` stored: its
+        metadata says ``container: numpy``, the dtype (a repr of ``dtype.str`` or of a
+        record's descr; before bloscpack 0.7.2 the string itself), shape and order. None
+        (and a problem said) for anything else, or if the items do not fill ``data``."""
+        value = (self.metadata or {}).get("value")
+        if not isinstance(value, dict) or value.get("container") != "numpy":
+            return None
+        text, shape, order = value.get("dtype"), value.get("shape"), value.get("order")
+        dtype = None
+        if isinstance(text, str) and len(text) <= DTYPE_TEXT_MAX:
+            with contextlib.suppress(ValueError, SyntaxError, TypeError, MemoryError,
+                                     RecursionError):
+                literal = ast.literal_eval(text)
+                dtype = np.dtype(literal if isinstance(literal, (str, list)) else text)
+            if dtype is None:
+                with contextlib.suppress(TypeError, ValueError, SyntaxError):
+                    dtype = np.dtype(text)
+        why = None
+        if dtype is None or dtype.hasobject or dtype.itemsize == 0:
+            why = f"dtype {text!r} is not one ctdsfs shows"
+        elif not (isinstance(shape, list) and all(is_int(n) for n in shape)
+                  and order in ("C", "F")):
+            why = f"shape {shape!r} or order {order!r} is not valid"
+        elif dtype.itemsize * math.prod(shape) != self.data_bytes():
+            why = f"{math.prod(shape)} items of {dtype.itemsize} bytes are not the " \
+                  f"{self.data_bytes()} bytes of the chunks"
+        if why:
+            self.problems.append(f"no data.npy: metadata {why}")
+            return None
+        return dtype, tuple(shape), order == "F"
+
     def _header(self, number):
         try:
             return self._chunks[number].read_header(self.fd)
@@ -227,3 +269,21 @@ class BloscpackFile(View):
         super().close()
         os.close(self.fd)
 
+
+class _NdarrayView:
+    """``data.npy``: the bytes of ``data`` behind a .npy header of the array's metadata."""
+
+    version = 0
+
+    def __init__(self, source, dtype, shape, fortran):
+        self.source, self.label = source, f"{source.label}/data.npy"
+        self._header = npy_header(np.lib.format.dtype_to_descr(dtype), shape, fortran)
+
+    def npy_header(self):
+        return self._header
+
+    def data_bytes(self):
+        return self.source.data_bytes()
+
+    def read_data(self, start, end):
+        return self.source.read_data(start, end)
