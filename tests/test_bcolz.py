@@ -196,6 +196,7 @@ def test_reads_reuse_the_layout_until_the_array_changes(damaged, monkeypatch):
                 return real(*args, **kwargs)
             monkeypatch.setattr(module, name, call)
 
+    monkeypatch.setattr(carray_module, "CHUNKS_AHEAD", 0)  # (reads here, no decoding ahead)
     counted("npy_header")
     counted("open_regular_beneath")
     root = damaged("trimmed")  # 27 int32 items, chunklen 8
@@ -816,6 +817,32 @@ def test_a_write_ending_inside_an_item_commits_nothing(damaged, mount):
         f.flush()
         f.write(struct.pack("<dd", 2.5, 3.5)[5:])
     assert bcolz.open(str(root))[length:].tolist() == [2.5, 3.5]
+
+
+def test_a_sequential_reader_has_the_next_chunks_decoded_ahead(damaged):
+    """Chunks after the one a sequential reader is in are decoded in other threads while
+    it reads; a reader that jumps about has nothing decoded ahead."""
+    import time
+
+    root = damaged("tiny_chunklen")  # 37 int16 items, one per chunk
+    c = open_container(root)
+    header = c.entry_size("array.npy") - 37 * 2
+    c.read("array.npy", header, 2)
+    c.read("array.npy", header + 2, 2)  # chunk 1 after chunk 0: in order
+    key = lambda n: (str(root), n)  # noqa: E731
+    deadline = time.monotonic() + 10
+    while not all(c.cache.get(key(n), _identity(root, n)) for n in (2, 3, 4)):
+        assert time.monotonic() < deadline, "chunks 2 .. 4 were not decoded ahead"
+        time.sleep(0.01)
+    assert c.cache.get(key(5), _identity(root, 5)) is None
+    c.read("array.npy", header + 20 * 2, 2)  # a jump: nothing ahead of it
+    time.sleep(0.2)
+    assert c.cache.get(key(21), _identity(root, 21)) is None
+
+
+def _identity(root, number):
+    from ctdsfs.formats.blosc_chunk import file_identity
+    return file_identity(os.lstat(root / "data" / f"__{number}.blp"))
 
 
 def test_parallel_reads_of_a_chunk_decompress_it_once():

@@ -185,7 +185,7 @@ def walk(container, seen):
         try:
             for offset in range(0, size, 1 << 20):
                 data = container.read(name, offset, 1 << 20)
-                assert seen or MARKER not in data, f"{name}: a byte from outside the source"
+                assert seen or MARKER not in bytes(data), f"{name}: a byte from outside the source"
         except BlockError:
             pass  # one bad chunk: EIO for that read
 

@@ -2,14 +2,17 @@
 ``meta.json``, ``chunks/N`` and ``raw/``; with ``-o rw`` item overwrites and appends
 (each touched chunk recompressed, its superchunk replaced atomically, meta/sizes last)."""
 
+import contextlib
 import json
 import os
 import stat
+import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import blosc
 import numpy as np
 
-from ..errors import BlockError, FormatError
+from ..errors import BlockError, CtdsfsError, FormatError
 from .bcolz_view import CHUNK_BYTES_MAX, MAGIC, SUPERCHUNK_HEADER, SUPERCHUNK_NAME, ChunkDir, \
     NpyFile, View, attrs_line, carray_info_lines, is_int, json_file, parse_dtype, read_attrs, \
     read_json, refuse, replace_file
@@ -18,7 +21,21 @@ from .decoded_cache import DecodedCache
 from .npy import npy_header
 from .beneath import kind_beneath, listdir_beneath, lstat_beneath, open_regular_beneath
 
+CHUNKS_AHEAD = 3  # chunks decoded ahead of a sequential reader
 PENDING_BYTES_MAX = 16 << 20  # appended bytes held back until they end on an item boundary
+
+_AHEAD = None
+_AHEAD_LOCK = threading.Lock()
+
+
+def _ahead_threads():
+    """The threads that decode chunks ahead of sequential readers (shared by all carrays)."""
+    global _AHEAD
+    with _AHEAD_LOCK:
+        if _AHEAD is None:
+            _AHEAD = ThreadPoolExecutor(max_workers=min(CHUNKS_AHEAD, os.cpu_count() or 2),
+                                        thread_name_prefix="bcolz-ahead")
+        return _AHEAD
 
 
 class Carray(View):
@@ -38,6 +55,7 @@ class Carray(View):
         # counts reloads, appends and stored chunks (what derives from them follows it),
         # bumped after each change, so nothing made from a half-done change is kept
         self.version = 0
+        self._last_read = self._ahead_until = -2  # the chunk last read, the last asked ahead
         self._load()
         from ..vfs.directory import DirectorySource  # (formats do not import the VFS at load)
         self._add("array.npy", NpyFile(self))
@@ -167,29 +185,59 @@ class Carray(View):
     def chunk_data(self, number):
         """Chunk ``number`` decompressed, from the cache while its file is unchanged: one
         lstat tells that (a link or anything not a regular file goes the opening way)."""
-        key = (self.path, number)
+        data = self._cached_chunk(number)
+        if data is None:
+            data = self._with_chunk(number, lambda chunk, fd, identity: self.cache.get_or_load(
+                (self.path, number), identity, lambda: chunk.decompress(fd)))
+        self._read_ahead(number)
+        return data
+
+    def _cached_chunk(self, number):
+        """Chunk ``number`` from the cache if its file is unchanged, else None."""
         try:
             st = lstat_beneath(self.root, self._superchunk(number))
         except OSError:
-            st = None
-        data = self.cache.get(key, file_identity(st)) \
-            if st is not None and stat.S_ISREG(st.st_mode) else None
-        if data is None:
-            data = self._with_chunk(number, lambda chunk, fd, identity: self.cache.get_or_load(
-                key, identity, lambda: chunk.decompress(fd)))
-        return data
+            return None
+        if not stat.S_ISREG(st.st_mode):
+            return None
+        return self.cache.get((self.path, number), file_identity(st))
+
+    def _read_ahead(self, number):
+        """A reader going through the chunks in order (this one, or one next to the last it
+        read) has the next CHUNKS_AHEAD decoded in other threads meanwhile (pread and
+        Blosc release the GIL), as many as the cache holds beside the one it is in."""
+        sequential = abs(number - self._last_read) <= 1  # (the kernel's reads overlap a bit)
+        self._last_read = number
+        if not sequential:
+            self._ahead_until = number  # (coming back to read in order asks ahead again)
+            return
+        room = max(0, self.cache.limit // self.chunk_bytes - 2)
+        last = min(number + min(CHUNKS_AHEAD, room), self.chunk_count() - 1)
+        for ahead in range(max(number, self._ahead_until) + 1, last + 1):
+            _ahead_threads().submit(self._decode_quietly, ahead)
+        self._ahead_until = max(self._ahead_until, last)
+
+    def _decode_quietly(self, number):
+        """Chunk ``number`` into the cache; a problem is for the reader who wants it."""
+        with contextlib.suppress(CtdsfsError, OSError):
+            if self._cached_chunk(number) is None:
+                self._with_chunk(number, lambda chunk, fd, identity: self.cache.get_or_load(
+                    (self.path, number), identity, lambda: chunk.decompress(fd)))
 
     def read_data(self, start, end):
         """Bytes ``start`` .. ``end`` of the items, decompressing only the chunks they touch
-        (then appended bytes still short of an item)."""
+        (then appended bytes still short of an item); a read within one chunk is a view
+        of the decoded chunk, not a copy."""
         stored = self.shape[0] * self.item_bytes
         parts = []
         at = start
         while at < min(end, stored):
             number, within = divmod(at, self.chunk_bytes)
             take = min(min(end, stored) - at, self.chunk_bytes - within)
-            parts.append(self.chunk_data(number)[within:within + take])
+            parts.append(memoryview(self.chunk_data(number))[within:within + take])
             at += take
+        if len(parts) == 1 and end <= stored:
+            return parts[0]
         if end > stored:
             parts.append(bytes(self._partial[max(start, stored) - stored:end - stored]))
         return b"".join(parts)

@@ -139,8 +139,8 @@ class NpyFile:
         start = max(offset, len(header))
         if start >= end:
             return header[offset:end]
-        return header[offset:end] + self.source.read_data(start - len(header),
-                                                          end - len(header))
+        data = self.source.read_data(start - len(header), end - len(header))
+        return data if offset >= len(header) else header[offset:] + data
 
     def write(self, offset, data):
         header = self._header.data()
