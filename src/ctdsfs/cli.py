@@ -245,7 +245,9 @@ def _main_parser():
         description="Print a container's format version, block size, block count, CRC "
                     "flag, header counter, continuation sets, free blocks and, per "
                     "virtual file, its size and block count. Nested containers are "
-                    "marked; problems (hidden entries) are listed at the end.")
+                    "marked; problems (hidden entries) are listed at the end. Given a "
+                    "plain directory, it lists its entries as a mount shows them: each "
+                    "container's format, or why one is shown raw and read-only.")
     info.add_argument("container", metavar="CONTAINER")
     _standard(info, "json")
     info.add_argument("--nocrc", action="store_true", help="do not verify the header CRC")
