@@ -22,9 +22,10 @@ Mount SOURCE on MOUNTPOINT. SOURCE may be:
                               directories)
   a .pycauset file            payload, payload.npy, metadata.json, header.json
   a bcolz carray rootdir      array.npy, attrs.json, meta.json, chunks/, raw/
-  a bcolz ctable rootdir      COLUMN.npy per column, table.npy, attrs.json,
-                              COLUMN/ (as a carray)
-  a bloscpack file (.blp)     data, header.json, chunks/
+  a bcolz ctable rootdir      COLUMN.npy per column, table.npy, ctable.json,
+                              attrs.json, COLUMN/ (as a carray)
+  a bloscpack file (.blp)     data, data.npy (an array's file), header.json,
+                              chunks/
   a TileDB array folder       schema.json, metadata.json, fragments/NAME/
                               FIELD.npy (every tile decoded without
                               libtiledb), dense/ATTR.npy; read-only
@@ -264,7 +265,9 @@ def _main_parser():
         description="Print a container's format version, block size, block count, CRC "
                     "flag, header counter, continuation sets, free blocks and, per "
                     "virtual file, its size and block count. Nested containers are "
-                    "marked; problems (hidden entries) are listed at the end.")
+                    "marked; problems (hidden entries) are listed at the end. Given a "
+                    "plain directory, it lists its entries as a mount shows them: each "
+                    "container's format, or why one is shown raw and read-only.")
     info.add_argument("container", metavar="CONTAINER")
     _standard(info, "json")
     info.add_argument("--nocrc", action="store_true", help="do not verify the header CRC")
@@ -572,7 +575,12 @@ def main(argv=None):
         return _run(lambda: _mount_from_args(args), "ctdsfs")
     if args.command == "info":
         def info():
-            container = open_container(args.container, verify_crc=not args.nocrc)
+            if os.path.isdir(args.container) and not os.path.islink(args.container):
+                from .vfs.directory import directory_or_table  # (a tree: what a mount shows)
+                container = directory_or_table(os.path.abspath(args.container), source=True,
+                                               verify_crc=not args.nocrc)
+            else:
+                container = open_container(args.container, verify_crc=not args.nocrc)
             data = container.describe()
             bmap = _block_map(container, not args.nocrc) if args.map else None
             if args.json:

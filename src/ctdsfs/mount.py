@@ -293,7 +293,7 @@ def mount(source, mountpoint, opts, foreground=False):
         real_source = os.path.realpath(source)
         if target == real_source or real_source.startswith(target + os.sep):
             raise UsageError(f"{source}: the source lies under the mount point {mountpoint}")
-        container = directory_or_table(real_source, writable=opts.writable,
+        container = directory_or_table(real_source, source=True, writable=opts.writable,
                                        recurse=opts.recurse, verify_crc=opts.verify_crc,
                                        hide={target})
     else:

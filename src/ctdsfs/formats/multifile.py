@@ -43,7 +43,7 @@ from .multifile_header import (FIXED_V2, PLAIN, Entry, Header, encode_body_v2, e
                                looks_like_v2, read_header)
 from .multifile_index import open_index, plain_bitmap
 from .remote_wire import RemoteError
-from .store import VirtualFileStore, open_store
+from .store import VirtualFileStore, create_exclusive, open_store
 
 log = logging.getLogger(__name__)
 
@@ -1085,7 +1085,7 @@ class MultiFile(Container):
                 raise OSError("a version-1 header this large needs a _hdrext file")
             tmp = self.hdrext_path + ".ctdsfs-new"
             try:
-                with open(tmp, "wb") as f:
+                with os.fdopen(create_exclusive(tmp), "wb") as f:  # (never a planted link)
                     f.write(raw[bs:])
                     f.flush()
                     os.fsync(f.fileno())

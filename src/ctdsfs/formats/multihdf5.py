@@ -29,6 +29,7 @@ between commits, and a commit goes through a redo journal beside the file
 next one, as with MultiFile.
 """
 
+import contextlib
 import itertools
 import logging
 import os
@@ -326,7 +327,9 @@ class MultiHDF5(Container):
         path = os.fspath(path)
         staging = f"{path}.ctdsfs-new"
         try:
-            with _h5file(staging, "w") as handle:
+            with contextlib.suppress(FileNotFoundError):  # a leftover, or a planted link:
+                os.unlink(staging)  # never opened; "w-" creates with O_EXCL
+            with _h5file(staging, "w-") as handle:
                 cls(handle, path, writable=True, new_block_size=block_size)._write_headers()
             fsync_path(staging)
             os.link(staging, path)

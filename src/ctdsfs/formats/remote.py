@@ -57,6 +57,7 @@ from . import REMOTE_SCHEMES
 from .remote_http import HTTPObject, timed_pool_classes
 from .remote_wire import (DEADLINES, RemoteError, _Missing, _Replaced, _Transient, _Version,
                           _length, check_body, check_range, deadline)
+from .store import create_exclusive
 
 log = logging.getLogger(__name__)
 
@@ -133,7 +134,7 @@ class DiskCache:
         path = self._path(url, etag, chunk_size, index)
         temporary = f"{path}.{os.getpid()}-{threading.get_ident()}.tmp"
         try:
-            with open(temporary, "wb") as f:
+            with os.fdopen(create_exclusive(temporary), "wb") as f:  # (never a planted link)
                 f.write(data)
             os.replace(temporary, path)
         except OSError as exc:

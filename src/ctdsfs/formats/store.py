@@ -5,6 +5,7 @@ of its parent): a nested container does its block I/O through its parent, so
 the parent's CRCs, copy-on-write and commit cover the child too.
 """
 
+import contextlib
 import errno
 import fcntl
 import mmap
@@ -152,10 +153,20 @@ def read_small(path, limit, what=None):
         os.close(fd)
 
 
+def create_exclusive(path, mode=0o644):
+    """A new file ``path`` open for writing: a leftover of that name (a crash's temporary,
+    or a hard or symbolic link someone planted there) is unlinked first, never opened, and
+    the file is made with O_EXCL, so no write can land in an existing file."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                   mode)
+
+
 def write_synced(path, data):
-    """Write ``data`` as the whole content of ``path`` (never through a link) and fsync it."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW,
-                 0o644)
+    """Write ``data`` as the whole content of a new file ``path`` (create_exclusive) and
+    fsync it."""
+    fd = create_exclusive(path)
     try:
         view = memoryview(data).cast("B")
         while view:

@@ -14,6 +14,13 @@ writes go to the real files). Inside it two translations apply:
 * any other container file (``.mf``, ``.mfh5``, ``.pycauset``, ``.blp``) shows as
   a directory of the same name, unless recursion is off.
 
+Say what you show: a directory or file a format recognises but cannot open as
+promised (held by another writer, encrypted, an unsupported feature, over a
+limit) is shown raw and read-only inside a tree, with the reason among the
+tree's problems (``ctdsfs info``) and in the log; as the source named on the
+command line it is an error. A read-write mount never writes the raw files of
+such a container: they are not what the user asked to change.
+
 Symbolic links are never followed: entries are examined with ``lstat`` and
 opened with ``O_NOFOLLOW``, a link shows as a link (``symlink_target``), and a
 link to a directory or a container file is neither. A link inside the tree
@@ -30,6 +37,7 @@ from ..container import Container, Usage
 from ..formats import directory_format, open_container
 from ..errors import CtdsfsError, FormatError, NotPermitted, ReadOnlyError
 from ..formats import tabledat
+from ..formats.store import create_exclusive
 from .filesystem import FSError
 
 log = logging.getLogger(__name__)
@@ -51,6 +59,7 @@ class DirectorySource(Container):
 
     format_name = "directory"
     holds_links = True
+    shown_raw = None  # why a recognised container is shown as this raw directory instead
 
     def __init__(self, path, *, writable=False, recurse=True, verify_crc=True, hide=()):
         self.path = os.fspath(path)
@@ -62,6 +71,7 @@ class DirectorySource(Container):
         # looking at it would ask this very file system).
         self.hide = frozenset(hide)
         self.problems = []
+        self.raw_reasons = {}  # name -> why a container there is shown raw (read-only)
         self._lock = threading.RLock()
         self._fds = OrderedDict()  # name -> fd (O_RDWR when writable)
         self._nested = {}
@@ -75,7 +85,9 @@ class DirectorySource(Container):
             if fd is not None:
                 self._fds.move_to_end(name)
                 return fd
-            flags = (os.O_RDWR if self.writable else os.O_RDONLY) | os.O_CLOEXEC | os.O_NOFOLLOW
+            shown_raw = self._shown_raw(name)
+            flags = (os.O_RDWR if self.writable and not shown_raw else os.O_RDONLY) \
+                | os.O_CLOEXEC | os.O_NOFOLLOW
             fd = os.open(self._real(name), flags)
             self._fds[name] = fd
             while len(self._fds) > OPEN_FILES:
@@ -90,6 +102,21 @@ class DirectorySource(Container):
     def _check_writable(self):
         if not self.writable:
             raise ReadOnlyError(f"{self.label} is read-only")
+
+    def _shown_raw(self, name):
+        """Why container file ``name`` is shown as its raw bytes (None: it is not): it is
+        recognised (opened) first, so a write can never come before that answer."""
+        if not isinstance(name, str) or not self.recurse \
+                or not name.endswith(CONTAINER_SUFFIXES):
+            return None
+        self.nested(name)
+        return self.raw_reasons.get(name)
+
+    def _check_file_writable(self, key):
+        self._check_writable()
+        why = self._shown_raw(key)
+        if why:
+            raise ReadOnlyError(f"{self.label}/{key}: read-only, shown raw ({why})")
 
     # -- reading
 
@@ -142,24 +169,44 @@ class DirectorySource(Container):
         try:
             return open_container(real, verify_crc=self.verify_crc, writable=self.writable)
         except CtdsfsError as exc:
-            self.problems.append(f"{name!r} shown as a file: {exc}")
-            log.warning("%s: %r shown as a file: %s", self.label, name, exc)
+            why = str(exc)
+            self.raw_reasons[name] = why
+            self.problems.append(f"{name!r} shown raw and read-only: {why}")
+            log.warning("%s: %r shown raw and read-only: %s", self.label, name, why)
             return None
 
     def describe(self):
-        return {"container": self.label, "format": "directory",
-                "files": [{"name": n, "size": self.entry_size(n),
-                           "nested": self.nested(n) is not None} for n in self.names()],
+        files = [{"name": n, "size": self.entry_size(n), "nested": self.nested(n) is not None}
+                 for n in self.names()]
+        for entry in files:
+            child = self.nested(entry["name"])
+            why = getattr(child, "shown_raw", None) or self.raw_reasons.get(entry["name"])
+            if child is not None and not why:
+                entry["format"] = child.format_name
+            if why:
+                entry["shown_raw"] = why
+        return {"container": self.label, "format": "directory", "files": files,
                 "problems": list(self.problems)}
+
+    def info_lines(self, info):
+        """``ctdsfs info`` of a tree: each entry, the format it is shown as, or why it is raw."""
+        def shown(entry):
+            if entry.get("shown_raw"):
+                return f"  (shown raw and read-only: {entry['shown_raw']})"
+            return f"  ({entry['format']})" if entry.get("format") else ""
+        return ([f"{info['container']}: {info['format']}"]
+                + [f"    {f['size']:>10}  {f['name']}{'/' if f['nested'] else ''}{shown(f)}"
+                   for f in info["files"]]
+                + [f"  problem: {p}" for p in info["problems"]])
 
     def reload_if_changed(self):
         return False  # the kernel asks again for what a real directory holds
 
     # -- writing
 
-    def _io(self, func, *args):
+    def _io(self, func, *args, key=None):
         with self._lock:
-            self._check_writable()
+            self._check_file_writable(key)
             try:
                 return func(*args)
             except OSError as exc:  # the real file system's answer, errno and all
@@ -174,12 +221,12 @@ class DirectorySource(Container):
         def run():
             fd = key.fd if isinstance(key, _Unlinked) else self._fd(key)
             return os.pwrite(fd, data, offset)
-        return self._io(run)
+        return self._io(run, key=key)
 
     def truncate(self, key, size):
         def run():
             os.ftruncate(key.fd if isinstance(key, _Unlinked) else self._fd(key), size)
-        return self._io(run)
+        return self._io(run, key=key)
 
     def remove(self, name, keep_open=False):
         def run():
@@ -249,9 +296,12 @@ def is_table_directory(path):
         _is_kind(os.path.join(path, name), stat.S_ISREG) for name in TABLE_CONTAINERS)
 
 
-def directory_or_table(path, **options):
+def directory_or_table(path, *, source=False, **options):
     """A directory a format translates (a TileDB array, a bcolz rootdir) opens as that
-    format, a table directory stored in a container gets the table view; others pass through."""
+    format, a table directory stored in a container gets the table view; others pass through.
+
+    One that is recognised but fails to open is an error if it is the ``source`` named
+    on the command line; inside a tree it is shown raw and read-only (``shown_raw``)."""
     fmt = directory_format(path) if options.get("recurse", True) else None
     if fmt is not None:
         try:
@@ -259,13 +309,26 @@ def directory_or_table(path, **options):
                 path, verify_crc=options.get("verify_crc", True),
                 writable=options.get("writable", False))
         except CtdsfsError as exc:
-            log.warning("%s: shown as it is, not as a %s: %s", path, fmt.name, exc)
+            if source:
+                raise
+            return _raw_directory(path, f"not shown as a {fmt.name}: {exc}", options)
     if is_table_directory(path):
         try:
             return TableView(path, **options)
         except CtdsfsError as exc:
-            log.warning("%s: shown as it is, not as a table: %s", path, exc)
+            if source:
+                raise
+            return _raw_directory(path, f"not shown as a table: {exc}", options)
     return DirectorySource(path, **options)
+
+
+def _raw_directory(path, why, options):
+    """The directory as it is, read-only, no translation inside, saying why."""
+    log.warning("%s: shown raw and read-only: %s", path, why)
+    raw = DirectorySource(path, **dict(options, writable=False, recurse=False))
+    raw.shown_raw = why
+    raw.problems.append(f"shown raw and read-only: {why}")
+    return raw
 
 
 class TableView(DirectorySource):
@@ -373,7 +436,7 @@ class TableView(DirectorySource):
         if written.storage == "SepFile":
             written = written.with_storage(original.storage, original.column_set.block_size)
         tmp = self._real("table.dat.ctdsfs-new")
-        with open(tmp, "wb") as f:
+        with os.fdopen(create_exclusive(tmp), "wb") as f:  # (never a planted link)
             f.write(written.encode())
             f.flush()
             os.fsync(f.fileno())
