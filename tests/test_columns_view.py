@@ -8,7 +8,7 @@ import os
 import casacore.tables as ct
 import numpy as np
 import pytest
-from test_columns import CountingSource, made  # noqa: F401  (the module's table fixture)
+from .test_columns import CountingSource, made  # noqa: F401  (the module's table fixture)
 
 from ctdsfs.errors import ReadOnlyError
 from ctdsfs.formats import open_container
