@@ -25,14 +25,16 @@ EIO for that read, logged with the array, fragment, field and tile.
 
 import logging
 import os
+import stat
 from collections import OrderedDict
 
 from ..container import name_problem
 from ..errors import CtdsfsError, FormatError
+from .beneath import kind_beneath, listdir_beneath
 from .byte_reader import Reader
 from .tiledb_dense import DenseView
 from .tiledb_fragment import Fragment, TileDBDirectory
-from .tiledb_fragment_meta import (FragmentMetadata, by_time, legacy_timestamps, read_small_file,
+from .tiledb_fragment_meta import (ArrayFile, FragmentMetadata, by_time, legacy_timestamps,
                                    timestamps)
 from .tiledb_schema import (LEGACY_SCHEMA, json_bytes, parse_metadata, parse_schema,
                             read_generic_tile, read_name, schema_json)
@@ -69,17 +71,27 @@ class TileDBArray(DenseView, TileDBDirectory):
         self._dense_cache = None  # (attribute index, its merged parts)
 
     def _list(self, folder, files_only=False):
-        where = os.path.join(self.path, folder)
+        """The names in ``folder`` of the array, sorted (only regular files if
+        ``files_only``). No link is followed on the way or in it: a folder that is a
+        link (to somewhere outside, maybe) is not read, and ``problems`` says so."""
         try:
-            names = sorted(os.listdir(where))
+            names = sorted(listdir_beneath(self.path, folder))
         except FileNotFoundError:
             return []
         except OSError as exc:
+            if kind_beneath(self.path, folder, stat.S_ISLNK):
+                self._note(f"{folder}: a link, not followed (ctdsfs reads nothing outside "
+                           f"the array)")
+                return []
             raise FormatError(f"{self.label}: {folder}: {exc.strerror}") from None
         if files_only:
-            names = [n for n in names if os.path.isfile(os.path.join(where, n))
-                     and not os.path.islink(os.path.join(where, n))]
+            names = [n for n in names
+                     if kind_beneath(self.path, os.path.join(folder, n), stat.S_ISREG)]
         return names
+
+    def _note(self, problem):
+        if problem not in self.problems:
+            self.problems.append(problem)
 
     def schema_named(self, name):
         """The schema in ``__schema/name`` (parsed once)."""
@@ -89,7 +101,7 @@ class TileDBArray(DenseView, TileDBDirectory):
                     raise FormatError(f"{self.label}: no schema {name!r} in __schema")
                 folder = "." if name == LEGACY_SCHEMA else "__schema"
                 what = f"{self.label}: {os.path.normpath(os.path.join(folder, name))}"
-                data = read_small_file(os.path.join(self.path, folder, name), what)
+                data = ArrayFile(self.path, os.path.join(folder, name)).read_small(what)
                 self._schemas[name] = parse_schema(data, what)
             return self._schemas[name]
 
@@ -97,16 +109,16 @@ class TileDBArray(DenseView, TileDBDirectory):
         """Fragment folders with a commit: ``__commits/NAME.wrt`` or a line of a ``.con``
         file (version 12 on), ``NAME.ok`` beside a folder in the array's own (5 to 11),
         or (1 and 2, renamed when complete) a ``__uuid_t1`` folder with fragment metadata."""
-        self.fragment_paths = {n: os.path.join(self.path, "__fragments", n)
-                               for n in self._list("__fragments")}
+        self.fragment_paths = {n: os.path.join("__fragments", n)
+                               for n in self._list("__fragments")}  # (inside the array)
         committed = set()
         for name in self._list("."):
             if name.endswith(".ok") and name.startswith("__") and name[:-3] != "__":
-                self.fragment_paths.setdefault(name[:-3], os.path.join(self.path, name[:-3]))
+                self.fragment_paths.setdefault(name[:-3], name[:-3])
                 committed.add(name[:-3])
-            elif legacy_timestamps(name) and os.path.isfile(
-                    os.path.join(self.path, name, "__fragment_metadata.tdb")):
-                self.fragment_paths.setdefault(name, os.path.join(self.path, name))
+            elif legacy_timestamps(name) and kind_beneath(
+                    self.path, os.path.join(name, "__fragment_metadata.tdb"), stat.S_ISREG):
+                self.fragment_paths.setdefault(name, name)
                 committed.add(name)
         present = set(self.fragment_paths)
         for name in self._list("__commits"):
@@ -114,7 +126,7 @@ class TileDBArray(DenseView, TileDBDirectory):
                 committed.add(name[:-4])
             elif name.endswith(".con"):
                 what = f"{self.label}: __commits/{name}"
-                text = read_small_file(os.path.join(self.path, "__commits", name), what)
+                text = ArrayFile(self.path, os.path.join("__commits", name)).read_small(what)
                 for line in text.split(b"\n"):
                     line = line.decode("utf-8", "surrogateescape")
                     if line.startswith("__fragments/") and line.endswith(".wrt"):
@@ -124,9 +136,13 @@ class TileDBArray(DenseView, TileDBDirectory):
         shown = []
         for name in by_time(present & committed):
             why = name_problem(name)
-            path = self.fragment_paths[name]
-            if why or not os.path.isdir(path) or os.path.islink(path):
-                self.problems.append(f"fragment {name!r} not shown: {why or 'not a directory'}")
+            if not why and kind_beneath(self.path, self.fragment_paths[name], stat.S_ISLNK):
+                why = "a link, not followed"
+            elif not why and not kind_beneath(self.path, self.fragment_paths[name],
+                                              stat.S_ISDIR):
+                why = "not a directory"
+            if why:
+                self._note(f"fragment {name!r} not shown: {why}")
             else:
                 shown.append(name)
         return shown
@@ -144,8 +160,8 @@ class TileDBArray(DenseView, TileDBDirectory):
                 continue
             what = f"{self.label}: __meta/{name}"
             try:
-                parse_metadata(read_small_file(os.path.join(self.path, "__meta", name), what),
-                               what, values)
+                parse_metadata(ArrayFile(self.path, os.path.join("__meta", name))
+                               .read_small(what), what, values)
             except CtdsfsError as exc:
                 self.problems.append(str(exc))
                 log.warning("%s", exc)
@@ -181,7 +197,8 @@ class TileDBArray(DenseView, TileDBDirectory):
         for name in self._list("__fragment_meta", files_only=True):
             what = f"{self.label}: __fragment_meta/{name}"
             try:
-                data = read_small_file(os.path.join(self.path, "__fragment_meta", name), what)
+                data = ArrayFile(self.path, os.path.join("__fragment_meta", name)) \
+                    .read_small(what)
                 entries[name + ".json"] = json_bytes(self._footers(data, what))
             except CtdsfsError as exc:
                 self.problems.append(str(exc))
@@ -260,10 +277,9 @@ class TileDBArray(DenseView, TileDBDirectory):
 
 def looks_like_directory(path):
     """An array folder: ``__schema`` is a directory (``__fragments`` may not exist yet), or
-    (before version 10) ``__array_schema.tdb`` is a file."""
-    schemas, legacy = os.path.join(path, "__schema"), os.path.join(path, LEGACY_SCHEMA)
-    return not os.path.islink(schemas) and os.path.isdir(schemas) or \
-        not os.path.islink(legacy) and os.path.isfile(legacy)
+    (before version 10) ``__array_schema.tdb`` is a file; neither a link."""
+    return kind_beneath(path, "__schema", stat.S_ISDIR) or \
+        kind_beneath(path, LEGACY_SCHEMA, stat.S_ISREG)
 
 
 def open_file(path, *, verify_crc=True, writable=False):

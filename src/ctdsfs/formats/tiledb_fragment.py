@@ -19,7 +19,8 @@ from ..errors import BlockError, CtdsfsError, FormatError
 from . import tiledb_filters as tf
 from .decoded_cache import DecodedCache
 from .npy import npy_header
-from .tiledb_fragment_meta import (LegacyFragmentMetadata, fragment_metadata, pread,
+from .beneath import lstat_beneath
+from .tiledb_fragment_meta import (ArrayFile, LegacyFragmentMetadata, fragment_metadata,
                                    timestamps)
 from .tiledb_schema import MAX_TILE_BYTES, json_bytes, sums
 
@@ -131,7 +132,8 @@ class Fragment(TileDBDirectory):
         super().__init__(f"{array.label}/fragments/{name}")
         self.array = array
         self.name = name
-        self.path = array.fragment_paths[name]
+        self.rel = array.fragment_paths[name]  # its folder inside the array
+        self.path = os.path.join(array.path, self.rel)
         self.meta = None
         self._counts = None
         self._var_bases = {}  # field index -> where each var tile starts in FIELD.data
@@ -140,9 +142,13 @@ class Fragment(TileDBDirectory):
     def _load_meta(self):
         if self.meta is None:
             what = f"{self.label}: __fragment_metadata.tdb"
-            self.meta = fragment_metadata(os.path.join(self.path, "__fragment_metadata.tdb"),
+            self.meta = fragment_metadata(self._file("__fragment_metadata.tdb"),
                                           self.array.schema_named, what)
         return self.meta
+
+    def _file(self, name):
+        """A file of this fragment, never reached through a link."""
+        return ArrayFile(self.array.path, os.path.join(self.rel, name))
 
     def _build(self):
         from ..vfs.directory import DirectorySource
@@ -388,7 +394,7 @@ class Fragment(TileDBDirectory):
         end = int(offsets[i + 1]) if i + 1 < len(offsets) else int(file_size)
         if end < start or end - start > MAX_TILE_BYTES:
             raise FormatError(f"{where}: tile offsets {start}..{end} are not a tile")
-        raw = pread(os.path.join(self.path, file_name), start, end - start, where)
+        raw = self._file(file_name).pread(start, end - start, where)
         if len(raw) != end - start:
             raise FormatError(f"{where}: bytes {start}..{end} run past the end of the file")
         return raw
@@ -451,7 +457,7 @@ class Fragment(TileDBDirectory):
         try:
             if name_problem(file_name):
                 raise FormatError(f"not a file name: {name_problem(file_name)}")
-            actual = os.path.getsize(os.path.join(self.path, file_name))
+            actual = lstat_beneath(self.array.path, os.path.join(self.rel, file_name)).st_size
             if actual != declared:
                 problems.append(f"{self.label}: {file_name}: {actual} bytes, the footer "
                                 f"says {declared}")

@@ -15,8 +15,8 @@ import numpy as np
 
 from ..errors import FormatError
 from . import tiledb_filters as tf
+from .beneath import open_regular_beneath, read_small_beneath
 from .byte_reader import Reader
-from .store import open_regular, read_small
 from .tiledb_schema import (GENERIC_HEAD, LEGACY_SCHEMA, MAX_SMALL_FILE, VAR, read_generic_tile,
                             read_name, safe_values, sums, value_list)
 
@@ -25,29 +25,38 @@ EXTRA_FIELDS = (("__timestamps", "t"), ("__delete_timestamps", "dt"),
                 ("__delete_condition_index", "dci"))  # uint64 fields of consolidated fragments
 
 
-def file_size(path, what):
-    fd = open_regular(path, what)
-    try:
-        return os.fstat(fd).st_size
-    finally:
-        os.close(fd)
+class ArrayFile:
+    """A file inside an array folder, reached from the array's root one component at a
+    time without following a link (``beneath``): any folder of an array (``__fragments``,
+    a fragment, ``__meta``) may be a link to somewhere else, and nothing outside the
+    array is ever read."""
 
+    def __init__(self, root, rel):
+        self.root = root
+        self.rel = rel
 
-def pread(path, offset, size, what):
-    """Up to ``size`` bytes of ``path`` (a regular file, never through a link) from ``offset``."""
-    if not 0 <= offset < 1 << 62:
-        raise FormatError(f"{what}: offset {offset} is past any file")
-    fd = open_regular(path, what)
-    try:
-        return os.pread(fd, size, offset)
-    except OSError as exc:
-        raise FormatError(f"{what}: {exc.strerror}") from None
-    finally:
-        os.close(fd)
+    def size(self, what):
+        fd = open_regular_beneath(self.root, self.rel, what)
+        try:
+            return os.fstat(fd).st_size
+        finally:
+            os.close(fd)
 
+    def pread(self, offset, size, what):
+        """Up to ``size`` bytes from ``offset``."""
+        if not 0 <= offset < 1 << 62:
+            raise FormatError(f"{what}: offset {offset} is past any file")
+        fd = open_regular_beneath(self.root, self.rel, what)
+        try:
+            return os.pread(fd, size, offset)
+        except OSError as exc:
+            raise FormatError(f"{what}: {exc.strerror}") from None
+        finally:
+            os.close(fd)
 
-def read_small_file(path, what):
-    return read_small(path, MAX_SMALL_FILE, what)
+    def read_small(self, what):
+        """The whole file, up to MAX_SMALL_FILE bytes."""
+        return read_small_beneath(self.root, self.rel, MAX_SMALL_FILE, what)
 
 
 class Field:
@@ -108,20 +117,20 @@ def by_time(names):
 class FragmentMetadata:
     """The footer and the per-field tiles of ``__fragment_metadata.tdb`` (version >= 10)."""
 
-    def __init__(self, path, schema, what, footer=None):
-        """``path``: the metadata file, whose footer is at its end (only the footer is read
-        now, the tiles when asked for), unless ``footer`` (a footer from a consolidated
-        metadata file, whose tiles are not at hand) is given."""
+    def __init__(self, file, schema, what, footer=None):
+        """``file``: the metadata file (an ArrayFile), whose footer is at its end (only the
+        footer is read now, the tiles when asked for), unless ``footer`` (a footer from a
+        consolidated metadata file, whose tiles are not at hand) is given."""
         self.what = what
-        self.path = path
+        self.file = file
         if footer is None:
-            size = file_size(path, what)
+            size = file.size(what)
             if size < 12:
                 raise FormatError(f"{what}: too short for a footer")
-            footer_len = struct.unpack("<Q", pread(path, size - 8, 8, what))[0]
+            footer_len = struct.unpack("<Q", file.pread(size - 8, 8, what))[0]
             if footer_len > min(size - 8, MAX_SMALL_FILE):
                 raise FormatError(f"{what}: footer length {footer_len} exceeds the file")
-            footer = pread(path, size - 8 - footer_len, footer_len, what)
+            footer = file.pread(size - 8 - footer_len, footer_len, what)
         r = Reader(footer, what + " footer")
         self.version = r.unpack("I")
         if self.version < 10:
@@ -197,14 +206,14 @@ class FragmentMetadata:
         """A generic tile of this file (cached)."""
         if offset not in self._cache:
             what = f"{self.what}: {label}"
-            head = pread(self.path, offset, GENERIC_HEAD.size, what)
+            head = self.file.pread(offset, GENERIC_HEAD.size, what)
             if len(head) < GENERIC_HEAD.size:
                 raise FormatError(f"{what}: no generic tile at {offset}")
             fields = GENERIC_HEAD.unpack(head)
             length = GENERIC_HEAD.size + fields[-1] + fields[1]
             if length > MAX_SMALL_FILE:
                 raise FormatError(f"{what}: generic tile of {length} bytes")
-            self._cache[offset] = read_generic_tile(pread(self.path, offset, length, what), 0,
+            self._cache[offset] = read_generic_tile(self.file.pread(offset, length, what), 0,
                                                     what)[0]
         return self._cache[offset]
 
@@ -267,18 +276,18 @@ class FragmentMetadata:
         return [read_name(r, "Q") for _ in range(r.count("Q", 8))]
 
 
-def fragment_metadata(path, schema, what):
+def fragment_metadata(file, schema, what):
     """The metadata of a fragment, by the format version of its first generic tile: one
     tile (1, 2), a footer with tiles (10 on; 3 to 9, whose footer has no length, are
     refused: no real file of them was at hand to check a reader against)."""
-    head = pread(path, 0, 4, what)
+    head = file.pread(0, 4, what)
     version = struct.unpack("<I", head)[0] if len(head) == 4 else None
     if version in LEGACY_VERSIONS:
-        return LegacyFragmentMetadata(path, schema, what)
+        return LegacyFragmentMetadata(file, schema, what)
     if version is not None and 3 <= version < 10:
         raise FormatError(f"{what}: fragment format version {version} (TileDB 1.6 to 2.3) "
                           f"is not read by ctdsfs; its files are in raw/")
-    return FragmentMetadata(path, schema, what)
+    return FragmentMetadata(file, schema, what)
 
 
 class LegacyFragmentMetadata(FragmentMetadata):
@@ -286,12 +295,12 @@ class LegacyFragmentMetadata(FragmentMetadata):
     domain, the MBRs, first/last coordinates, and the tile offsets and file sizes of each
     attribute and of ``__coords.tdb`` (every dimension's coordinates in one tile)."""
 
-    def __init__(self, path, schema, what):
+    def __init__(self, file, schema, what):
         self.what = what
-        self.path = path
+        self.file = file
         self.schema_name = LEGACY_SCHEMA
         self.schema = schema(LEGACY_SCHEMA)
-        body, _ = read_generic_tile(read_small_file(path, what), 0, what)
+        body, _ = read_generic_tile(file.read_small(what), 0, what)
         r = Reader(body, what)
         self.version = r.unpack("I")
         dims, attrs = self.schema["dimensions"], self.schema["attributes"]
