@@ -313,3 +313,24 @@ def test_hostile_validity_pipeline_is_eio_never_a_traceback(tmp_path, mount, hos
     with pytest.raises(OSError) as err:
         (frag / "m.validity.npy").read_bytes()
     assert err.value.errno == errno.EIO
+
+
+# ---------------------------------------------------------------- encryption
+
+def test_encrypted_array_is_refused_naming_the_file(tmp_path):
+    """tiledb-py's AES-256-GCM array: open_file raises one line naming the array's schema
+    file and the encryption (a mount of it then exits 1 with that line)."""
+    uri = str(tmp_path / "secret")
+    ctx = tiledb.Ctx(tiledb.Config({"sm.encryption_type": "AES_256_GCM",
+                                    "sm.encryption_key": "0123456789abcdeF" * 2}))
+    dom = tiledb.Domain(tiledb.Dim("x", domain=(0, 9), tile=10, dtype=np.int64), ctx=ctx)
+    tiledb.Array.create(uri, tiledb.ArraySchema(
+        domain=dom, attrs=[tiledb.Attr("a", dtype=np.int64, ctx=ctx)], ctx=ctx), ctx=ctx)
+    with tiledb.open(uri, "w", ctx=ctx) as A:
+        A[:] = np.arange(10)
+    from ctdsfs.formats.tiledb import open_file
+    with pytest.raises(CtdsfsError) as err:
+        open_file(uri)
+    message = str(err.value)
+    assert uri in message and "__schema" in message and "encrypt" in message
+    assert "AES-256-GCM" in message and "\n" not in message

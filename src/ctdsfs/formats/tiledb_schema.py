@@ -22,6 +22,7 @@ NEWEST_VERSION = 23  # the newest format version the format pages describe
 LEGACY_SCHEMA = "__array_schema.tdb"  # the one schema of versions before 10
 GENERIC_HEAD = struct.Struct("<IQQBQBI")  # version, persisted and tile size, datatype,
 # cell size, encryption, filter pipeline size
+ENCRYPTIONS = {1: "AES-256-GCM"}  # a generic tile's encryption byte (0: none)
 LAYOUTS = {0: "row-major", 1: "col-major", 2: "global", 3: "unordered", 4: "hilbert"}
 
 
@@ -58,7 +59,9 @@ def read_generic_tile(data, offset, what):
         raise FormatError(f"{what}: format version {version} is not one ctdsfs reads (1 to "
                           f"{NEWEST_VERSION}; TileDB before 1.4 wrote none)")
     if encryption:
-        raise FormatError(f"{what}: encrypted (ctdsfs has no key)")
+        cipher = ENCRYPTIONS.get(encryption, f"encryption type {encryption}")
+        raise FormatError(f"{what}: encrypted ({cipher}); ctdsfs reads no encrypted "
+                          f"TileDB array (it takes no key)")
     if size > MAX_TILE_BYTES:
         raise FormatError(f"{what}: tile of {size} bytes is larger than ctdsfs reads")
     pipeline = tf.parse_pipeline(Reader(head.take(plen), what))
