@@ -36,8 +36,8 @@ from .tiledb_dense import DenseView
 from .tiledb_fragment import Fragment, TileDBDirectory
 from .tiledb_fragment_meta import (ArrayFile, FragmentMetadata, by_time, legacy_timestamps,
                                    timestamps)
-from .tiledb_schema import (LEGACY_SCHEMA, json_bytes, parse_metadata, parse_schema,
-                            read_generic_tile, read_name, schema_json)
+from .tiledb_schema import (LEGACY_SCHEMA, json_bytes, parse_enumeration, parse_metadata,
+                            parse_schema, read_generic_tile, read_name, schema_json)
 
 log = logging.getLogger(__name__)
 
@@ -102,13 +102,37 @@ class TileDBArray(DenseView, TileDBDirectory):
                 folder = "." if name == LEGACY_SCHEMA else "__schema"
                 what = f"{self.label}: {os.path.normpath(os.path.join(folder, name))}"
                 data = ArrayFile(self.path, os.path.join(folder, name)).read_small(what)
-                self._schemas[name] = parse_schema(data, what)
+                schema = parse_schema(data, what)
+                if "enumerations" in schema:
+                    schema["enumerations"] = [self._enumeration(e)
+                                              for e in schema["enumerations"]]
+                self._schemas[name] = schema
             return self._schemas[name]
 
+    def _enumeration(self, listed):
+        """An enumeration the schema lists, read from ``__schema/__enumerations``: its
+        labels; or, if it cannot be read, why (the rest of the array still shows)."""
+        what = f"{self.label}: __schema/__enumerations/{listed['file']}"
+        try:
+            why = name_problem(listed["file"])
+            if why:
+                raise FormatError(f"{what}: not a file name: {why}")
+            data = ArrayFile(self.path, os.path.join("__schema", "__enumerations",
+                                                     listed["file"])).read_small(what)
+            enumeration = parse_enumeration(data, what)
+            if enumeration["name"] != listed["name"]:
+                raise FormatError(f"{what}: holds {enumeration['name']!r}, not "
+                                  f"{listed['name']!r}")
+            return enumeration
+        except CtdsfsError as exc:
+            self._note(str(exc))
+            return {**listed, "problem": str(exc)}
+
     def _committed_fragments(self):
-        """Fragment folders with a commit: ``__commits/NAME.wrt`` or a line of a ``.con``
-        file (version 12 on), ``NAME.ok`` beside a folder in the array's own (5 to 11),
-        or (1 and 2, renamed when complete) a ``__uuid_t1`` folder with fragment metadata."""
+        """Fragment folders with a commit: ``__commits/NAME.wrt``, or a line
+        ``__commits/NAME.wrt`` of a ``.con`` file (commits consolidated, version 12 on),
+        ``NAME.ok`` beside a folder in the array's own (5 to 11), or (1 and 2, renamed
+        when complete) a ``__uuid_t1`` folder with fragment metadata."""
         self.fragment_paths = {n: os.path.join("__fragments", n)
                                for n in self._list("__fragments")}  # (inside the array)
         committed = set()
@@ -127,10 +151,11 @@ class TileDBArray(DenseView, TileDBDirectory):
             elif name.endswith(".con"):
                 what = f"{self.label}: __commits/{name}"
                 text = ArrayFile(self.path, os.path.join("__commits", name)).read_small(what)
-                for line in text.split(b"\n"):
+                for line in text.split(b"\n"):  # (libtiledb writes __commits/NAME.wrt)
                     line = line.decode("utf-8", "surrogateescape")
-                    if line.startswith("__fragments/") and line.endswith(".wrt"):
-                        committed.add(line[len("__fragments/"):-4])
+                    folder, _, commit = line.partition("/")
+                    if folder in ("__commits", "__fragments") and commit.endswith(".wrt"):
+                        committed.add(commit[:-4])
         for name in sorted(present - committed):
             self.problems.append(f"fragment {name!r} not shown: no commit file")
         shown = []

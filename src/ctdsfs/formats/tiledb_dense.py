@@ -88,8 +88,9 @@ class DenseView:
     def _dense_sources(self, attr_index):
         """Where every cell of the domain comes from: an array of the domain's shape holding
         -1 (fill) or the cell's index in the fragments' cells taken one after another, and
-        those fragments with their tile counts. Fragments go in timestamp order, later
-        ones over earlier ones; one that another's time range contains is left out."""
+        those fragments with their tile counts and the attribute's index among their
+        fields. Fragments go in timestamp order, later ones over earlier ones; one that
+        another's time range contains is left out."""
         schema = self.schema
         positions = np.full(self._dense_shape(), -1, np.int64)
         sources, base = [], 0
@@ -101,16 +102,31 @@ class DenseView:
             frag = self.fragment(name)
             frag.names()  # (listing reads its metadata)
             meta = frag.meta
-            if meta is None or not meta.dense or meta.non_empty_domain is None or \
-                    meta.fields[attr_index].name != schema["attributes"][attr_index]["name"]:
+            if meta is None or not meta.dense or meta.non_empty_domain is None:
                 continue
-            counts = frag.cell_counts()
-            cells = sum(counts)
-            self._place(positions, np.arange(base, base + cells, dtype=np.int64),
+            own = self._own_field(frag, attr_index)
+            cells = sum(frag.cell_counts())
+            self._place(positions, np.full(cells, -1, np.int64) if own is None else
+                        np.arange(base, base + cells, dtype=np.int64),
                         meta.non_empty_domain, schema["dimensions"], ())
-            sources.append((frag, len(counts)))
-            base += cells
+            if own is not None:  # (a fragment written without the attribute gives its fill)
+                sources.append((frag, len(frag.cell_counts()), own))
+                base += cells
         return positions, sources
+
+    def _own_field(self, frag, attr_index):
+        """The index of attribute ``attr_index`` (of the newest schema) among the fields
+        of ``frag``, written under its own schema (attributes are added and dropped by
+        schema evolution: found by name); None if the fragment has no such attribute."""
+        want = fields_of(self.schema, False, False)[attr_index]
+        for index, field in enumerate(frag.meta.fields):
+            if field.kind == "attribute" and field.name == want.name:
+                if (field.type, field.cell_val_num, field.nullable) != \
+                        (want.type, want.cell_val_num, want.nullable):
+                    raise FormatError(f"{frag.label}: {want.name!r} is stored with another "
+                                      f"type than the array's schema gives")
+                return index
+        return None
 
     def _merged(self, attr_index):
         """The attribute over the whole domain, as libtiledb reads it: {part: bytes}.
@@ -124,38 +140,38 @@ class DenseView:
         parts = {}
         if field.nullable:
             validity = [np.array([attr["fill_validity"]], np.uint8)] + [
-                np.frombuffer(frag._tile(attr_index, "validity", i), np.uint8)
-                for frag, tiles in sources for i in range(tiles)]
+                np.frombuffer(frag._tile(own, "validity", i), np.uint8)
+                for frag, tiles, own in sources for i in range(tiles)]
             parts["validity"] = np.concatenate(validity)[
                 positions.ravel(order) + 1].tobytes()
         if field.var:
             parts["offsets"], parts["data"] = self._merged_var(
-                attr_index, attr["fill"], positions.ravel() + 1, sources)
+                attr["fill"], positions.ravel() + 1, sources)
             return parts
         tail = () if field.cell_val_num == 1 else (field.cell_val_num,)
         fill = attr["fill"]
         if fill is None or len(fill) != field.cell_size:
             fill = bytes(field.cell_size)  # (libtiledb always stores one cell)
-        values = [fill] + [frag._tile(attr_index, "data", i)
-                           for frag, tiles in sources for i in range(tiles)]
+        values = [fill] + [frag._tile(own, "data", i)
+                           for frag, tiles, own in sources for i in range(tiles)]
         if sum(map(len, values)) > MAX_DENSE_BYTES:
             raise FormatError("the fragments' cells are more than ctdsfs merges in memory")
         values = np.frombuffer(b"".join(values), field.dtype).reshape((-1,) + tail)
         parts["values"] = values[positions.ravel(order) + 1].tobytes()
         return parts
 
-    def _merged_var(self, attr_index, fill, picks, sources):
+    def _merged_var(self, fill, picks, sources):
         """(offsets, data) of var-sized cells: cell k is cell ``picks[k]`` of the fill value
         (0) followed by every source fragment's cells."""
         fill = fill or b""
         sizes, starts, blobs, base = [np.array([len(fill)], np.int64)], \
             [np.zeros(1, np.int64)], [fill], len(fill)
-        for frag, tiles in sources:
+        for frag, tiles, own in sources:
             if not tiles:
                 continue
-            offsets = np.frombuffer(b"".join(frag._offsets_piece(attr_index, i)
+            offsets = np.frombuffer(b"".join(frag._offsets_piece(own, i)
                                              for i in range(tiles)), "<u8").astype(np.int64)
-            data = b"".join(frag._tile(attr_index, "var", i) for i in range(tiles))
+            data = b"".join(frag._tile(own, "var", i) for i in range(tiles))
             if np.any(np.diff(offsets) < 0) or offsets[0] != 0 or offsets[-1] != len(data):
                 raise FormatError(f"{frag.label}: cell offsets out of order or past the data")
             sizes.append(np.diff(offsets))

@@ -171,6 +171,8 @@ def schema_json(s):
                       "cell_val_num": cvn(a["cell_val_num"]), "nullable": bool(a["nullable"]),
                       "fill": None if fill is None else safe_values(fill, a),
                       "fill_validity": a["fill_validity"], "filters": pipeline(a["filters"])})
+        if a.get("enumeration"):
+            attrs[-1]["enumeration"] = a["enumeration"]
     dims = [{"name": d["name"], "type": tf.datatype_name(d["type"]),
              "cell_val_num": cvn(d["cell_val_num"]), "domain": d["domain"],
              "tile_extent": d["tile_extent"], "filters": pipeline(d["filters"])}
@@ -186,6 +188,37 @@ def schema_json(s):
         if key in s:
             out[key] = s[key]
     return out
+
+
+def parse_enumeration(data, what):
+    """An enumeration file (``__schema/__enumerations/``: one generic tile) as its name,
+    its values' type and the values (labels) themselves."""
+    body, _ = read_generic_tile(data, 0, what)
+    r = Reader(body, what)
+    version = r.unpack("I")
+    name, file_name = read_name(r, "I"), read_name(r, "I")
+    datatype, cell_val_num, ordered = r.unpack("BIB")
+    tf.dtype_of(datatype, what)
+    data = bytes(r.take(r.unpack("Q")))
+    if cell_val_num == VAR:
+        count = r.unpack("Q")
+        if count % 8:
+            raise FormatError(f"{what}: offsets of {count} bytes are not whole offsets")
+        starts = np.frombuffer(bytes(r.take(count)), "<u8").tolist() + [len(data)]
+        if any(b < a for a, b in zip(starts, starts[1:])):
+            raise FormatError(f"{what}: offsets out of order or past the values")
+        kind = VAR if datatype in tf.STRING_TYPES else 1  # (labels are strings, or lists)
+        values = [value_list(data[a:b], datatype, kind) for a, b in zip(starts, starts[1:])]
+    elif cell_val_num == 0:
+        raise FormatError(f"{what}: values of 0 bytes")
+    else:
+        step = cell_val_num * tf.dtype_of(datatype).itemsize
+        values = [value_list(data[i:i + step], datatype, cell_val_num)
+                  for i in range(0, len(data) - step + 1, step)]
+    return {"name": name, "file": file_name, "version": version,
+            "type": tf.datatype_name(datatype),
+            "cell_val_num": "var" if cell_val_num == VAR else cell_val_num,
+            "ordered": bool(ordered), "values": values}
 
 
 def sums(values, datatype):
