@@ -47,9 +47,9 @@ class DenseView:
                                      f"{cells * field.cell_size} bytes are more than ctdsfs "
                                      f"builds in memory")
             else:
-                tail = () if field.cell_val_num == 1 else (field.cell_val_num,)
+                dtype, tail = field.user_dtype
                 files[f"{field.name}.npy"] = ("values", npy_header(
-                    field.dtype.str, tuple(shape) + tail, col_major), cells * field.cell_size)
+                    dtype.str, tuple(shape) + tail, col_major), cells * field.cell_size)
             if field.nullable:
                 files[f"{field.name}.validity.npy"] = \
                     ("validity", npy_header("|u1", tuple(shape), col_major), cells)

@@ -40,6 +40,7 @@ DATATYPES.update({i: (name, "<i8") for i, name in enumerate(
      "DATETIME_PS", "DATETIME_FS", "DATETIME_AS", "TIME_HR", "TIME_MIN", "TIME_SEC",
      "TIME_MS", "TIME_US", "TIME_NS", "TIME_PS", "TIME_FS", "TIME_AS"), start=18)})
 STRING_TYPES = {4, 11, 12, 13, 14, 15, 16}
+TIME_UNITS = ("Y", "M", "W", "D", "h", "m", "s", "ms", "us", "ns", "ps", "fs", "as")
 TIME_TYPES = set(range(18, 40))
 INTEGER_TYPES = {0, 1, 5, 6, 7, 8, 9, 10} | TIME_TYPES
 
@@ -69,6 +70,23 @@ def dtype_of(datatype, what="TileDB"):
         return np.dtype(DATATYPES[datatype][1])
     except KeyError:
         raise FormatError(f"{what}: unknown datatype {datatype}") from None
+
+
+def user_dtype(datatype, cell_val_num):
+    """(NumPy dtype, cell shape) of a fixed-size field as tiledb-py gives it: datetimes
+    and times with their unit, BOOL as bool, two floats a cell as one complex, a fixed
+    string of n characters as ``|Sn``; other cells of n values as n values of the type."""
+    dtype = dtype_of(datatype)
+    if datatype in TIME_TYPES:  # DATETIME_YEAR .. DATETIME_AS, then TIME_HR .. TIME_AS
+        unit = TIME_UNITS[datatype - 18] if datatype < 31 else TIME_UNITS[datatype - 27]
+        dtype = np.dtype(f"<{'M' if datatype < 31 else 'm'}8[{unit}]")
+    elif datatype == 41:
+        dtype = np.dtype("?")
+    elif datatype in (2, 3) and cell_val_num == 2:
+        return np.dtype("<c8" if datatype == 2 else "<c16"), ()
+    elif datatype in (4, 11) and cell_val_num > 1:
+        return np.dtype(f"S{cell_val_num}"), ()
+    return dtype, () if cell_val_num == 1 else (cell_val_num,)
 
 
 def datatype_name(datatype):

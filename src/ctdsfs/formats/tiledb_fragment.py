@@ -218,8 +218,8 @@ class Fragment(TileDBDirectory):
         else:
             def layout():
                 counts = self.cell_counts()
-                tail = () if field.cell_val_num == 1 else (field.cell_val_num,)
-                return (npy_header(field.dtype.str, (sum(counts),) + tail, False),
+                dtype, tail = field.user_dtype
+                return (npy_header(dtype.str, (sum(counts),) + tail, False),
                         [c * field.cell_size for c in counts])
             files = {f"{name}.npy": LazyFile(layout, lambda i: self._tile(index, "data", i))}
         if field.nullable:

@@ -77,6 +77,11 @@ class Field:
         return self.cell_val_num == VAR
 
     @property
+    def user_dtype(self):
+        """(dtype, cell shape) of the field's .npy files: what tiledb-py gives."""
+        return tf.user_dtype(self.type, self.cell_val_num)
+
+    @property
     def cell_size(self):
         return 8 if self.var else self.dtype.itemsize * self.cell_val_num
 

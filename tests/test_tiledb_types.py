@@ -1,0 +1,64 @@
+"""Field types as tiledb-py gives them (datetimes and times with their unit, complex,
+bool, fixed strings), in fragments/ and dense/ alike; metadata as ``A.meta`` shows it."""
+
+import io
+import json
+
+import numpy as np
+import pytest
+import tiledb
+
+from ctdsfs.formats import open_container
+
+TYPED = {  # attribute -> values of the dtype tiledb-py gives back
+    "ms": np.arange(20).astype("datetime64[ms]") + 1_700_000_000_000,
+    "day": np.arange(20).astype("datetime64[D]"),
+    "year": np.arange(20).astype("datetime64[Y]"),
+    "ns": (np.arange(20) * 7).astype("timedelta64[ns]"),
+    "hr": np.arange(20).astype("timedelta64[h]"),
+    "c64": (np.arange(20) * (1 + 2j)).astype(np.complex64),
+    "c128": (np.arange(20) * (3 - 1j)).astype(np.complex128),
+    "flag": np.arange(20) % 3 == 0,
+    "s3": np.array([b"abc", b"de", b"fgh!"[:3]] * 6 + [b"x", b""], dtype="S3"),
+}
+
+
+def load(container, name):
+    return np.load(io.BytesIO(bytes(container.read(name, 0, 1 << 30))))
+
+
+def write_typed(uri, sparse):
+    """Every typed attribute; a sparse array's dimension is a DATETIME_MS too."""
+    if sparse:
+        dim = tiledb.Dim("t", domain=(np.datetime64(0, "ms"), np.datetime64(10_000, "ms")),
+                         tile=np.timedelta64(100, "ms"), dtype="datetime64[ms]")
+    else:
+        dim = tiledb.Dim("x", domain=(0, 19), tile=10, dtype=np.int64)
+    attrs = [tiledb.Attr(name, dtype=values.dtype) for name, values in TYPED.items()]
+    tiledb.Array.create(uri, tiledb.ArraySchema(domain=tiledb.Domain(dim), sparse=sparse,
+                                                attrs=attrs))
+    with tiledb.open(uri, "w") as A:
+        if sparse:
+            A[(np.arange(20) * 3).astype("datetime64[ms]")] = TYPED
+        else:
+            A[:] = TYPED
+
+
+@pytest.mark.parametrize("sparse", [False, True])
+def test_types_equal_tiledb_py(tmp_path, sparse):
+    uri = str(tmp_path / "a")
+    write_typed(uri, sparse)
+    array = open_container(uri)
+    fragments = array.nested("fragments")
+    frag = fragments.nested(fragments.names()[0])
+    with tiledb.open(uri) as A:
+        ref = A[:] if not sparse else A.query(order="G")[:]
+    views = [frag] + ([] if sparse else [array.nested("dense")])
+    for view in views:
+        for name in TYPED:
+            got = load(view, f"{name}.npy")
+            assert got.dtype == ref[name].dtype, (name, got.dtype, ref[name].dtype)
+            assert np.array_equal(got, ref[name]), name
+    if sparse:
+        got = load(frag, "t.npy")
+        assert got.dtype == np.dtype("datetime64[ms]") and np.array_equal(got, ref["t"])
