@@ -62,3 +62,24 @@ def test_types_equal_tiledb_py(tmp_path, sparse):
     if sparse:
         got = load(frag, "t.npy")
         assert got.dtype == np.dtype("datetime64[ms]") and np.array_equal(got, ref["t"])
+
+
+def test_metadata_has_exactly_the_keys_and_values_of_a_meta(tmp_path):
+    uri = str(tmp_path / "a")
+    dom = tiledb.Domain(tiledb.Dim("x", domain=(0, 9), tile=5, dtype=np.int64))
+    tiledb.Array.create(uri, tiledb.ArraySchema(domain=dom,
+                                                attrs=[tiledb.Attr("a", dtype=np.int32)]))
+    with tiledb.open(uri, "w") as A:
+        A.meta.update({"text": "words", "i": 3, "f": 2.5, "flag": True, "tuple": (1, 2, 3),
+                       "matrix": np.arange(6, dtype=np.int16).reshape(2, 3),
+                       "cube": np.arange(8.0).reshape(2, 2, 2), "vector": np.array([1.5, 2.5]),
+                       "bools": np.array([True, False, True]), "one": np.array([7]),
+                       "empty": ""})
+    with tiledb.open(uri, "w") as A:
+        del A.meta["i"]
+    meta = json.loads(open_container(uri).read("metadata.json", 0, 1 << 20))
+    with tiledb.open(uri) as A:
+        want = {k: v.tolist() if isinstance(v, np.ndarray) else
+                list(v) if isinstance(v, tuple) else v for k, v in A.meta.items()}
+    assert {k: v["value"] for k, v in meta.items()} == want
+    assert meta["bools"]["value"] == [True, False, True]  # (not 1, 0, 1)

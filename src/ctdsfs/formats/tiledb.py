@@ -36,7 +36,8 @@ from .tiledb_dense import DenseView
 from .tiledb_fragment import Fragment, TileDBDirectory
 from .tiledb_fragment_meta import (ArrayFile, FragmentMetadata, by_time, legacy_timestamps,
                                    timestamps)
-from .tiledb_schema import (LEGACY_SCHEMA, json_bytes, parse_enumeration, parse_metadata,
+from .tiledb_schema import (LEGACY_SCHEMA, json_bytes, metadata_as_tiledb_py,
+                            parse_enumeration, parse_metadata,
                             parse_schema, read_generic_tile, read_name, schema_json)
 
 log = logging.getLogger(__name__)
@@ -190,7 +191,7 @@ class TileDBArray(DenseView, TileDBDirectory):
             except CtdsfsError as exc:
                 self.problems.append(str(exc))
                 log.warning("%s", exc)
-        return values
+        return metadata_as_tiledb_py(values)
 
     def _schemas_folder(self):
         entries = OrderedDict()

@@ -7,6 +7,7 @@ way users read them.
 """
 
 import json
+import math
 import struct
 
 import numpy as np
@@ -23,6 +24,7 @@ LEGACY_SCHEMA = "__array_schema.tdb"  # the one schema of versions before 10
 GENERIC_HEAD = struct.Struct("<IQQBQBI")  # version, persisted and tile size, datatype,
 # cell size, encryption, filter pipeline size
 ENCRYPTIONS = {1: "AES-256-GCM"}  # a generic tile's encryption byte (0: none)
+NP_FLAT, NP_SHAPE = "__np_flat_", "__np_shape_"  # tiledb-py's keys of an ndarray value
 LAYOUTS = {0: "row-major", 1: "col-major", 2: "global", 3: "unordered", 4: "hilbert"}
 
 
@@ -252,7 +254,31 @@ def parse_metadata(data, what, into):
         size = tf.dtype_of(datatype, what).itemsize
         if count * size > r.left():
             raise FormatError(f"{what}: value of {key!r} runs past the end")
-        into[key] = {"type": tf.datatype_name(datatype),
-                     "value": value_list(r.take(count * size), datatype)}
+        value = value_list(r.take(count * size), datatype)
+        if datatype == 41:  # BOOL: as tiledb-py gives it
+            value = [bool(v) for v in value] if isinstance(value, list) else bool(value)
+        into[key] = {"type": tf.datatype_name(datatype), "value": value}
+
+
+def metadata_as_tiledb_py(values):
+    """Metadata keyed as ``A.meta`` shows it: tiledb-py keeps an ndarray value as
+    ``__np_flat_KEY`` (its values) and, unless it is 1-D, ``__np_shape_KEY``; here that
+    is KEY again, its value a (nested) list. A shape that does not fit is left flat."""
+    out = {}
+    for key, entry in values.items():
+        if key.startswith(NP_SHAPE):
+            continue
+        if not key.startswith(NP_FLAT):
+            out[key] = entry
+            continue
+        name = key[len(NP_FLAT):]
+        flat = entry["value"] if isinstance(entry["value"], list) else [entry["value"]]
+        shape = values.get(NP_SHAPE + name, {}).get("value")
+        shape = shape if isinstance(shape, list) else [shape]
+        if all(isinstance(n, int) and n >= 0 for n in shape) and \
+                math.prod(shape) == len(flat) and len(shape) > 1:
+            flat = np.array(flat, dtype=object).reshape(shape).tolist()
+        out[name] = {"type": entry["type"], "value": flat}
+    return out
 
 
