@@ -306,7 +306,7 @@ def test_uncommitted_fragment_is_not_shown(arrays, tmp_path):
 def test_mounted_array_and_directory_source(arrays, mount):
     m = mount(arrays / "sparse")
     assert sorted(os.listdir(m.mountpoint)) == ["fragments", "metadata.json", "schema.json",
-                                                "schemas"]
+                                                "schemas", "sparse"]
     frag = sorted((m.mountpoint / "fragments").iterdir())[0]
     uri = str(arrays / "sparse")
     meta = json.loads((frag / "fragment.json").read_text())

@@ -11,6 +11,8 @@ An array folder holds ``__schema/`` (generic tiles), ``__fragments/NAME/``
                   FIELD.validity.npy  raw/ (the fragment's own files)
     dense/ATTR.npy  ATTR.offsets.npy + ATTR.data  ATTR.validity.npy
                   (dense arrays: every fragment merged, as libtiledb reads it)
+    sparse/DIM.npy  ATTR.npy  (and the var-sized and nullable files, as above)
+                  (sparse arrays: every cell in libtiledb's global order)
 
 Format versions 1 and 2 keep the schema in ``__array_schema.tdb``, a
 fragment's metadata in one generic tile, and every dimension's coordinates in
@@ -39,6 +41,7 @@ from .tiledb_fragment_meta import (ArrayFile, FragmentMetadata, by_time, legacy_
 from .tiledb_schema import (LEGACY_SCHEMA, json_bytes, metadata_as_tiledb_py,
                             parse_enumeration, parse_metadata,
                             parse_schema, read_generic_tile, read_name, schema_json)
+from .tiledb_sparse import SparseView
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +57,7 @@ class _Folder(TileDBDirectory):
         return self._builder()
 
 
-class TileDBArray(DenseView, TileDBDirectory):
+class TileDBArray(SparseView, DenseView, TileDBDirectory):
     """A TileDB array folder as schema.json, schemas/, metadata.json, fragments/, dense/."""
 
     def __init__(self, path):
@@ -69,7 +72,8 @@ class TileDBArray(DenseView, TileDBDirectory):
         self.schema = self.schema_named(self.schema_names[-1])
         self.fragment_names = self._committed_fragments()
         self._fragments = {}
-        self._dense_cache = None  # (attribute index, its merged parts)
+        self._dense_cache = None  # (field key, its merged parts): dense/ or sparse/
+        self._sparse_cache = None  # sparse/: (every cell in the global order, fragments)
 
     def _list(self, folder, files_only=False):
         """The names in ``folder`` of the array, sorted (only regular files if
@@ -211,6 +215,8 @@ class TileDBArray(DenseView, TileDBDirectory):
             (name, self.fragment(name)) for name in self.fragment_names))
         if self.schema["array_type"] == 0:
             entries["dense"] = _Folder(f"{self.label}/dense", self._dense_folder)
+        else:
+            entries["sparse"] = _Folder(f"{self.label}/sparse", self._sparse_folder)
         if self._list("__fragment_meta", files_only=True):
             entries["fragment_meta"] = _Folder(f"{self.label}/fragment_meta",
                                                self._consolidated_metadata)
@@ -268,6 +274,7 @@ class TileDBArray(DenseView, TileDBDirectory):
             else:
                 lines.append(f"  fragment {frag['name']}: v{frag['version']}, {frag['tiles']} tiles, "
                              f"{frag['cells']} cells, non-empty domain {frag['non_empty_domain']}")
+        lines += [f"  not shown: {why}" for why in info["not_shown"]]
         lines += [f"  problem: {p}" for p in info["problems"]]
         return lines
 
@@ -288,7 +295,13 @@ class TileDBArray(DenseView, TileDBDirectory):
                 entry["problem"] = str(exc)
             info["fragments"].append(entry)
         info["problems"] = list(self.problems)
+        info["not_shown"] = self.not_shown()
         return info
+
+    def not_shown(self):
+        """What ctdsfs does not show of this intact array, by design, and why."""
+        why = self._sparse_refusal() if self.schema["array_type"] == 1 else None
+        return [f"sparse/: {why}"] if why else []
 
     def check(self, bar=None):
         """Every fragment's tiles decoded and checked, then what the array itself lacks."""
@@ -298,6 +311,7 @@ class TileDBArray(DenseView, TileDBDirectory):
             problems += p
             notes += n
         self.metadata()
+        notes += [f"{self.label}: not shown: {why}" for why in self.not_shown()]
         return problems + [f"{self.label}: {p}" for p in dict.fromkeys(self.problems)], notes
 
 

@@ -137,19 +137,24 @@ class DenseView:
         attr = schema["attributes"][attr_index]
         positions, sources = self._dense_sources(attr_index)
         order = "F" if schema["cell_order"] == 1 else "C"
+        return self._gather(field, attr["fill"], attr["fill_validity"],
+                            positions.ravel(order) + 1, positions.ravel() + 1, sources)
+
+    def _gather(self, field, fill, fill_validity, picks, var_picks, sources):
+        """{part: bytes} of ``field`` for the cells ``picks`` (fixed-sized values and
+        validity) and ``var_picks`` (var-sized cells): indexes into the fill value (0)
+        followed by every cell of ``sources`` (fragment, tile count, the field's index
+        in it). Shared by dense/ and sparse/."""
         parts = {}
         if field.nullable:
-            validity = [np.array([attr["fill_validity"]], np.uint8)] + [
+            validity = [np.array([fill_validity], np.uint8)] + [
                 np.frombuffer(frag._tile(own, "validity", i), np.uint8)
                 for frag, tiles, own in sources for i in range(tiles)]
-            parts["validity"] = np.concatenate(validity)[
-                positions.ravel(order) + 1].tobytes()
+            parts["validity"] = np.concatenate(validity)[picks].tobytes()
         if field.var:
-            parts["offsets"], parts["data"] = self._merged_var(
-                attr["fill"], positions.ravel() + 1, sources)
+            parts["offsets"], parts["data"] = self._merged_var(fill, var_picks, sources)
             return parts
         tail = () if field.cell_val_num == 1 else (field.cell_val_num,)
-        fill = attr["fill"]
         if fill is None or len(fill) != field.cell_size:
             fill = bytes(field.cell_size)  # (libtiledb always stores one cell)
         values = [fill] + [frag._tile(own, "data", i)
@@ -157,7 +162,7 @@ class DenseView:
         if sum(map(len, values)) > MAX_DENSE_BYTES:
             raise FormatError("the fragments' cells are more than ctdsfs merges in memory")
         values = np.frombuffer(b"".join(values), field.dtype).reshape((-1,) + tail)
-        parts["values"] = values[positions.ravel(order) + 1].tobytes()
+        parts["values"] = values[picks].tobytes()
         return parts
 
     def _merged_var(self, fill, picks, sources):
