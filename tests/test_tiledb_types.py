@@ -83,3 +83,33 @@ def test_metadata_has_exactly_the_keys_and_values_of_a_meta(tmp_path):
                 list(v) if isinstance(v, tuple) else v for k, v in A.meta.items()}
     assert {k: v["value"] for k, v in meta.items()} == want
     assert meta["bools"]["value"] == [True, False, True]  # (not 1, 0, 1)
+
+
+def test_group_metadata_and_members(tmp_path, mount):
+    """A group shows its own metadata (as ``Group.meta`` gives it) beside its members: an
+    array as an array, a nested group as a group."""
+    uri = tmp_path / "g"
+    tiledb.Group.create(str(uri))
+    tiledb.Group.create(str(uri / "inner"))
+    dom = tiledb.Domain(tiledb.Dim("x", domain=(0, 9), tile=5, dtype=np.int64))
+    tiledb.Array.create(str(uri / "arr"), tiledb.ArraySchema(
+        domain=dom, attrs=[tiledb.Attr("a", dtype=np.int32)]))
+    with tiledb.open(str(uri / "arr"), "w") as A:
+        A[:] = np.arange(10, dtype=np.int32)
+    with tiledb.Group(str(uri), "w") as g:
+        g.meta["title"] = "a group"
+        g.meta["sizes"] = np.arange(6).reshape(2, 3)
+        g.add("arr", relative=True)
+        g.add("inner", relative=True)
+    with tiledb.Group(str(uri / "inner"), "w") as g:
+        g.meta["depth"] = 2
+    group = open_container(str(uri))
+    assert group.names() == ["metadata.json", "arr", "inner"]
+    with tiledb.Group(str(uri)) as g:
+        want = {k: v.tolist() if isinstance(v, np.ndarray) else v for k, v in g.meta.items()}
+    meta = json.loads(group.read("metadata.json", 0, 1 << 20))
+    assert {k: v["value"] for k, v in meta.items()} == want
+    inner = json.loads(group.nested("inner").read("metadata.json", 0, 1 << 20))
+    assert inner == {"depth": {"type": "INT64", "value": 2}}
+    m = mount(uri)
+    assert np.array_equal(np.load(m.mountpoint / "arr" / "dense" / "a.npy"), np.arange(10))

@@ -32,15 +32,15 @@ from collections import OrderedDict
 
 from ..container import name_problem
 from ..errors import CtdsfsError, FormatError
-from .beneath import kind_beneath, listdir_beneath
+from .beneath import kind_beneath
 from .byte_reader import Reader
 from .tiledb_dense import DenseView
+from .tiledb_folder import GROUP_MARKER, TileDBFolder, TileDBGroup
 from .tiledb_fragment import Fragment, TileDBDirectory
 from .tiledb_fragment_meta import (ArrayFile, FragmentMetadata, by_time, legacy_timestamps,
                                    timestamps)
-from .tiledb_schema import (LEGACY_SCHEMA, json_bytes, metadata_as_tiledb_py,
-                            parse_enumeration, parse_metadata,
-                            parse_schema, read_generic_tile, read_name, schema_json)
+from .tiledb_schema import (LEGACY_SCHEMA, json_bytes, parse_enumeration, parse_schema,
+                            read_generic_tile, read_name, schema_json)
 from .tiledb_sparse import SparseView
 
 log = logging.getLogger(__name__)
@@ -57,12 +57,12 @@ class _Folder(TileDBDirectory):
         return self._builder()
 
 
-class TileDBArray(SparseView, DenseView, TileDBDirectory):
-    """A TileDB array folder as schema.json, schemas/, metadata.json, fragments/, dense/."""
+class TileDBArray(SparseView, DenseView, TileDBFolder):
+    """A TileDB array folder as schema.json, schemas/, metadata.json, fragments/, dense/
+    or sparse/."""
 
     def __init__(self, path):
-        super().__init__(os.fspath(path))
-        self.path = os.fspath(path)
+        super().__init__(path)
         self._schemas = {}
         self.schema_names = by_time(self._list("__schema", files_only=True))
         if not self.schema_names and LEGACY_SCHEMA in self._list(".", files_only=True):
@@ -74,29 +74,6 @@ class TileDBArray(SparseView, DenseView, TileDBDirectory):
         self._fragments = {}
         self._dense_cache = None  # (field key, its merged parts): dense/ or sparse/
         self._sparse_cache = None  # sparse/: (every cell in the global order, fragments)
-
-    def _list(self, folder, files_only=False):
-        """The names in ``folder`` of the array, sorted (only regular files if
-        ``files_only``). No link is followed on the way or in it: a folder that is a
-        link (to somewhere outside, maybe) is not read, and ``problems`` says so."""
-        try:
-            names = sorted(listdir_beneath(self.path, folder))
-        except FileNotFoundError:
-            return []
-        except OSError as exc:
-            if kind_beneath(self.path, folder, stat.S_ISLNK):
-                self._note(f"{folder}: a link, not followed (ctdsfs reads nothing outside "
-                           f"the array)")
-                return []
-            raise FormatError(f"{self.label}: {folder}: {exc.strerror}") from None
-        if files_only:
-            names = [n for n in names
-                     if kind_beneath(self.path, os.path.join(folder, n), stat.S_ISREG)]
-        return names
-
-    def _note(self, problem):
-        if problem not in self.problems:
-            self.problems.append(problem)
 
     def schema_named(self, name):
         """The schema in ``__schema/name`` (parsed once)."""
@@ -182,20 +159,6 @@ class TileDBArray(SparseView, DenseView, TileDBDirectory):
             if name not in self._fragments:
                 self._fragments[name] = Fragment(self, name)
             return self._fragments[name]
-
-    def metadata(self):
-        values = {}
-        for name in by_time(self._list("__meta", files_only=True)):
-            if name.endswith(".vac"):
-                continue
-            what = f"{self.label}: __meta/{name}"
-            try:
-                parse_metadata(ArrayFile(self.path, os.path.join("__meta", name))
-                               .read_small(what), what, values)
-            except CtdsfsError as exc:
-                self.problems.append(str(exc))
-                log.warning("%s", exc)
-        return metadata_as_tiledb_py(values)
 
     def _schemas_folder(self):
         entries = OrderedDict()
@@ -317,12 +280,17 @@ class TileDBArray(SparseView, DenseView, TileDBDirectory):
 
 def looks_like_directory(path):
     """An array folder: ``__schema`` is a directory (``__fragments`` may not exist yet), or
-    (before version 10) ``__array_schema.tdb`` is a file; neither a link."""
+    (before version 10) ``__array_schema.tdb`` is a file; or a group folder
+    (``__tiledb_group.tdb``); none of them a link."""
+    return is_array(path) or kind_beneath(path, GROUP_MARKER, stat.S_ISREG)
+
+
+def is_array(path):
     return kind_beneath(path, "__schema", stat.S_ISDIR) or \
         kind_beneath(path, LEGACY_SCHEMA, stat.S_ISREG)
 
 
 def open_file(path, *, verify_crc=True, writable=False):
-    """The TileDB array folder at ``path``, always read-only (a read-write mount shows it
-    too, refusing changes); checksums are always verified."""
-    return TileDBArray(path)
+    """The TileDB array (or group) folder at ``path``, always read-only (a read-write
+    mount shows it too, refusing changes); checksums are always verified."""
+    return TileDBArray(path) if is_array(path) else TileDBGroup(path)
