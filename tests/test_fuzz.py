@@ -341,7 +341,7 @@ def _run_cli_sample(paths):
 # only ctdsfs's own errors may come out, no marker may appear in anything read, and the
 # child's peak memory stays bounded.
 
-TILEDB_CASES = int(os.environ.get("CTDSFS_FUZZ_TILEDB_CASES", "40"))  # per seed array
+TILEDB_CASES = int(os.environ.get("CTDSFS_FUZZ_TILEDB_CASES", "30"))  # per seed array
 TILEDB_MAX_RSS = 256 << 20  # the child's peak resident memory (its tile cache: 128 MiB)
 OUTSIDE_MARKER = b"OUTSIDE-MARKER"
 OUTSIDE_INT = 0x0BADC0DE0BADC0DE  # every cell of the outside array's int64 attribute
