@@ -2,6 +2,7 @@
 pipelines, encryption. Each gives a one-line refusal, a problem, or EIO for one tile:
 never a byte from outside the array, a traceback or unbounded memory."""
 
+import bz2
 import errno
 import functools
 import io
@@ -358,3 +359,25 @@ def test_encrypted_array_is_refused_naming_the_file(tmp_path):
     message = str(err.value)
     assert uri in message and "__schema" in message and "encrypt" in message
     assert "AES-256-GCM" in message and "\n" not in message
+
+
+@pytest.mark.parametrize("codec", ["gzip", "bzip2", "zstd"])
+def test_part_inflating_past_its_size_is_eio(tmp_path, codec):
+    """A compressed part holding more than it declares is a damaged tile (EIO), never
+    cut silently to the declared size."""
+    filters = {"gzip": tiledb.GzipFilter(), "bzip2": tiledb.Bzip2Filter(),
+               "zstd": tiledb.ZstdFilter()}
+    uri = tmp_path / "a"
+    expected = write_one_tile(uri, [filters[codec]], n=2_000)
+    payload = bytes(range(256)) * (expected // 256 + 8)
+    compress = {"gzip": zlib.compress, "bzip2": bz2.compress,
+                "zstd": zstandard.ZstdCompressor(write_content_size=False).compress}[codec]
+    path = data_tile_file(uri)
+    room = path.stat().st_size - len(one_chunk(expected, b"", expected))
+    packed = compress(payload)
+    assert len(packed) <= room
+    path.write_bytes(one_chunk(expected, packed + bytes(room - len(packed)), expected))
+    frag = open_container(str(uri)).nested("fragments")
+    frag = frag.nested(frag.names()[0])
+    with pytest.raises(BlockError, match="tile 0 of a"):
+        frag.read("a.npy", 0, 1 << 20)

@@ -316,7 +316,7 @@ def _decompress(ftype, f, datatype, cell_size, data, size, what):
                 raise FormatError(f"{what}: LZ4 part of {len(data)} bytes cannot give {size}")
             out = lz4.block.decompress(data, uncompressed_size=size) if size else b""
         elif ftype == 5:
-            out = bz2.BZ2Decompressor().decompress(data, size) if size else b""
+            out = bz2.BZ2Decompressor().decompress(data, size + 1)  # (as GZIP)
         elif ftype == 4:
             out = _un_rle(data, cell_size, size, what)
         else:
