@@ -1,5 +1,5 @@
 """Field types as tiledb-py gives them (datetimes and times with their unit, complex,
-bool, fixed strings), in fragments/ and dense/ alike; metadata as ``A.meta`` shows it."""
+bool, fixed strings), in fragments/, dense/ and sparse/ alike; metadata as ``A.meta`` shows it."""
 
 import io
 import json
@@ -53,15 +53,16 @@ def test_types_equal_tiledb_py(tmp_path, sparse):
     frag = fragments.nested(fragments.names()[0])
     with tiledb.open(uri) as A:
         ref = A[:] if not sparse else A.query(order="G")[:]
-    views = [frag] + ([] if sparse else [array.nested("dense")])
+    views = [frag, array.nested("sparse" if sparse else "dense")]
     for view in views:
         for name in TYPED:
             got = load(view, f"{name}.npy")
             assert got.dtype == ref[name].dtype, (name, got.dtype, ref[name].dtype)
             assert np.array_equal(got, ref[name]), name
     if sparse:
-        got = load(frag, "t.npy")
-        assert got.dtype == np.dtype("datetime64[ms]") and np.array_equal(got, ref["t"])
+        for view in views:
+            got = load(view, "t.npy")
+            assert got.dtype == np.dtype("datetime64[ms]") and np.array_equal(got, ref["t"])
 
 
 def test_metadata_has_exactly_the_keys_and_values_of_a_meta(tmp_path):

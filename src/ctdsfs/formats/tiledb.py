@@ -72,7 +72,7 @@ class TileDBArray(SparseView, DenseView, TileDBFolder):
         self.schema = self.schema_named(self.schema_names[-1])
         self.fragment_names = self._committed_fragments()
         self._fragments = {}
-        self._dense_cache = None  # (field key, its merged parts): dense/ or sparse/
+        self._merged_cache = None  # (field key, its merged parts): dense/ or sparse/
         self._sparse_cache = None  # sparse/: (every cell in the global order, fragments)
 
     def schema_named(self, name):

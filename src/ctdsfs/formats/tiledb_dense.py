@@ -74,16 +74,16 @@ class DenseView:
         """One part (values, offsets, data, validity) of the merged attribute, kept for the
         last attribute asked for; a fragment that cannot be merged makes the read EIO."""
         with self._lock:
-            if self._dense_cache is None or self._dense_cache[0] != attr_index:
+            if self._merged_cache is None or self._merged_cache[0] != attr_index:
                 try:
-                    self._dense_cache = None
-                    self._dense_cache = attr_index, self._merged(attr_index)
+                    self._merged_cache = None
+                    self._merged_cache = attr_index, self._merged(attr_index)
                 except BlockError:
                     raise
                 except CtdsfsError as exc:
                     raise BlockError(f"{self.label}: dense view: {exc}",
                                      f"dense view: {exc}") from None
-            return self._dense_cache[1][part]
+            return self._merged_cache[1][part]
 
     def _dense_sources(self, attr_index):
         """Where every cell of the domain comes from: an array of the domain's shape holding

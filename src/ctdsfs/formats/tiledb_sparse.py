@@ -83,16 +83,16 @@ class SparseView:
         that cannot be merged makes the read EIO."""
         key = ("sparse", field_index)
         with self._lock:
-            if self._dense_cache is None or self._dense_cache[0] != key:
+            if self._merged_cache is None or self._merged_cache[0] != key:
                 try:
-                    self._dense_cache = None
-                    self._dense_cache = key, self._sparse_merged(field_index)
+                    self._merged_cache = None
+                    self._merged_cache = key, self._sparse_merged(field_index)
                 except BlockError:
                     raise
                 except CtdsfsError as exc:
                     raise BlockError(f"{self.label}: sparse view: {exc}",
                                      f"sparse view: {exc}") from None
-            return self._dense_cache[1][part]
+            return self._merged_cache[1][part]
 
     def _sparse_fragments(self):
         """The sparse fragments that take part, oldest first: one that another's time range
