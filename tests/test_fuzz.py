@@ -558,6 +558,8 @@ def run_tiledb_cases(seed, seeds, cases, workdir):
     resource.setrlimit(resource.RLIMIT_AS, (ADDRESS_SPACE, ADDRESS_SPACE))
     signal.signal(signal.SIGALRM, _alarm)
     workdir = Path(workdir)
+    for ftype in (1, 2):  # (made before the cases: their time limit is for ctdsfs)
+        _bomb_payload(ftype)
     for source in map(Path, seeds):
         outside = source.parent / f"outside-{source.name}"
         for case in range(cases):
