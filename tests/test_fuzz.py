@@ -332,6 +332,298 @@ def _run_cli_sample(paths):
                 assert result.stderr.count("\n") <= 1, (where, result.stderr)
 
 
+# ---------------------------------------------------------------- TileDB arrays
+# Arrays tiledb-py writes here, mutated in ways aimed at a directory format: bytes of any
+# file flipped or cut, folders and files replaced by links to another array outside
+# (whose cells and metadata carry a marker that must never be read), decompression
+# bombs, hostile chunk sizes, and hostile values in the decoded schema (filter
+# pipelines). Every operation runs in a child with an address-space and a time limit;
+# only ctdsfs's own errors may come out, no marker may appear in anything read, and the
+# child's peak memory stays bounded.
+
+TILEDB_CASES = int(os.environ.get("CTDSFS_FUZZ_TILEDB_CASES", "30"))  # per seed array
+TILEDB_MAX_RSS = 256 << 20  # the child's peak resident memory (its tile cache: 128 MiB)
+OUTSIDE_MARKER = b"OUTSIDE-MARKER"
+OUTSIDE_INT = 0x0BADC0DE0BADC0DE  # every cell of the outside array's int64 attribute
+BOMB_BYTES = 256 << 20  # what a bomb part inflates to
+TILEDB_MUTATIONS = ("flip", "truncate", "link folder", "link file", "bomb", "chunk sizes",
+                    "schema", "pipeline")
+HOSTILE_FILTERS = (  # (type, options) put in place of a ZSTD filter of the schema
+    (15, struct.pack("<ddQ", 1.0, 0.0, 3)),  # SCALE_FLOAT of byte width 3
+    (15, struct.pack("<dd", 1.0, 0.0)),  # SCALE_FLOAT, options cut short
+    (19, struct.pack("<BiB", 19, 1, 250)),  # DELTA reinterpreting as an unknown type
+    (7, struct.pack("<I", 0)),  # BIT_WIDTH_REDUCTION, window 0
+    (99, b""),  # an unknown filter
+    (2, struct.pack("<B", 2)),  # ZSTD, options cut short
+)
+
+
+def write_tiledb_seeds(workdir):
+    """Two arrays (sparse with many filters, dense) and the outside twin of each."""
+    import numpy as np
+    import tiledb
+
+    def sparse(uri, marker):
+        dom = tiledb.Domain(tiledb.Dim("x", domain=(0, 999), tile=100, dtype=np.int64))
+        filters = {"a": [], "g": [tiledb.GzipFilter()], "z": [tiledb.ZstdFilter()],
+                   "l": [tiledb.LZ4Filter()], "b": [tiledb.Bzip2Filter()],
+                   "d": [tiledb.DoubleDeltaFilter(), tiledb.ChecksumMD5Filter()],
+                   "r": [tiledb.RleFilter()], "s": [tiledb.FloatScaleFilter(0.5, 1.0, 2)]}
+        attrs = [tiledb.Attr(n, dtype=np.float64 if n == "s" else np.int64,
+                             filters=tiledb.FilterList(f)) for n, f in filters.items()]
+        attrs += [tiledb.Attr("text", dtype=str, var=True),
+                  tiledb.Attr("m", dtype=np.int32, nullable=True,
+                              filters=tiledb.FilterList([tiledb.ZstdFilter()]))]
+        zstd = tiledb.FilterList([tiledb.ZstdFilter()])
+        tiledb.Array.create(uri, tiledb.ArraySchema(domain=dom, sparse=True, attrs=attrs,
+                                                    capacity=64, offsets_filters=zstd,
+                                                    validity_filters=zstd))
+        for t in (1, 2):
+            n = 150
+            values = np.full(n, OUTSIDE_INT, np.int64) if marker else \
+                np.arange(n, dtype=np.int64) * t
+            data = {name: values for name in filters}
+            data["s"] = np.arange(n, dtype=np.float64)
+            data["text"] = np.array([OUTSIDE_MARKER.decode() if marker else f"in{i}"
+                                     for i in range(n)], dtype=object)
+            data["m"] = np.ma.masked_array(np.arange(n, dtype=np.int32),
+                                           mask=np.arange(n) % 4 == 0)
+            with tiledb.open(uri, "w", timestamp=t) as A:
+                A[np.arange(n) * 3 + t] = data
+                A.meta["outside_key" if marker else "key"] = \
+                    OUTSIDE_MARKER.decode() if marker else "inside"
+
+    def dense(uri, marker):
+        dom = tiledb.Domain(tiledb.Dim("r", domain=(0, 19), tile=5, dtype=np.int64))
+        tiledb.Array.create(uri, tiledb.ArraySchema(domain=dom, attrs=[
+            tiledb.Attr("a", dtype=np.int64, filters=tiledb.FilterList([tiledb.ZstdFilter()])),
+            tiledb.Attr("text", dtype=str, var=True)]))
+        with tiledb.open(uri, "w", timestamp=1) as A:
+            A[0:20] = {"a": np.full(20, OUTSIDE_INT if marker else 5, np.int64),
+                       "text": np.array([OUTSIDE_MARKER.decode() if marker else "in"] * 20,
+                                        dtype=object)}
+            A.meta["outside_key" if marker else "key"] = 1
+
+    workdir = Path(workdir)
+    seeds = []
+    for name, writer in (("sparse", sparse), ("dense", dense)):
+        writer(str(workdir / name), False)
+        writer(str(workdir / f"outside-{name}"), True)
+        seeds.append(str(workdir / name))
+    return seeds
+
+
+def _tiledb_files(root):
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
+
+
+@functools.lru_cache(maxsize=None)
+def _bomb_payload(ftype):
+    """BOMB_BYTES of zeros compressed by GZIP (1) or ZSTD (2, declaring its content
+    size), made once."""
+    if ftype == 1:
+        z = zlib.compressobj(9)
+        block = bytes(1 << 20)
+        return b"".join([z.compress(block) for _ in range(BOMB_BYTES >> 20)] + [z.flush()])
+    import zstandard
+    return zstandard.ZstdCompressor(write_content_size=True).compress(bytes(BOMB_BYTES))
+
+
+def _bomb_tile(rng):
+    """A tile of one chunk whose one compressed part inflates far past what it declares:
+    GZIP declaring nothing, or a ZSTD frame declaring its real (huge) content size."""
+    ftype = rng.choice((1, 2))
+    declared = 0 if ftype == 1 else rng.choice((0, 800, 1 << 20))
+    payload = _bomb_payload(ftype)
+    meta = struct.pack("<IIII", 0, 1, declared, len(payload))
+    chunk = struct.pack("<QIII", 1, declared, len(payload), len(meta)) + meta + payload
+    return ftype, declared, chunk
+
+
+def mutate_tiledb(array, outside, rng):
+    """Mutate the array folder ``array`` in place; what was done."""
+    kind = rng.choice(TILEDB_MUTATIONS)
+    files = _tiledb_files(array)
+    if kind in ("flip", "truncate"):
+        rel = rng.choice(files)
+        data = bytearray((array / rel).read_bytes())
+        if kind == "truncate" or not data:
+            del data[rng.randrange(len(data) + 1):]
+        else:
+            for _ in range(rng.choice((1, 2, 8))):
+                data[rng.randrange(len(data))] = rng.randrange(256)
+        (array / rel).write_bytes(bytes(data))
+        return f"{kind} {rel}"
+    if kind == "link folder":
+        folders = sorted({str(Path(f).parent) for f in files} - {"."})
+        rel = rng.choice(folders)
+        twin = outside / rel
+        if not twin.exists():  # a fragment folder: the outside array's, with its commit
+            name = rng.choice(sorted(os.listdir(outside / "__fragments")))
+            twin = outside / "__fragments" / name
+            shutil.copy(outside / "__commits" / f"{name}.wrt", array / "__commits")
+            rel = str(Path(rel).parent / name) if rng.random() < 0.5 else rel
+        if (array / rel).exists():
+            shutil.rmtree(array / rel)
+        (array / rel).symlink_to(twin)
+        return f"{kind} {rel} -> {twin}"
+    if kind == "link file":
+        rel = rng.choice(files)
+        twins = [f for f in _tiledb_files(outside) if Path(f).parent == Path(rel).parent
+                 or Path(f).name == Path(rel).name] or _tiledb_files(outside)
+        twin = outside / rng.choice(twins)
+        (array / rel).unlink()
+        (array / rel).symlink_to(twin)
+        return f"{kind} {rel} -> {twin}"
+    if kind == "bomb":  # a generic tile (a whole file) or a data tile (cut to its file)
+        tiles = [f for f in files if f.startswith(("__meta/", "__schema/"))]
+        rel = rng.choice(tiles if rng.random() < 0.7 else
+                         [f for f in files if f.endswith(".tdb")])
+        ftype, declared, chunk = _bomb_tile(rng)
+        path = array / rel
+        if rel.startswith(("__meta/", "__schema/")):
+            version = struct.unpack("<I", path.read_bytes()[:4])[0]
+            pipeline = struct.pack("<IIBIBi", 0, 1, ftype, 5, ftype, 1)
+            path.write_bytes(struct.pack("<IQQBQBI", version, len(chunk), declared, 6, 1, 0,
+                                         len(pipeline)) + pipeline + chunk)
+        else:  # a data tile, padded to the size the fragment metadata declares
+            size = path.stat().st_size
+            path.write_bytes(chunk[:max(size, 0)] + bytes(max(0, size - len(chunk))))
+        return f"bomb {rel} ({'GZIP' if ftype == 1 else 'ZSTD'}, declaring {declared})"
+    if kind == "chunk sizes":
+        rel = rng.choice([f for f in files if f.endswith(".tdb")
+                          and "__fragment_metadata" not in f] or files)
+        data = bytearray((array / rel).read_bytes())
+        at = rng.choice((0, 8, 12, 16))
+        _put(data, at, 8 if at == 0 else 4, rng.choice(SPECIALS), "little")
+        (array / rel).write_bytes(bytes(data))
+        return f"chunk sizes {rel} at {at}"
+    from ctdsfs.formats.tiledb import read_generic_tile  # hostile values in the schema
+    rel = next(f for f in files if f.startswith("__schema/") and f.count("/") == 1)
+    body = bytearray(read_generic_tile((array / rel).read_bytes(), 0, "schema")[0])
+    zstd = struct.pack("<BIB", 2, 5, 2)  # a ZSTD filter (its level follows)
+    found = [i for i in range(len(body)) if body.startswith(zstd, i)]
+    if kind == "pipeline" and found:
+        at = rng.choice(found)
+        ftype, options = rng.choice(HOSTILE_FILTERS)
+        body[at:at + len(zstd) + 4] = struct.pack("<BI", ftype, len(options)) + options
+        kind = f"pipeline: filter {ftype} at {at}"
+    for _ in range(rng.choice((1, 2, 4)) if kind == "schema" else 0):
+        if rng.random() < 0.5:
+            body[rng.randrange(len(body))] = rng.randrange(256)
+        else:
+            _put(body, rng.randrange(len(body)), 4, rng.choice(SPECIALS), "little")
+    chunks = struct.pack("<QIII", 1, len(body), len(body), 0) + bytes(body)
+    pipeline = struct.pack("<II", 0, 0)
+    (array / rel).write_bytes(struct.pack("<IQQBQBI", 22, len(chunks), len(body), 6, 1, 0,
+                                          len(pipeline)) + pipeline + chunks)
+    return f"{kind} {rel}"
+
+
+def _walk_read_all(container, seen):
+    """Every byte of every file (links in raw/ not followed), into ``seen``'s checks."""
+    from ctdsfs.errors import BlockError
+
+    for name in container.names():
+        link = getattr(container, "symlink_target", lambda n: None)(name)
+        if link is not None:
+            continue
+        child = container.nested(name)
+        if child is not None:
+            _walk_read_all(child, seen)
+            continue
+        size = container.entry_size(name)
+        for offset in range(0, size, 1 << 20):
+            try:
+                seen(bytes(container.read(name, offset, 1 << 20)))
+            except BlockError:
+                pass
+
+
+def _assert_no_outside_byte(data):
+    marker = struct.pack("<q", OUTSIDE_INT)
+    assert OUTSIDE_MARKER not in data and marker not in data and b"outside_key" not in data, \
+        "a byte from outside the array"
+
+
+def run_tiledb_cases(seed, seeds, cases, workdir):
+    """In the child: every case of every seed array; one JSON line per failure, then the
+    peak memory."""
+    import signal
+    import traceback
+
+    from ctdsfs.errors import CtdsfsError
+    from ctdsfs.formats import open_container
+
+    resource.setrlimit(resource.RLIMIT_AS, (ADDRESS_SPACE, ADDRESS_SPACE))
+    signal.signal(signal.SIGALRM, _alarm)
+    workdir = Path(workdir)
+    for ftype in (1, 2):  # (made before the cases: their time limit is for ctdsfs)
+        _bomb_payload(ftype)
+    for source in map(Path, seeds):
+        outside = source.parent / f"outside-{source.name}"
+        for case in range(cases):
+            rng = random.Random(f"{seed}/tiledb-{source.name}/{case}")
+            target = workdir / f"{case}-{source.name}"
+            shutil.copytree(source, target, symlinks=True)
+            print(json.dumps({"started": [source.name, case]}), flush=True)
+            what = ""
+            signal.alarm(CASE_SECONDS)
+            try:
+                what = mutate_tiledb(target, outside, rng)
+                array = open_container(str(target))
+                _walk_read_all(array, _assert_no_outside_byte)
+                _assert_no_outside_byte(json.dumps(array.describe()).encode())
+                problems, notes = array.check()
+                _assert_no_outside_byte("\n".join(problems + notes).encode())
+            except CtdsfsError:
+                pass
+            except (Exception, CaseTimeout) as exc:
+                print(json.dumps({"failed": [source.name, case], "mutation": what,
+                                  "error": "".join(traceback.format_exception(exc))[-3000:]}),
+                      flush=True)
+            finally:
+                signal.alarm(0)
+            if case % max(1, cases // CLI_SAMPLE) == 0:
+                shutil.copytree(target, workdir / "cli" / target.name, symlinks=True)
+            shutil.rmtree(target)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    print(json.dumps({"peak_rss": peak}), flush=True)
+
+
+def test_mutated_tiledb_arrays_fail_cleanly(tmp_path):
+    seeds = write_tiledb_seeds(tmp_path)
+    args = json.dumps([SEED, seeds, TILEDB_CASES, str(tmp_path)])
+    code = ("import json, sys; sys.path.insert(0, sys.argv[1]); "
+            "from tests.test_fuzz import run_tiledb_cases; "
+            "run_tiledb_cases(*json.loads(sys.argv[2]))")
+    proc = subprocess.run([sys.executable, "-c", code, str(Path(__file__).parent.parent), args],
+                          capture_output=True, text=True, timeout=600,
+                          env=dict(os.environ, PYTHONHASHSEED="0"))
+    lines = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    started = [line["started"] for line in lines if "started" in line]
+    assert proc.returncode == 0, (f"TileDB fuzz child died (status {proc.returncode}) in "
+                                  f"case {started[-1:]} of seed {SEED}: {proc.stderr[-2000:]}")
+    failures = [line for line in lines if "failed" in line]
+    report = [f"seed {SEED} array {f['failed'][0]} case {f['failed'][1]} ({f['mutation']}):\n"
+              f"{f['error']}" for f in failures]
+    assert not failures, "\n".join(report[:5])
+    assert len(started) == len(seeds) * TILEDB_CASES
+    peak = next(line["peak_rss"] for line in lines if "peak_rss" in line)
+    assert peak < TILEDB_MAX_RSS, peak
+    env = dict(os.environ, LC_ALL="C.UTF-8")
+    for index, path in enumerate(sorted((tmp_path / "cli").iterdir())):
+        for command in (("info", "check")[index % 2],):
+            args = ["ctdsfs", command, str(path)]
+            result = subprocess.run(args, capture_output=True, text=True, env=env,
+                                    timeout=60, preexec_fn=_limit_child)
+            where = f"seed {SEED}: {' '.join(args)}"
+            assert result.returncode in (0, 1), (where, result.returncode, result.stderr)
+            assert "Traceback" not in result.stderr and "MemoryError" not in result.stderr, \
+                (where, result.stderr)
+            _assert_no_outside_byte((result.stdout + result.stderr).encode())
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "--child":
         options = json.loads(sys.argv[2])

@@ -58,7 +58,8 @@ FORMATS = (  # in the order files are tried
     Format("casacore MultiFile", "multifile", writes=("mf2", "mf1")),
     Format("bcolz rootdir", "bcolz", markers=("__attrs__",)),
     Format("bloscpack", "bcolz", magic=b"blpk"),
-    Format("TileDB array", "tiledb", markers=("__schema", "__array_schema.tdb")),  # (< v10)
+    Format("TileDB array", "tiledb",
+           markers=("__schema", "__array_schema.tdb", "__tiledb_group.tdb")),  # (< v10; group)
 )
 WRITTEN_FORMATS = tuple(v for f in FORMATS for v in f.writes)
 

@@ -40,6 +40,7 @@ DATATYPES.update({i: (name, "<i8") for i, name in enumerate(
      "DATETIME_PS", "DATETIME_FS", "DATETIME_AS", "TIME_HR", "TIME_MIN", "TIME_SEC",
      "TIME_MS", "TIME_US", "TIME_NS", "TIME_PS", "TIME_FS", "TIME_AS"), start=18)})
 STRING_TYPES = {4, 11, 12, 13, 14, 15, 16}
+TIME_UNITS = ("Y", "M", "W", "D", "h", "m", "s", "ms", "us", "ns", "ps", "fs", "as")
 TIME_TYPES = set(range(18, 40))
 INTEGER_TYPES = {0, 1, 5, 6, 7, 8, 9, 10} | TIME_TYPES
 
@@ -51,6 +52,7 @@ COMPRESSORS = {1, 2, 3, 4, 5, 6, 14, 19}  # options: u8 compressor, i32 level (+
 UNDONE = set(FILTER_NAMES) - {18}  # every filter but WEBP (lossy images) is undone here
 BITSHUFFLE_BLOCK = 8192  # bytes shuffled at a time (TileDB's bitshuffle target block)
 LZ4_MAX_RATIO = 255  # an LZ4 block never expands more than this
+DOUBLE_DELTA_BLOCK = 1 << 15  # values undone at a time (their bits unpacked as bytes)
 PARALLEL_CHUNKS = 8  # a tile of this many chunks or more is unfiltered by several threads,
 # each taking a run of consecutive chunks
 _POOL = None
@@ -68,6 +70,23 @@ def dtype_of(datatype, what="TileDB"):
         return np.dtype(DATATYPES[datatype][1])
     except KeyError:
         raise FormatError(f"{what}: unknown datatype {datatype}") from None
+
+
+def user_dtype(datatype, cell_val_num):
+    """(NumPy dtype, cell shape) of a fixed-size field as tiledb-py gives it: datetimes
+    and times with their unit, BOOL as bool, two floats a cell as one complex, a fixed
+    string of n characters as ``|Sn``; other cells of n values as n values of the type."""
+    dtype = dtype_of(datatype)
+    if datatype in TIME_TYPES:  # DATETIME_YEAR .. DATETIME_AS, then TIME_HR .. TIME_AS
+        unit = TIME_UNITS[datatype - 18] if datatype < 31 else TIME_UNITS[datatype - 27]
+        dtype = np.dtype(f"<{'M' if datatype < 31 else 'm'}8[{unit}]")
+    elif datatype == 41:
+        dtype = np.dtype("?")
+    elif datatype in (2, 3) and cell_val_num == 2:
+        return np.dtype("<c8" if datatype == 2 else "<c16"), ()
+    elif datatype in (4, 11) and cell_val_num > 1:
+        return np.dtype(f"S{cell_val_num}"), ()
+    return dtype, () if cell_val_num == 1 else (cell_val_num,)
 
 
 def datatype_name(datatype):
@@ -134,6 +153,18 @@ def unfilter_tile(data, pipeline, datatype, cell_size, expected, what, string_of
     the offsets file) ``string_offsets`` is a list that receives the cell offsets.
     A large tile's chunks are unfiltered by several threads unless not ``parallel``.
     """
+    problem = pipeline_problem(pipeline)  # (every pipeline: attributes', offsets', validity's)
+    if problem:
+        raise FormatError(f"{what}: {problem}")
+    try:
+        return _unfilter_tile(data, pipeline, datatype, cell_size, expected, what,
+                              string_offsets, parallel)
+    except MemoryError:
+        raise FormatError(f"{what}: the tile needs more memory than there is") from None
+
+
+def _unfilter_tile(data, pipeline, datatype, cell_size, expected, what, string_offsets,
+                   parallel):
     reader = Reader(data, what)
     count = reader.count("Q", 12)
     chunks, total = [], 0
@@ -275,17 +306,17 @@ def _string_runs(src, run_width, length_width, cells, what):
 def _decompress(ftype, f, datatype, cell_size, data, size, what):
     """One compressed part back to its ``size`` bytes (never more)."""
     try:
-        if ftype == 1:
-            d = zlib.decompressobj()
-            out = d.decompress(data, size)
+        if ftype == 1:  # (one byte more than declared shows a part that inflates further;
+            # max_length 0 would mean no limit at all)
+            out = zlib.decompressobj().decompress(data, size + 1)
         elif ftype == 2:
-            out = _zstd().decompress(data, max_output_size=size) if size else b""
+            out = _unzstd(data, size, what)
         elif ftype == 3:
             if size > LZ4_MAX_RATIO * len(data) + 16:  # (the block would be allocated first)
                 raise FormatError(f"{what}: LZ4 part of {len(data)} bytes cannot give {size}")
             out = lz4.block.decompress(data, uncompressed_size=size) if size else b""
         elif ftype == 5:
-            out = bz2.BZ2Decompressor().decompress(data, size) if size else b""
+            out = bz2.BZ2Decompressor().decompress(data, size + 1)  # (as GZIP)
         elif ftype == 4:
             out = _un_rle(data, cell_size, size, what)
         else:
@@ -293,11 +324,23 @@ def _decompress(ftype, f, datatype, cell_size, data, size, what):
             out = _undelta(ftype, dtype_of(datatype if kind == 17 else kind, what), data, size,
                            what)
     except (zlib.error, zstandard.ZstdError, lz4.block.LZ4BlockError, OSError, EOFError,
-            ValueError) as exc:
+            ValueError, MemoryError) as exc:
         raise FormatError(f"{what}: {f['name']} does not decompress: {exc}") from None
     if len(out) != size:
         raise FormatError(f"{what}: {f['name']} gave {len(out)} bytes, not {size}")
     return out
+
+
+def _unzstd(data, size, what):
+    """A zstd frame back to ``size`` bytes. python-zstandard sizes its output by the
+    content size a frame declares, whatever ``max_output_size`` says: a frame that
+    declares another size than the part's is refused before anything is allocated."""
+    if not size:
+        return b""
+    declared = zstandard.frame_content_size(data)
+    if declared not in (-1, size):
+        raise FormatError(f"{what}: ZSTD frame declares {declared} bytes, not {size}")
+    return _zstd().decompress(data, max_output_size=size)
 
 
 def _zstd():
@@ -337,18 +380,25 @@ def _undelta(ftype, dtype, data, size, what):
     first = np.frombuffer(src.take(min(count, 2) * dtype.itemsize), dtype).astype(np.int64)
     if count <= 2:
         return first.astype(dtype).tobytes()
-    needed = (count - 2) * (bits + 1)
-    words = src.left() // 8
-    if words * 64 < needed:
+    width = bits + 1  # a sign bit, then the magnitude
+    if (count - 2) * width > 64 * (src.left() // 8):
         raise FormatError(f"{what}: DOUBLE_DELTA bit stream is short")
-    stream = np.unpackbits(np.frombuffer(src.take(words * 8), "<u8").astype(">u8")
-                           .view(np.uint8))[:needed].reshape(count - 2, bits + 1)
+    stream = np.frombuffer(src.take(src.left() // 8 * 8), "<u8").astype(">u8").view(np.uint8)
     weights = (np.uint64(1) << np.arange(bits - 1, -1, -1, dtype=np.uint64))
-    magnitude = (stream[:, 1:].astype(np.uint64) * weights).sum(axis=1, dtype=np.uint64)
-    dd = np.where(stream[:, 0] == 1, -magnitude.astype(np.int64), magnitude.astype(np.int64))
-    deltas = np.cumsum(np.concatenate(([first[1] - first[0]], dd)), dtype=np.int64)
-    values = np.concatenate(([first[0]], first[0] + np.cumsum(deltas, dtype=np.int64)))
-    return values.astype(dtype).tobytes()
+    delta, value = first[1] - first[0], first[1]
+    out = [first.astype(dtype).tobytes()]
+    for k in range(0, count - 2, DOUBLE_DELTA_BLOCK):  # (bits as bytes take 8x their data)
+        n = min(DOUBLE_DELTA_BLOCK, count - 2 - k)
+        start, stop = k * width, (k + n) * width
+        bits_of = np.unpackbits(stream[start // 64 * 8:-(-stop // 64) * 8])
+        block = bits_of[start % 64:start % 64 + n * width].reshape(n, width)
+        magnitude = (block[:, 1:].astype(np.uint64) * weights).sum(axis=1, dtype=np.uint64)
+        dd = np.where(block[:, 0] == 1, -magnitude.astype(np.int64), magnitude.astype(np.int64))
+        deltas = delta + np.cumsum(dd, dtype=np.int64)
+        values = value + np.cumsum(deltas, dtype=np.int64)
+        delta, value = deltas[-1], values[-1]
+        out.append(values.astype(dtype).tobytes())
+    return b"".join(out)
 
 
 def _unshuffle(ftype, f, datatype, part, what):
