@@ -2,7 +2,7 @@
 
 The HDF5 C library can crash (a segmentation fault) or spin forever on
 damaged bytes; in the daemon or a command that would end everything without a
-message. So ``probe(path)`` runs ``python3 -m ctdsfs.formats.hdf5_probe PATH``
+message. So ``probe(path)`` runs ``python3 -m ctdsfs.formats.hdf5_probe_child PATH``
 (a fresh process: forking the threaded daemon is unsafe), which opens the
 file the way ctdsfs does and touches everything ctdsfs will: the header
 attributes, every listed group, each FileData's shape, type, layout and chunk
@@ -11,11 +11,13 @@ signal, or not done within DEFAULT_SECONDS (or the environment variable
 CTDSFS_HDF5_PROBE_SECONDS), refuses the file in one line. The child reports
 its own verdict as one JSON line: a refusal is passed on as it is. A Python
 start and the h5py import cost about 0.3 s per opened file.
+
+This module is the parent's side and knows nothing of MultiHDF5 (which calls
+it); the child's side, which opens the file as MultiHDF5, is ``hdf5_probe_child``.
 """
 
 import json
 import os
-import resource
 import subprocess
 import sys
 
@@ -24,6 +26,7 @@ from ..errors import CtdsfsError, FormatError
 TIME_LIMIT_ENV = "CTDSFS_HDF5_PROBE_SECONDS"
 DEFAULT_SECONDS = 20.0
 MEMORY_LIMIT = 4 << 30  # the child's address space: an allocation bomb fails there
+CHILD_MODULE = f"{__package__}.hdf5_probe_child"
 
 
 def time_limit():
@@ -51,7 +54,7 @@ def probe(path):
         path = path.label
     path = os.fspath(path)
     try:
-        child = subprocess.run([sys.executable, "-m", __name__, path], env=env,
+        child = subprocess.run([sys.executable, "-m", CHILD_MODULE, path], env=env,
                                capture_output=True, timeout=seconds, stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired:  # (subprocess.run has killed the child)
         raise FormatError(f"{path}: HDF5 did not finish reading it within {seconds:g} s: "
@@ -69,51 +72,3 @@ def probe(path):
     if "refused" in verdict:
         raise FormatError(verdict["refused"])
     return verdict["problems"]
-
-
-def _touch(container, problems):
-    """Everything the main process touches later, nested containers included; the
-    containers' problems are gathered into ``problems``."""
-    from .multihdf5 import HDF5_ERRORS
-
-    for name in container.names():
-        child = container.nested(name)
-        if child is not None:
-            _touch(child, problems)
-            continue
-        try:
-            container.stored_spans(name)
-        except HDF5_ERRORS as exc:  # an error, not a crash: EIO for that file later
-            problems.append(f"{container.label}/{name}: its chunk index cannot be read ({exc})")
-    container.describe()
-    try:
-        list(container.group)  # check and a writer's sweep of leftovers list every link
-    except HDF5_ERRORS as exc:
-        problems.append(f"{container.label}: its group cannot be listed ({exc})")
-    problems.extend(container.problems)
-    return problems
-
-
-def main(path):
-    from .multihdf5 import HDF5_ERRORS, MultiHDF5
-    from .remote import SPEC_ENV, from_spec
-
-    source = from_spec(os.environ[SPEC_ENV]) if SPEC_ENV in os.environ else path
-    # (set once the trusted imports are done: the bound is for what the file makes HDF5 do)
-    resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT, MEMORY_LIMIT))
-    try:
-        container = MultiHDF5.open_unprobed(source)
-        try:
-            verdict = {"problems": _touch(container, [])}
-        finally:
-            container.abandon()
-    except CtdsfsError as exc:
-        verdict = {"refused": str(exc)}
-    except HDF5_ERRORS + (MemoryError,) as exc:
-        verdict = {"refused": f"{path}: damaged MultiHDF5 structure ({exc})"}
-    print(json.dumps(verdict))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1]))

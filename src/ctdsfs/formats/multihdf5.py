@@ -295,7 +295,7 @@ class MultiHDF5(Container):
 
     @classmethod
     def open_unprobed(cls, path, *, writable=False):
-        """Open the file trusting the HDF5 library with it (in ``hdf5_probe``'s child)."""
+        """Open the file trusting the HDF5 library with it (in ``hdf5_probe_child``)."""
         handle, journal = _open_file(path, writable)
         label = getattr(path, "label", None) or str(path)
         try:
