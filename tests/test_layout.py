@@ -14,7 +14,6 @@ MAX_LINES = 800
 SPLIT_PENDING = {
     "src/ctdsfs/formats/tiledb.py",
     "src/ctdsfs/formats/bcolz.py",
-    "src/ctdsfs/formats/multifile.py",
     "scripts/benchmark.py",
 }
 
