@@ -30,7 +30,7 @@ import signal
 import subprocess
 import sys
 
-from ..errors import CtdsfsError, FormatError
+from ..errors import FormatError
 
 TIME_LIMIT_ENV = "CTDSFS_HDF5_PROBE_SECONDS"
 DEFAULT_SECONDS = 60.0
