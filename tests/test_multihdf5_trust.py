@@ -2,11 +2,14 @@
 process that reads it, and never makes a walk of its tree explode."""
 
 import os
+import resource
 import shutil
 import subprocess
 import sys
+import time
 
 import h5py
+import numpy as np
 import pytest
 
 from ctdsfs.formats import create_container, open_container
@@ -45,6 +48,12 @@ def raw_read(path, timeout):
     """h5py reading the header in a child process: its exit status (TimeoutExpired if hung)."""
     return subprocess.run([sys.executable, "-c", RAW_READ, str(path)], capture_output=True,
                           timeout=timeout).returncode
+
+
+def children_cpu():
+    """CPU seconds the waited-for child processes of this one have used so far."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def everything(container):
@@ -205,6 +214,39 @@ def test_a_file_that_hangs_hdf5_is_refused_after_the_time_limit(tmp_path, monkey
     with pytest.raises(CtdsfsError) as exc:
         open_container(path)
     assert str(exc.value) == f"{path}: HDF5 did not finish reading it within 1.5 s: damaged file"
+
+
+def test_a_file_that_spins_hdf5_costs_its_cpu_budget_not_the_wall_clock(tmp_path, monkeypatch):
+    """The spinning child is ended by the kernel once it has spent its CPU budget getting
+    nowhere (RLIMIT_CPU), long before the wall-clock backstop, however busy the machine."""
+    path = flipped(tmp_path, HANG_FLIP)
+    monkeypatch.delenv(hdf5_probe.TIME_LIMIT_ENV, raising=False)
+    monkeypatch.setenv(hdf5_probe.CPU_LIMIT_ENV, "1")
+    before, started = children_cpu(), time.monotonic()
+    with pytest.raises(CtdsfsError) as exc:
+        open_container(path)
+    took, spent = time.monotonic() - started, children_cpu() - before
+    assert str(exc.value) == (f"{path}: HDF5 spent 1 s of CPU time reading it without getting "
+                              "further: damaged file")
+    assert spent < 4 and took < hdf5_probe.time_limit() / 4, (spent, took)
+
+
+def test_a_large_file_gets_the_cpu_budget_again_at_each_step(tmp_path, monkeypatch):
+    """The budget bounds the CPU time between two steps forward, not the whole read: a valid
+    file of 2,500 entries, which takes several times the budget in all, is accepted."""
+    path = tmp_path / "many.mfh5"
+    with h5py.File(path, "w", libver=multihdf5.LIBVER) as f:  # (much faster than 2,500 creates)
+        for i in range(2500):
+            f.create_dataset(f"f{i}/FileData", shape=(1, 512), dtype="u1", chunks=(1, 512))
+        header = f.create_group(HEADER).attrs
+        header["blockSize"], header["hdrCounter"] = np.int64(512), np.int64(1)
+        header.create("names", [f"f{i}" for i in range(2500)], dtype=multihdf5.NAMES_TYPE)
+        header["sizes"] = np.full(2500, 512, np.int64)
+    monkeypatch.setenv(hdf5_probe.CPU_LIMIT_ENV, "0.5")
+    before = children_cpu()
+    assert hdf5_probe.probe(path) == []
+    # One limit for the whole read would have ended it at ceil(start + 0.5) <= 2 s.
+    assert children_cpu() - before > 2.5
 
 
 def test_a_directory_source_shows_a_crashing_file_as_a_file(tmp_path):

@@ -22,9 +22,9 @@ import os
 from dataclasses import dataclass
 
 from ..errors import CtdsfsError, NotAContainer
+from .schemes import REMOTE_SCHEMES
 
 SNIFF_BYTES = 68  # what recognition reads of a file's start
-REMOTE_SCHEMES = ("s3://", "http://", "https://")  # (remote.py is imported only for these)
 
 
 @dataclass(frozen=True)

@@ -129,12 +129,19 @@ def _storage_problem(data):
 class _Tree:
     """What the walk of one opened file has met: each HDF5 object once, a bounded entry count."""
 
-    def __init__(self):
+    def __init__(self, progress=None):
         self.addresses = set()
         self.entries = 0
+        self.progress = progress  # the probe child's CPU budget: called at each step forward
+
+    def step(self):
+        """One more HDF5 object or entry got past."""
+        if self.progress is not None:
+            self.progress()
 
     def first_visit(self, obj):
         """False if ``obj`` (a group or dataset) was met before: a hard-link cycle or alias."""
+        self.step()
         address = h5py.h5o.get_info(obj.id).addr
         if address in self.addresses:
             return False
@@ -295,12 +302,13 @@ class MultiHDF5(Container):
         return cls.open_unprobed(path, writable=writable)
 
     @classmethod
-    def open_unprobed(cls, path, *, writable=False):
-        """Open the file trusting the HDF5 library with it (in ``hdf5_probe``'s child)."""
+    def open_unprobed(cls, path, *, writable=False, progress=None):
+        """Open the file trusting the HDF5 library with it (in ``hdf5_probe_child``, which
+        passes ``progress``: called at each HDF5 object or entry the container gets past)."""
         handle, journal = _open_file(path, writable)
         label = getattr(path, "label", None) or str(path)
         try:
-            container = cls(handle, label, writable=writable)
+            container = cls(handle, label, writable=writable, tree=_Tree(progress))
             container.file = handle
             container.journal = journal
             container.path = path if hasattr(path, "pread") else label
@@ -451,6 +459,7 @@ class MultiHDF5(Container):
 
     def _rows(self, f):
         """Rows of the file's dataset (a nested container may have none); None if unreadable."""
+        self._tree.step()
         try:
             group = self.group[_link(f.link)]
             return int(group["FileData"].shape[0]) \

@@ -53,10 +53,10 @@ from types import SimpleNamespace
 from urllib.parse import urlsplit
 
 from ..errors import CtdsfsError
-from . import REMOTE_SCHEMES
 from .remote_http import HTTPObject, timed_pool_classes
 from .remote_wire import (DEADLINES, RemoteError, _Missing, _Replaced, _Transient, _Version,
                           _length, check_body, check_range, deadline)
+from .schemes import REMOTE_SCHEMES
 from .store import create_exclusive
 
 log = logging.getLogger(__name__)

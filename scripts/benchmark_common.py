@@ -1,0 +1,188 @@
+"""What every part of scripts/benchmark.py shares: containers built for it, the page cache
+dropped, timed reads, mounts that are always unmounted, a process's memory and CPU, and
+the MeasurementSet the legacy and remote parts write and read."""
+
+import os
+import struct
+import subprocess
+import time
+
+import numpy as np
+
+from ctdsfs.formats.crc import crc32_bzip2
+from ctdsfs.formats.multifile_header import Entry, Header, encode_header_v2
+
+
+# ---------------------------------------------------------------- container building
+
+def _layout_header(header, first_cont_block):
+    """Logical v2 header and its continuation pieces, continuation set 0 at the end."""
+    bs = header.block_size
+    count = 0
+    while True:
+        header.cont_sets = (np.arange(first_cont_block, first_cont_block + count),
+                            np.zeros(0, np.int64))
+        header.cont_used = (count, 0)
+        header.cont_first = first_cont_block if count else 0
+        header.nblocks = first_cont_block + count
+        raw = encode_header_v2(header)
+        needed = max(0, -(-(len(raw) - bs) // (bs - 8)))
+        if needed <= count:
+            return raw
+        count = needed
+
+
+def write_container(path, files, block_size, use_crc=False, sparse=False):
+    """A v2 MultiFile holding ``files`` [(name, size, fill)], laid out contiguously.
+
+    ``fill(offset, size)`` gives the bytes of a file; with ``sparse`` the data
+    blocks stay holes (for header-only benchmarks).
+    """
+    entries, next_block = [], 1
+    for name, size, _ in files:
+        n = -(-size // block_size)
+        entries.append(Entry(name, size, np.arange(next_block, next_block + n)))
+        next_block += n
+    crcs = np.zeros(next_block if use_crc else 0, np.uint32)
+    with open(path, "wb") as f:
+        f.truncate(next_block * block_size)
+        if not sparse:
+            f.seek(block_size)
+            block = 1
+            for name, size, fill in files:
+                chunk = 64 * block_size
+                for off in range(0, -(-size // block_size) * block_size, chunk):
+                    data = fill(off, min(chunk, size - off)) if off < size else b""
+                    data = data.ljust(min(chunk, -(-size // block_size) * block_size - off), b"\0")
+                    if use_crc:
+                        for i in range(0, len(data), block_size):
+                            crcs[block] = crc32_bzip2(data[i:i + block_size])
+                            block += 1
+                    f.write(data)
+        header = Header(version=2, block_size=block_size, counter=1, nblocks=next_block,
+                        header_size=0, entries=entries, free_blocks=np.zeros(0, np.int64),
+                        use_crc=use_crc, crcs=crcs)
+        raw = _layout_header(header, next_block)
+        f.seek(0)
+        f.write(raw[:block_size].ljust(block_size, b"\0"))
+        pieces = [raw[i:i + block_size - 8] for i in range(block_size, len(raw), block_size - 8)]
+        conts = header.cont_sets[0].tolist()
+        for i, piece in enumerate(pieces):
+            nxt = conts[i + 1] if i + 1 < len(pieces) else 0
+            f.seek(conts[i] * block_size)
+            f.write((struct.pack(">q", nxt) + piece).ljust(block_size, b"\0"))
+
+
+def filler(pool):
+    """``fill(offset, n)`` for write_container: bytes of ``pool``, repeated."""
+    def fill(off, n):
+        return (pool * (1 + n // len(pool)))[off % 4096:off % 4096 + n]
+    return fill
+
+
+# ---------------------------------------------------------------- measuring
+
+def drop_caches():
+    os.sync()
+    with open("/proc/sys/vm/drop_caches", "w") as f:
+        f.write("3\n")
+
+
+def read_through(path, bufsize=1 << 20):
+    """Sequential read of a whole file; returns GB/s."""
+    buf = bytearray(bufsize)
+    view = memoryview(buf)
+    fd = os.open(path, os.O_RDONLY)
+    total = 0
+    start = time.perf_counter()
+    try:
+        while n := os.readv(fd, [view]):
+            total += n
+    finally:
+        os.close(fd)
+    return total / (time.perf_counter() - start) / 1e9
+
+
+def is_mounted(path):
+    real = os.path.realpath(path)
+    with open("/proc/self/mounts") as f:
+        return any(line.split()[1] == real for line in f)
+
+
+class Mounted:
+    """A foreground mount process, unmounted (and waited for) on exit."""
+
+    def __init__(self, cmd, mountpoint):
+        self.mountpoint = mountpoint
+        os.makedirs(mountpoint, exist_ok=True)
+        self.start = time.perf_counter()
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        while not is_mounted(mountpoint):
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"mount failed: {self.proc.stderr.read().decode()}")
+            time.sleep(0.005)
+        os.stat(mountpoint)  # answered once the file system serves requests
+        self.mount_seconds = time.perf_counter() - self.start
+        time.sleep(0.2)  # ctdsfs tunes the mount's readahead right after that
+
+    def peak_rss_mb(self):
+        return process_memory_mb(self.proc.pid, "VmHWM")
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        for flag in ("-u", "-uz"):
+            if is_mounted(self.mountpoint):
+                subprocess.run(["fusermount3", flag, self.mountpoint], stderr=subprocess.DEVNULL)
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def process_memory_mb(pid, field="VmRSS"):
+    """A memory figure of process ``pid`` from /proc (VmRSS now, VmHWM its peak), in MB."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def process_cpu_seconds(pid):
+    """User plus system CPU seconds process ``pid`` has used so far (all its threads)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+MAKE_MS = """
+import sys, numpy as np, casacore.tables as t
+rows, chunk = int(sys.argv[1]), 16384
+ms = t.default_ms("big.ms")
+ms.addcols(t.maketabdesc(t.makearrcoldesc("DATA", 0j, shape=[4, 64])),
+           dminfo={"TYPE": "TiledColumnStMan", "NAME": "tiled",
+                   "SPEC": {"DEFAULTTILESHAPE": [4, 64, 64]}})
+ms.addrows(rows)
+for start in range(0, rows, chunk):
+    n = min(chunk, rows - start)
+    ms.putcol("DATA", np.full((n, 4, 64), 1 + 2j, np.complex64), startrow=start, nrow=n)
+    ms.putcol("TIME", np.arange(start, start + n) * 1.5, startrow=start, nrow=n)
+ms.close()
+"""
+
+
+READ_ALL = """
+import sys, time, casacore.tables as t
+table = t.table(sys.argv[1], ack=False)
+start = time.perf_counter()
+for column in table.colnames():
+    try:
+        table.getcol(column)
+    except RuntimeError:
+        pass  # columns without values (FLAG_CATEGORY)
+print(time.perf_counter() - start)
+"""
+
