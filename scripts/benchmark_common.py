@@ -12,7 +12,6 @@ import numpy as np
 from ctdsfs.formats.crc import crc32_bzip2
 from ctdsfs.formats.multifile_header import Entry, Header, encode_header_v2
 
-
 # ---------------------------------------------------------------- container building
 
 def _layout_header(header, first_cont_block):

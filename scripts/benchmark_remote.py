@@ -9,8 +9,16 @@ import time
 from pathlib import Path
 
 import pyfuse3_floor  # (beside this script)
-from benchmark_common import (MAKE_MS, READ_ALL, Mounted, drop_caches, filler,
-                              process_cpu_seconds, read_through, write_container)
+from benchmark_common import (
+    MAKE_MS,
+    READ_ALL,
+    Mounted,
+    drop_caches,
+    filler,
+    process_cpu_seconds,
+    read_through,
+    write_container,
+)
 from ctdsfs.fuse_adapter import READAHEAD_KB
 
 REMOTE_CONCURRENCY = 8  # GETs in flight: the mount's default, and the baselines'

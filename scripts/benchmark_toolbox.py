@@ -7,7 +7,6 @@ import time
 
 from benchmark_common import drop_caches
 
-
 TREE = [  # a MeasurementSet-like tree: (relative path, MiB or bytes, how many)
     ("table.f{}", 200 << 20, 4), ("SUB{}/table.f0", 2 << 20, 10), ("SUB0/table.f{}", 100_000, 200),
     ("SUB1/SUBSUB/f{}", 4096, 300), ("table.f1{}_TSM0", 30 << 20, 4)]

@@ -5,4 +5,5 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 bash "$here/setup.sh"
 cd "$here/.."
+python3 -m ruff check --quiet src tests scripts  # a stray import or unused name fails here
 exec python3 -m pytest -ra -q tests "$@"

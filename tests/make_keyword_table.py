@@ -3,7 +3,11 @@
 Run with python-casacore 3.8 (PyPI) or Debian's casacore 3.5 (/usr/bin/python3),
 so the table.dat codec meets both writers. Usage: python3 make_keyword_table.py NAME
 """
-import sys, numpy as np, casacore.tables as t
+import sys
+
+import casacore.tables as t
+import numpy as np
+
 name = sys.argv[1]
 td = t.maketabdesc([t.makescacoldesc('I', 0, comment='an int'), t.makescacoldesc('C', 0j), t.makescacoldesc('B', True), t.makescacoldesc('S', 'dflt'), t.makearrcoldesc('A', 0., ndim=2), t.makearrcoldesc('F', 0., shape=[3])])
 tb = t.table(name, td, nrow=3, ack=False)

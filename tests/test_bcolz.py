@@ -10,11 +10,11 @@ import struct
 import subprocess
 import zlib
 
+import bcolz  # the ground truth writer and reader (PyPI bcolz-zipline)
 import blosc
 import numpy as np
 import pytest
 
-import bcolz  # the ground truth writer and reader (PyPI bcolz-zipline)
 from ctdsfs.errors import BlockError, CtdsfsError, FormatError, NotPermitted
 from ctdsfs.formats import open_container
 from ctdsfs.formats.bcolz import CHUNK_BYTES_MAX

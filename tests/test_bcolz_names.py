@@ -7,9 +7,9 @@ import json
 import os
 import warnings
 
+import bcolz
 import numpy as np
 
-import bcolz
 from ctdsfs.formats import open_container
 
 from .test_bcolz import bloscpack_file

@@ -7,10 +7,10 @@ import os
 import shutil
 import struct
 
+import bcolz
 import numpy as np
 import pytest
 
-import bcolz
 from ctdsfs.errors import BlockError, CtdsfsError, FormatError, NotPermitted
 from ctdsfs.formats import open_container
 

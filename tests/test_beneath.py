@@ -7,8 +7,13 @@ import stat
 import pytest
 
 from ctdsfs.errors import FormatError
-from ctdsfs.formats.beneath import (create_exclusive_beneath, kind_beneath, listdir_beneath,
-                                    open_beneath, read_small_beneath)
+from ctdsfs.formats.beneath import (
+    create_exclusive_beneath,
+    kind_beneath,
+    listdir_beneath,
+    open_beneath,
+    read_small_beneath,
+)
 
 
 @pytest.fixture

@@ -8,8 +8,20 @@ import zlib
 
 import numpy as np
 
-from ctdsfs.blockmap import (BAD_CRC, CONFLICT, CONTINUATION, FREE, HEADER, METADATA, ROLES,
-                             SPARE, block_map, render_png, render_svg, render_text)
+from ctdsfs.blockmap import (
+    BAD_CRC,
+    CONFLICT,
+    CONTINUATION,
+    FREE,
+    HEADER,
+    METADATA,
+    ROLES,
+    SPARE,
+    block_map,
+    render_png,
+    render_svg,
+    render_text,
+)
 from ctdsfs.formats import open_container
 
 from .conftest import DATA

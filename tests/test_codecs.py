@@ -9,11 +9,17 @@ import pytest
 
 from ctdsfs.errors import FormatError
 from ctdsfs.formats.aipsio import AipsReader, AipsWriter
-from ctdsfs.formats.store import FileStore
 from ctdsfs.formats.crc import crc32_bzip2
-from ctdsfs.formats.multifile_header import (_assemble_v2, encode_header_v1,
-                                      encode_header_v2, pack_index, read_header, unpack_index,
-                                      unpack_indexes)
+from ctdsfs.formats.multifile_header import (
+    _assemble_v2,
+    encode_header_v1,
+    encode_header_v2,
+    pack_index,
+    read_header,
+    unpack_index,
+    unpack_indexes,
+)
+from ctdsfs.formats.store import FileStore
 
 from .conftest import DATA, run_tomf
 

@@ -8,12 +8,13 @@ import os
 import casacore.tables as ct
 import numpy as np
 import pytest
-from .test_columns import CountingSource, made  # noqa: F401  (the module's table fixture)
 
 from ctdsfs.errors import ReadOnlyError
 from ctdsfs.formats import open_container
 from ctdsfs.formats.casacore_base import DirectorySource, LayeredSource
 from ctdsfs.formats.casacore_columns_view import ColumnsView
+
+from .test_columns import CountingSource, made  # noqa: F401  (the module's table fixture)
 
 
 def read_in_pieces(view, name, piece=100_003):

@@ -7,8 +7,7 @@ import sys
 
 import pytest
 
-from ctdsfs.formats import create_container, open_container
-from ctdsfs.formats import tabledat
+from ctdsfs.formats import create_container, open_container, tabledat
 
 from .conftest import DATA, SCRIPTS, make_casacore_table
 from .test_mount_rw import validate

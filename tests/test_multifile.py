@@ -11,8 +11,8 @@ from array import array
 import numpy as np
 import pytest
 
-from ctdsfs.formats import open_container
 from ctdsfs.errors import BlockError, FormatError, NotAContainer
+from ctdsfs.formats import open_container
 from ctdsfs.formats.crc import crc32_bzip2
 from ctdsfs.formats.multifile import MAX_NESTING
 from ctdsfs.formats.multifile_header import Entry, Header, encode_header_v2

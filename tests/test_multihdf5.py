@@ -12,9 +12,8 @@ import h5py
 import numpy as np
 import pytest
 
-from ctdsfs.formats import create_container, open_container
 from ctdsfs.errors import ContainerFull, CtdsfsError
-from ctdsfs.formats import hdf5_probe, multihdf5
+from ctdsfs.formats import create_container, hdf5_probe, multihdf5, open_container
 from ctdsfs.formats.tabledat import decode as decode_table_dat
 
 from .conftest import DATA, pattern

@@ -12,9 +12,8 @@ import h5py
 import numpy as np
 import pytest
 
-from ctdsfs.formats import create_container, open_container
 from ctdsfs.errors import CtdsfsError
-from ctdsfs.formats import hdf5_probe, multihdf5
+from ctdsfs.formats import create_container, hdf5_probe, multihdf5, open_container
 from ctdsfs.formats.check import check_path
 from ctdsfs.vfs.directory import directory_or_table
 

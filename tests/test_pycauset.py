@@ -9,18 +9,23 @@ import struct
 import zlib
 
 import numpy as np
+import pycauset  # noqa: E402  (a test extra: the ground truth writer and reader)
 import pytest
+from pycauset._internal.persistence import read_typed_metadata  # noqa: E402
 
-from ctdsfs.formats import open_container
 from ctdsfs.errors import FormatError
-from ctdsfs.formats.pycauset import (Pycauset, decode_typed, encode_typed, from_json,
-                                     metadata_block, to_json)
+from ctdsfs.formats import open_container
+from ctdsfs.formats.pycauset import (
+    Pycauset,
+    decode_typed,
+    encode_typed,
+    from_json,
+    metadata_block,
+    to_json,
+)
 from ctdsfs.formats.store import FileStore
 
 from .conftest import Mount, require_fuse
-
-import pycauset  # noqa: E402  (a test extra: the ground truth writer and reader)
-from pycauset._internal.persistence import read_typed_metadata  # noqa: E402
 
 MATRICES = {
     "float64": np.arange(12, dtype=np.float64).reshape(3, 4),

@@ -6,11 +6,11 @@ import errno
 import os
 import subprocess
 
+import bcolz
 import numpy as np
 import pytest
 import tiledb
 
-import bcolz
 from ctdsfs.formats import open_container
 
 from .conftest import is_mounted, unmount

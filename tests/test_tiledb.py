@@ -22,8 +22,13 @@ from ctdsfs.errors import BlockError, CtdsfsError
 from ctdsfs.formats import open_container
 from ctdsfs.formats.tiledb import read_generic_tile
 
-from .tiledb_arrays import (FILTERED_ATTRIBUTES, fragment_read, write_dense,
-                            write_filtered_sparse, write_var_strings)
+from .tiledb_arrays import (
+    FILTERED_ATTRIBUTES,
+    fragment_read,
+    write_dense,
+    write_filtered_sparse,
+    write_var_strings,
+)
 
 
 @pytest.fixture(scope="session")

@@ -7,8 +7,8 @@ import subprocess
 
 import pytest
 
-from ctdsfs.formats import create_container, open_container
 from ctdsfs.errors import CtdsfsError, ReadOnlyError
+from ctdsfs.formats import create_container, open_container
 from ctdsfs.formats.crc import crc32_bzip2
 from ctdsfs.formats.multifile import MultiFile
 from ctdsfs.formats.store import FileStore

@@ -11,8 +11,8 @@ import sys
 import numpy as np
 import pytest
 
-from ctdsfs.formats import create_container, open_container
 from ctdsfs.errors import ContainerFull, TooLarge
+from ctdsfs.formats import create_container, open_container
 
 from .test_write import check_crcs, snapshot
 

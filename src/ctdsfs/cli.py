@@ -7,8 +7,8 @@ import os
 import sys
 
 from . import __version__
-from .formats import WRITTEN_FORMATS, create_container, open_container
 from .errors import CtdsfsError, PrintableFormatter, printable
+from .formats import WRITTEN_FORMATS, create_container, open_container
 
 MOUNT_DESCRIPTION = """\
 Mount SOURCE on MOUNTPOINT. SOURCE may be:

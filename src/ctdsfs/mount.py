@@ -15,9 +15,14 @@ import os
 import sys
 from dataclasses import dataclass, field
 
-from .formats import REMOTE_SCHEMES, create_container, multifile_index, open_container, \
-    open_from_store
 from .errors import CtdsfsError, PrintableFormatter, printable
+from .formats import (
+    REMOTE_SCHEMES,
+    create_container,
+    multifile_index,
+    open_container,
+    open_from_store,
+)
 
 log = logging.getLogger("ctdsfs")
 

@@ -19,8 +19,8 @@ import threading
 import numpy as np
 from tqdm import tqdm
 
-from .formats import create_container, open_container, refuse_existing
 from .errors import CtdsfsError
+from .formats import create_container, open_container, refuse_existing
 
 CHUNK = 4 << 20
 # Block sizes a pack may choose (casacore reads any): the largest that keeps the

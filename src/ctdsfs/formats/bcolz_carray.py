@@ -13,13 +13,28 @@ import blosc
 import numpy as np
 
 from ..errors import BlockError, CtdsfsError, FormatError
-from .bcolz_view import CHUNK_BYTES_MAX, MAGIC, SUPERCHUNK_HEADER, SUPERCHUNK_NAME, ChunkDir, \
-    NpyFile, View, attrs_line, carray_info_lines, is_int, json_file, parse_dtype, read_attrs, \
-    read_json, refuse, replace_file
+from .bcolz_view import (
+    CHUNK_BYTES_MAX,
+    MAGIC,
+    SUPERCHUNK_HEADER,
+    SUPERCHUNK_NAME,
+    ChunkDir,
+    NpyFile,
+    View,
+    attrs_line,
+    carray_info_lines,
+    is_int,
+    json_file,
+    parse_dtype,
+    read_attrs,
+    read_json,
+    refuse,
+    replace_file,
+)
+from .beneath import kind_beneath, listdir_beneath, lstat_beneath, open_regular_beneath
 from .blosc_chunk import Chunk, file_identity
 from .decoded_cache import DecodedCache
 from .npy import npy_header
-from .beneath import kind_beneath, listdir_beneath, lstat_beneath, open_regular_beneath
 
 CHUNKS_AHEAD = 3  # chunks decoded ahead of a sequential reader
 PENDING_BYTES_MAX = 16 << 20  # appended bytes held back until they end on an item boundary

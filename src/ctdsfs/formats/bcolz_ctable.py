@@ -11,8 +11,16 @@ import numpy as np
 from ..container import name_problem
 from ..errors import FormatError
 from .bcolz_carray import Carray
-from .bcolz_view import NpyFile, View, attrs_line, carray_info_lines, json_file, read_attrs, \
-    read_json, refuse
+from .bcolz_view import (
+    NpyFile,
+    View,
+    attrs_line,
+    carray_info_lines,
+    json_file,
+    read_attrs,
+    read_json,
+    refuse,
+)
 from .beneath import kind_beneath
 from .decoded_cache import DecodedCache
 from .npy import npy_header

@@ -19,8 +19,18 @@ import zlib
 import numpy as np
 
 from ..errors import BlockError, FormatError
-from .bcolz_view import CHUNK_BYTES_MAX, JSON_BYTES_MAX, MAGIC, SUPERCHUNK_HEADER, ChunkDir, \
-    NpyFile, View, attrs_line, is_int, json_file
+from .bcolz_view import (
+    CHUNK_BYTES_MAX,
+    JSON_BYTES_MAX,
+    MAGIC,
+    SUPERCHUNK_HEADER,
+    ChunkDir,
+    NpyFile,
+    View,
+    attrs_line,
+    is_int,
+    json_file,
+)
 from .blosc_chunk import BLOSC_HEADER, CHECKSUMS, Chunk
 from .decoded_cache import DecodedCache
 from .npy import npy_header

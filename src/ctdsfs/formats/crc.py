@@ -7,7 +7,7 @@ CRC asked for: a mount of containers without CRCs never maps its 0.5 MB.
 """
 
 
-def crc32_bzip2(data, crc=None):
+def crc32_bzip2(data, crc=None):  # noqa: F811 (rebound to fastcrc's function below)
     """CRC-32/BZIP2 of any bytes-like ``data``, continuing from ``crc`` if given
     (replaced by fastcrc's own function on the first call)."""
     global crc32_bzip2

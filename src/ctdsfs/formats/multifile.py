@@ -41,7 +41,14 @@ from ..container import Container, name_problem
 from ..errors import BlockError, CtdsfsError, FormatError
 from .multifile_blocks import _entry_runs, _grown
 from .multifile_commit import MultiFileCommitting
-from .multifile_header import FIXED_V2, PLAIN, Header, looks_like_multifile, looks_like_v2, read_header
+from .multifile_header import (
+    FIXED_V2,
+    PLAIN,
+    Header,
+    looks_like_multifile,
+    looks_like_v2,
+    read_header,
+)
 from .multifile_index import open_index, plain_bitmap
 from .multifile_read import MultiFileReading
 from .multifile_write import MultiFileWriting

@@ -27,8 +27,8 @@ from array import array
 from dataclasses import dataclass, field
 
 from ..errors import FormatError
-from .aipsio import BIG_ENDIAN_HOST, AipsReader, AipsWriter, big_endian_bytes, from_big_endian
 from . import crc
+from .aipsio import BIG_ENDIAN_HOST, AipsReader, AipsWriter, big_endian_bytes, from_big_endian
 
 FIXED_V2 = struct.Struct(">qqqiIqqqB7s")  # the 64-byte fixed part of a v2 header
 LEAD_V1 = struct.Struct(">qqq")

@@ -54,8 +54,18 @@ from urllib.parse import urlsplit
 
 from ..errors import CtdsfsError
 from .remote_http import HTTPObject, timed_pool_classes
-from .remote_wire import (DEADLINES, RemoteError, _Missing, _Replaced, _Transient, _Version,
-                          _length, check_body, check_range, deadline)
+from .remote_wire import (
+    DEADLINES,
+    RemoteError,
+    _length,
+    _Missing,
+    _Replaced,
+    _Transient,
+    _Version,
+    check_body,
+    check_range,
+    deadline,
+)
 from .schemes import REMOTE_SCHEMES
 from .store import create_exclusive
 

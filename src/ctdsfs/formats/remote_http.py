@@ -4,8 +4,19 @@ by If-Match (or the date), every answer checked exactly and under a total deadli
 import http.client
 from email.utils import parsedate_to_datetime
 
-from .remote_wire import (DATE_PIN, DEADLINES, RemoteError, _Missing, _Replaced, _Transient,
-                          _Version, _length, check_body, check_range, deadline)
+from .remote_wire import (
+    DATE_PIN,
+    DEADLINES,
+    RemoteError,
+    _length,
+    _Missing,
+    _Replaced,
+    _Transient,
+    _Version,
+    check_body,
+    check_range,
+    deadline,
+)
 
 
 def timed_pool_classes(pools):

@@ -16,7 +16,6 @@ import threading
 
 from ..errors import CtdsfsError, FormatError
 
-
 UNCACHED_MIN = 256 << 10  # smaller writes are better absorbed by the page cache
 DIRECT_ALIGN = 4096  # O_DIRECT needs offsets, lengths and memory aligned to this
 DIRECT_BUFFER = 8 << 20  # consecutive bulk writes are gathered up to this size

@@ -37,10 +37,22 @@ from .byte_reader import Reader
 from .tiledb_dense import DenseView
 from .tiledb_folder import GROUP_MARKER, TileDBFolder, TileDBGroup
 from .tiledb_fragment import Fragment, TileDBDirectory
-from .tiledb_fragment_meta import (ArrayFile, FragmentMetadata, by_time, legacy_timestamps,
-                                   timestamps)
-from .tiledb_schema import (LEGACY_SCHEMA, json_bytes, parse_enumeration, parse_schema,
-                            read_generic_tile, read_name, schema_json)
+from .tiledb_fragment_meta import (
+    ArrayFile,
+    FragmentMetadata,
+    by_time,
+    legacy_timestamps,
+    timestamps,
+)
+from .tiledb_schema import (
+    LEGACY_SCHEMA,
+    json_bytes,
+    parse_enumeration,
+    parse_schema,
+    read_generic_tile,
+    read_name,
+    schema_json,
+)
 from .tiledb_sparse import SparseView
 
 log = logging.getLogger(__name__)

@@ -17,11 +17,10 @@ import numpy as np
 from ..container import DerivedView, name_problem
 from ..errors import BlockError, CtdsfsError, FormatError
 from . import tiledb_filters as tf
+from .beneath import lstat_beneath
 from .decoded_cache import DecodedCache
 from .npy import npy_header
-from .beneath import lstat_beneath
-from .tiledb_fragment_meta import (ArrayFile, LegacyFragmentMetadata, fragment_metadata,
-                                   timestamps)
+from .tiledb_fragment_meta import ArrayFile, LegacyFragmentMetadata, fragment_metadata, timestamps
 from .tiledb_schema import MAX_TILE_BYTES, json_bytes, sums
 
 log = logging.getLogger(__name__)

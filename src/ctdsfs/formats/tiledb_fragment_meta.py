@@ -17,8 +17,17 @@ from ..errors import FormatError
 from . import tiledb_filters as tf
 from .beneath import open_regular_beneath, read_small_beneath
 from .byte_reader import Reader
-from .tiledb_schema import (GENERIC_HEAD, LEGACY_SCHEMA, MAX_SMALL_FILE, VAR, read_generic_tile,
-                            read_name, safe_values, sums, value_list)
+from .tiledb_schema import (
+    GENERIC_HEAD,
+    LEGACY_SCHEMA,
+    MAX_SMALL_FILE,
+    VAR,
+    read_generic_tile,
+    read_name,
+    safe_values,
+    sums,
+    value_list,
+)
 
 LEGACY_VERSIONS = (1, 2)  # fragment metadata in one generic tile (TileDB 1.4 and 1.5)
 EXTRA_FIELDS = (("__timestamps", "t"), ("__delete_timestamps", "dt"),

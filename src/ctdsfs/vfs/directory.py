@@ -34,9 +34,8 @@ import threading
 from collections import OrderedDict
 
 from ..container import Container, Usage
-from ..formats import directory_format, open_container
 from ..errors import CtdsfsError, FormatError, NotPermitted, ReadOnlyError
-from ..formats import tabledat
+from ..formats import directory_format, open_container, tabledat
 from ..formats.store import create_exclusive
 from .filesystem import FSError
 

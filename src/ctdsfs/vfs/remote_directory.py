@@ -22,7 +22,7 @@ import time
 from ..container import Usage, name_problem
 from ..errors import CtdsfsError
 from ..formats import open_from_store
-from ..formats.remote import Revalidation, RemoteStore, retried, s3_backend, source_stat
+from ..formats.remote import RemoteStore, Revalidation, retried, s3_backend, source_stat
 from .directory import CONTAINER_SUFFIXES, TABLE_CONTAINERS, DirectorySource, TableView
 
 log = logging.getLogger(__name__)
