@@ -5,7 +5,8 @@
 # builds docker/Dockerfile on a debootstrapped base) and util-linux (setpriv, unshare:
 # tests act as another user and hide /dev/fuse in a namespace), nginx (an HTTP source),
 # squashfuse, squashfs-tools and fio (peers and load for the benchmark) from apt, the project with
-# its test extras from PyPI, and the mount(8) helper link for 'mount -t fuse.ctdsfs'.
+# its test extras from PyPI, the mount(8) helper link for 'mount -t fuse.ctdsfs', and the
+# manual pages ctdsfs(1) and mount.ctdsfs(8) in /usr/local/share/man.
 # Safe to run again; skips apt when the packages are already there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -41,4 +42,14 @@ if [ -d /sbin ] && [ "$(cat /sbin/mount.fuse.ctdsfs 2>/dev/null)" != "$wrapper" 
     printf '%s\n' "$wrapper" | $SUDO tee /sbin/mount.fuse.ctdsfs >/dev/null
     $SUDO chmod 755 /sbin/mount.fuse.ctdsfs
 fi
+# The manual pages, so that 'man mount.ctdsfs' and 'man ctdsfs' work (man-db if man is missing,
+# as in Debian's slim images).
+if ! command -v man >/dev/null; then
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq man-db >/dev/null
+fi
+for page in man/ctdsfs.1 man/mount.ctdsfs.8; do
+    section=${page##*.}
+    $SUDO install -D -m 644 "$page" "/usr/local/share/man/man$section/$(basename "$page")"
+done
 echo "setup: done ($("$PYTHON" -c 'import ctdsfs; print("ctdsfs", ctdsfs.__version__)'))"

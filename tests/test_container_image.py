@@ -232,7 +232,7 @@ def test_secret_ca_bundle_is_not_in_the_image(podman):
 
 
 def test_read_only_mount_seen_by_the_host(podman, share, tmp_path):
-    """docker/README.md's read-only line on a python-casacore table with a subtable:
+    """docs/container-image.md's read-only line on a python-casacore table with a subtable:
     the host reads every file, byte for byte as ctdsfs shows it without the image."""
     table = make_casacore_table(tmp_path / "src/sample.ms")
     (share / "ro").mkdir()

@@ -25,6 +25,9 @@ Mount SOURCE on MOUNTPOINT. SOURCE may be:
   a bcolz ctable rootdir      COLUMN.npy per column, table.npy, attrs.json,
                               COLUMN/ (as a carray)
   a bloscpack file (.blp)     data, header.json, chunks/
+  a TileDB array folder       schema.json, metadata.json, fragments/NAME/
+                              FIELD.npy (every tile decoded without
+                              libtiledb), dense/ATTR.npy; read-only
   a directory                 plain files and directories pass through,
                               container files inside it show as directories,
                               and every casacore table stored as a MultiFile
@@ -37,23 +40,27 @@ Mount SOURCE on MOUNTPOINT. SOURCE may be:
                               never followed by ctdsfs (the kernel resolves
                               them for the caller)
 
-  s3://BUCKET/KEY,            any of the containers above, read-only, with
-  http(s)://HOST/PATH         ranged GETs (a version-1 MultiFile's header
-                              continues in the object KEY_hdrext); AWS
-                              credentials, region and endpoint come from the
-                              AWS environment variables and config files
+  s3://BUCKET/KEY,            a MultiFile, MultiHDF5 or .pycauset object,
+  http(s)://HOST/PATH         read-only, with ranged GETs (a version-1
+                              MultiFile's header continues in the object
+                              KEY_hdrext); AWS credentials, region and
+                              endpoint come from the AWS environment
+                              variables and config files
+  s3://BUCKET/PREFIX/         a prefix, as a directory source (above)
 
 MOUNTPOINT must be an existing, empty directory (-o nonempty mounts over one
 that holds files).
 
 Read-only unless -o rw; read-write mounts translate every write, truncate,
 unlink, rename and mkdir into the container's own blocks, CRCs and header,
-and commit crash-safely. Creating symbolic links, hard links, FIFOs, sockets
-and device nodes is not supported (ENOSYS).
+and commit crash-safely. Creating symbolic links, FIFOs, sockets and device
+nodes fails with ENOSYS, hard links with EPERM.
 
 The command returns once the mount is live (exit status 0) or with a one-line
 error (exit status 1). The daemon unmounts and exits on SIGTERM or SIGINT, or
-when the mount is removed with 'fusermount3 -u MOUNTPOINT' or 'umount'."""
+when the mount is removed with 'fusermount3 -u MOUNTPOINT' or 'umount'.
+
+The manual page mount.ctdsfs(8) ('man mount.ctdsfs') says all of it."""
 
 MOUNT_EPILOG = """\
 mount options (-o, comma separated):
@@ -145,10 +152,17 @@ examples:
   fusermount3 -u /mnt/ms"""
 
 MAIN_DESCRIPTION = """\
-ctdsfs shows the insides of casacore MultiFile and MultiHDF5 containers and
-.pycauset files as ordinary directories (mount), describes them without
-mounting (info, ls, check, tableinfo), and does the common container jobs
-offline (new, pack, unpack, convert, to-multifile, to-sepfile)."""
+ctdsfs shows the insides of scientific container files as ordinary
+directories (mount), describes them without mounting (info, ls, map, check,
+tableinfo), and does the common container jobs offline (new, pack, unpack,
+convert, to-multifile, to-sepfile).
+
+It reads casacore MultiFile containers (versions 1 and 2, nested, with CRCs)
+and MultiHDF5 containers (read and write), .pycauset files, bcolz carray and
+ctable rootdirs and bloscpack files (as .npy files, writable in place) and
+TileDB arrays (read-only), from a local path; MultiFile, MultiHDF5 and
+.pycauset also from s3:// and http(s):// objects, and S3 prefixes as
+directories."""
 
 MAIN_EPILOG = """\
 commands:
@@ -170,12 +184,17 @@ commands:
   to-sepfile TABLE [--quiet]               switch a table tree's storage, in place
 
 'ctdsfs SOURCE MOUNTPOINT -o OPTS' (no command) mounts too, as mount.fuse3
-calls it for 'mount -t fuse.ctdsfs'."""
+calls it for 'mount -t fuse.ctdsfs'.
+
+Manual pages: ctdsfs(1) ('man ctdsfs') for the commands, mount.ctdsfs(8)
+('man mount.ctdsfs') for mounting and every -o option."""
 
 
 def _add_mount_arguments(parser):
     parser.add_argument("source", metavar="SOURCE",
-                        help="a container file (.mf, .pycauset) or a directory tree")
+                        help="a container file (.mf, .mfh5, .pycauset, .blp), a bcolz rootdir, "
+                             "a TileDB array, a directory tree, or an s3:// or http(s):// "
+                             "address")
     parser.add_argument("mountpoint", metavar="MOUNTPOINT",
                         help="an existing, empty directory (see -o nonempty)")
     parser.add_argument("-o", dest="options", action="append", default=[], metavar="OPTS",

@@ -6,9 +6,12 @@ mount, run in worker threads: a read that waits for the disk must not hold up
 every other request; one the container answers from memory
 (``ContainerFS.read_at_once``: a remote source's cached chunks) stays on the
 loop. Small reads stay on the loop too, where the thread hop would cost more
-than the read (it doubles the time to read 20,000 small files); a read the
-page cache could answer never reaches us, since the kernel keeps a
-file's pages. A read-write mount reads on the loop, between the writes it orders.
+than the read (it doubles the time to read 20,000 small files), unless their
+bytes are not in the page cache (``ContainerFS.read_waits``, a probe read
+that never blocks): a cold small read held the loop for the disk's time, so
+four random readers got what one got. A read the page cache of the mount
+could answer never reaches us, since the kernel keeps a file's pages. A
+read-write mount reads on the loop, between the writes it orders.
 
 The kernel keeps names and attributes for ``ContainerFS.kernel_cache_seconds``
 (a day for a container file), so ``find``/``ls -lR``/``tar`` cost one readdir
@@ -198,11 +201,17 @@ class FuseOperations(pyfuse3.Operations):
 
     @_fuse_errors
     async def read(self, fh, off, size):
-        if (self.threaded_reads or (size >= THREADED_READ_MIN and not self.fs.writable)) \
-                and not self.fs.read_at_once(fh, off, size):
+        if self._in_thread(fh, off, size):
             self._reads_in_threads = True
             return await trio.to_thread.run_sync(self.fs.read, fh, off, size)
         return self.fs.read(fh, off, size)
+
+    def _in_thread(self, fh, off, size):
+        """Whether a read goes to a worker thread (see the module's docstring): a small
+        read of a read-only mount stays on the loop unless it would wait for the disk."""
+        if self.threaded_reads or (size >= THREADED_READ_MIN and not self.fs.writable):
+            return not self.fs.read_at_once(fh, off, size)
+        return not self.fs.writable and self.fs.read_waits(fh, off, size)
 
     @_fuse_errors
     async def create(self, parent_inode, name, mode, flags, ctx):

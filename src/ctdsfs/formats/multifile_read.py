@@ -82,6 +82,14 @@ class MultiFileReading:
         return all(self.store.cached(at, want)
                    for _, at, want in _spans(blocks, first, self.block_size, offset, end))
 
+    def waits(self, key, offset, size):
+        located = self._located(key, offset, size)
+        if located is None or self.writable:
+            return False
+        _, first, end, blocks = located
+        return any(self.store.waits(at, want)
+                   for _, at, want in _spans(blocks, first, self.block_size, offset, end))
+
     def _block_error(self, name, index, why):
         """The error for one unreadable block; the reader logs it (a mount once per block)."""
         detail = f"block {index} {why}"

@@ -194,6 +194,10 @@ def open_store(path, *, writable=False, create=False, lock=False):
     return store
 
 
+# The largest read FileStore.waits probes (the FUSE adapter sends larger ones to threads).
+WAIT_PROBE_MAX = 128 << 10
+
+
 class FileStore:
     """A real file, read and written with ``pread``/``pwrite`` (no shared file position)."""
 
@@ -225,6 +229,21 @@ class FileStore:
     def cached(self, offset, size):
         """Unknown (the page cache may have them or not): a read may wait for the disk."""
         return False
+
+    def waits(self, offset, size):
+        """Whether a read of these bytes would wait for the disk: some page is not in the
+        page cache. Asked by a probe read that never blocks (``RWF_NOWAIT``); sizes
+        above WAIT_PROBE_MAX are not probed (False: such reads run in threads anyway)."""
+        if size > WAIT_PROBE_MAX or self._direct:
+            return False
+        buffer = bytearray(size)
+        try:
+            got = os.preadv(self.fd, [buffer], offset, os.RWF_NOWAIT)
+        except BlockingIOError:
+            return True
+        except OSError:  # (no RWF_NOWAIT here: EOPNOTSUPP): unknown, keep the old way
+            return False
+        return got < size and offset + got < os.fstat(self.fd).st_size
 
     def pwrite(self, offset, data):
         self._settle()
@@ -331,6 +350,9 @@ class VirtualFileStore:
 
     def cached(self, offset, size):
         return self.parent.cached(self.name, offset, size)
+
+    def waits(self, offset, size):
+        return self.parent.waits(self.name, offset, size)
 
     def pwrite(self, offset, data):
         self.parent.write(self.name, offset, data)

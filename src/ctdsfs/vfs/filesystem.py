@@ -502,6 +502,11 @@ class ContainerFS:
         node = self._handle(fh).node
         return self._call(node.owner.cached, node.key, offset, size)
 
+    def read_waits(self, fh, offset, size):
+        """Whether that read is known to wait for the disk (``Container.waits``)."""
+        node = self._handle(fh).node
+        return self._call(node.owner.waits, node.key, offset, size)
+
     def _read_logged(self, node, offset, size):
         """Read; a bad block is logged once per mount, with the file's path in the mount."""
         try:
