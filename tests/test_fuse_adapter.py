@@ -2,7 +2,6 @@
 
 import os
 import shutil
-import threading
 
 import trio
 
@@ -74,33 +73,5 @@ def test_a_small_cold_read_runs_in_a_thread_a_warm_one_on_the_loop(tmp_path):
     assert ops._reads_in_threads  # the cold read went to a worker thread
     ops._reads_in_threads = False
     assert trio.run(ops.read, fh, 0, 4096) == pattern(5000, 17, 1)[:4096]
-    assert ops._reads_in_threads  # after a cold read the handle's next read probes in a thread
-    ops._reads_in_threads = False
-    assert trio.run(ops.read, fh, 0, 4096) == pattern(5000, 17, 1)[:4096]
-    assert not ops._reads_in_threads  # the probe found it cached: back on the loop
-    trio.run(ops.release, fh)
-
-
-def test_after_a_cold_read_the_probe_runs_off_the_loop(tmp_path):
-    """A probe that misses starts the disk read and held the loop about as long as the
-    read itself: a handle whose last read waited probes in the worker thread."""
-    path = tmp_path / "nested.mf"
-    shutil.copy(DATA / "mf2_nested.mf", path)
-    fs = ContainerFS(open_container(path), path)
-    ops = fuse_adapter.FuseOperations(fs, threaded_reads=False)
-    x = fs.lookup(fs.lookup(ROOT_INO, "SUB").ino, "x").ino
-    probed_on = []
-    probe = fs.read_waits
-
-    def read_waits(*args):
-        probed_on.append(threading.current_thread() is threading.main_thread())
-        return probe(*args)
-
-    fs.read_waits = read_waits
-    fh = fs.open(x, os.O_RDONLY)
-    _evicted(path)
-    assert trio.run(ops.read, fh, 0, 4096) == pattern(5000, 17, 1)[:4096]
-    _evicted(path)
-    assert trio.run(ops.read, fh, 4096, 512) == pattern(5000, 17, 1)[4096:4608]
-    assert probed_on == [True, False]  # the first probe on the loop, the next in a thread
+    assert not ops._reads_in_threads  # now in the page cache: served on the loop
     trio.run(ops.release, fh)

@@ -9,10 +9,7 @@ loop. Small reads stay on the loop too, where the thread hop would cost more
 than the read (it doubles the time to read 20,000 small files), unless their
 bytes are not in the page cache (``ContainerFS.read_waits``, a probe read
 that never blocks): a cold small read held the loop for the disk's time, so
-four random readers got what one got. A probe that misses starts the disk
-read, which takes about as long on the loop as the read itself, so after a
-handle's read waited, its next small reads probe in the worker thread until
-one finds its bytes cached. A read the page cache of the mount
+four random readers got what one got. A read the page cache of the mount
 could answer never reaches us, since the kernel keeps a file's pages. A
 read-write mount reads on the loop, between the writes it orders.
 
@@ -113,7 +110,6 @@ class FuseOperations(pyfuse3.Operations):
         self.initialized = None  # set while serving: a trio.Event, set by init()
         self.trim_heap = trim_heap  # gives the C heap's free pages back (malloc_trim), or None
         self._reads_in_threads = False  # since the last trim
-        self._cold_handles = set()  # handles whose last small read waited for the disk
         self._trimmed_at = float("-inf")  # monotonic time of the last trim
 
     def init(self):
@@ -205,33 +201,17 @@ class FuseOperations(pyfuse3.Operations):
 
     @_fuse_errors
     async def read(self, fh, off, size):
+        if self._in_thread(fh, off, size):
+            self._reads_in_threads = True
+            return await trio.to_thread.run_sync(self.fs.read, fh, off, size)
+        return self.fs.read(fh, off, size)
+
+    def _in_thread(self, fh, off, size):
+        """Whether a read goes to a worker thread (see the module's docstring): a small
+        read of a read-only mount stays on the loop unless it would wait for the disk."""
         if self.threaded_reads or (size >= THREADED_READ_MIN and not self.fs.writable):
-            if self.fs.read_at_once(fh, off, size):
-                return self.fs.read(fh, off, size)
-            return await self._in_thread(self.fs.read, fh, off, size)
-        if self.fs.writable:
-            return self.fs.read(fh, off, size)
-        if fh in self._cold_handles:
-            return await self._in_thread(self._read_probed, fh, off, size)
-        if self.fs.read_waits(fh, off, size):
-            self._cold_handles.add(fh)
-            return await self._in_thread(self.fs.read, fh, off, size)
-        return self.fs.read(fh, off, size)
-
-    async def _in_thread(self, read, fh, off, size):
-        self._reads_in_threads = True
-        return await trio.to_thread.run_sync(read, fh, off, size)
-
-    def _read_probed(self, fh, off, size):
-        """A small read of a handle whose last read waited for the disk, in a worker
-        thread: the probe too, since a probe that misses starts the disk read and took
-        as long as the read itself (~30 us) on the loop; a hit hands the handle back
-        to the loop."""
-        if self.fs.read_waits(fh, off, size):
-            self._cold_handles.add(fh)
-        else:
-            self._cold_handles.discard(fh)
-        return self.fs.read(fh, off, size)
+            return not self.fs.read_at_once(fh, off, size)
+        return not self.fs.writable and self.fs.read_waits(fh, off, size)
 
     @_fuse_errors
     async def create(self, parent_inode, name, mode, flags, ctx):
@@ -277,7 +257,6 @@ class FuseOperations(pyfuse3.Operations):
         with a large file left a few MB of them resident for the life of the mount
         (2-3 MB after a ``tar`` of the small-files tree)."""
         self.fs.release(fh)
-        self._cold_handles.discard(fh)
         if self._reads_in_threads and self.trim_heap is not None \
                 and time.monotonic() - self._trimmed_at >= TRIM_SECONDS:
             self._reads_in_threads = False
