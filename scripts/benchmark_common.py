@@ -185,3 +185,14 @@ for column in table.colnames():
 print(time.perf_counter() - start)
 """
 
+
+READ_RANDOM_ROWS = """
+import sys, time, numpy as np, casacore.tables as t
+table = t.table(sys.argv[1], ack=False)
+count, nrow = int(sys.argv[2]), 16  # 16 rows: within one or two 128 KiB tiles of DATA
+starts = np.random.default_rng(2).integers(0, table.nrows() - nrow, count)
+start = time.perf_counter()
+for row in starts:
+    table.getcol("DATA", startrow=int(row), nrow=nrow)
+print(time.perf_counter() - start)
+"""

@@ -1,6 +1,12 @@
 """The benchmark's "small" part: 20,000 small files and a 1 GiB file through ctdsfs and its
 peers, the pyfuse3 floor, ratarmount and squashfuse_ll, and directly: find, ls -lR, tar,
-fio random reads, mount time and the daemon's memory."""
+fio random reads, mount time and the daemon's memory.
+
+fio's random reads run twice: warm (the file read whole first, so reads come from the
+kernel's page cache of the mount and never reach the daemon) and cold (page cache dropped,
+a fresh mount, nothing read before: every read reaches the daemon and the disk, as on
+casacore's first pass over a MeasurementSet; each job reads its own share of the file,
+every block once)."""
 
 import os
 import shutil
@@ -47,12 +53,19 @@ def make_small_tree(root, pool, files, dirs, big_bytes):
     return int(sizes.sum()) + big_bytes
 
 
-def fio_iops(path, block, jobs, seconds):
-    """Random-read IOPS of ``jobs`` fio jobs on ``path`` (page cache as it is)."""
+FIO_CASES = (("4k", 1), ("4k", 4), ("64k", 4))  # (block, jobs)
+
+
+def fio_iops(path, block, jobs, seconds, cold=False):
+    """Random-read IOPS of ``jobs`` fio jobs on ``path`` (page cache as it is) for
+    ``seconds``. ``cold``: each job reads its own 1/``jobs`` of the file in random order,
+    every block once, until done or ``seconds`` (a warm run loops over the whole file)."""
     import json
+    share = [f"--size={100 // jobs}%", f"--offset_increment={100 // jobs}%"] if cold \
+        else ["--time_based"]
     out = subprocess.run(
         ["fio", "--name=r", f"--filename={path}", "--rw=randread", f"--bs={block}",
-         f"--numjobs={jobs}", "--ioengine=psync", "--time_based", f"--runtime={seconds}",
+         f"--numjobs={jobs}", "--ioengine=psync", *share, f"--runtime={seconds}",
          "--group_reporting", "--invalidate=0", "--output-format=json"],
         check=True, capture_output=True, text=True).stdout
     return json.loads(out)["jobs"][0]["read"]["iops"]
@@ -72,9 +85,9 @@ SMALL_WORKLOADS = (  # (row, shell command run inside the mount, cache dropped f
 
 
 def small_files_figures(tmp, pool, quick=False):
-    """find, ls -lR, tar and fio through ctdsfs, the pyfuse3 floor (pyfuse3_floor.py),
-    ratarmount and squashfuse_ll, and directly, on the same tree; best of 3 fresh mounts
-    with the page cache dropped."""
+    """find, ls -lR, tar and fio (warm and cold) through ctdsfs, the pyfuse3 floor
+    (pyfuse3_floor.py), ratarmount and squashfuse_ll, and directly, on the same tree; best
+    of 3 fresh mounts with the page cache dropped."""
     files, dirs, big = (2000, 20, 64 << 20) if quick else (20_000, 200, 1 << 30)
     rounds, fio_seconds = (1, 2) if quick else (3, 5)
     tree = tmp / "small"
@@ -124,16 +137,25 @@ def small_files_figures(tmp, pool, quick=False):
                      m.mount_seconds)
             with Mounted(cmd + [str(mnt)], str(mnt)):
                 read_through(mnt / "big.bin")  # random reads from the page cache, as direct
-                for block, jobs in (("4k", 1), ("4k", 4), ("64k", 4)):
+                for block, jobs in FIO_CASES:
                     keep(f"fio randread {block}, {jobs} job(s) (IOPS)", system,
                          fio_iops(mnt / "big.bin", block, jobs, fio_seconds), True)
+            for block, jobs in FIO_CASES:
+                drop_caches()
+                with Mounted(cmd + [str(mnt)], str(mnt)):
+                    keep(f"fio randread {block}, {jobs} job(s), cold (IOPS)", system,
+                         fio_iops(mnt / "big.bin", block, jobs, fio_seconds, cold=True), True)
         for row, command in SMALL_WORKLOADS:
             drop_caches()
             keep(row, "direct", _shell_seconds(command, tree))
         read_through(tree / "big.bin")
-        for block, jobs in (("4k", 1), ("4k", 4), ("64k", 4)):
+        for block, jobs in FIO_CASES:
             keep(f"fio randread {block}, {jobs} job(s) (IOPS)", "direct",
                  fio_iops(tree / "big.bin", block, jobs, fio_seconds), True)
+        for block, jobs in FIO_CASES:
+            drop_caches()
+            keep(f"fio randread {block}, {jobs} job(s), cold (IOPS)", "direct",
+                 fio_iops(tree / "big.bin", block, jobs, fio_seconds, cold=True), True)
     for system, (_, image) in systems.items():  # the floor serves the plain tree
         best["container size (MB)", system] = (image.stat().st_size if image else total) / 1e6
     best["container size (MB)", "direct"] = total / 1e6
@@ -155,6 +177,9 @@ def small_files_figures(tmp, pool, quick=False):
         lines.append(f"{row:<{width}}{cells}{ratios}")
     lines.append("(ratios > 1: ctdsfs better; goals: >= 1 vs ratarmount, >= 0.5 vs squashfuse_ll;"
                  " the pyfuse3 floor: the thinnest pyfuse3+trio file system, everything"
-                 " precomputed, what any pyfuse3+trio file system pays at least)")
+                 " precomputed, what any pyfuse3+trio file system pays at least;"
+                 " fio warm: the file read whole first, its reads never reach the daemon;"
+                 " cold: page cache dropped, a fresh mount, each job reads its own share"
+                 " once)")
     return lines
 
