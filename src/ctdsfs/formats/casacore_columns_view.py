@@ -104,9 +104,11 @@ class ColumnsView(DerivedView):
 
     def __init__(self, source, label):
         super().__init__(label)
-        self.table = open_table(source, label)
+        self.source = source
+        self.table = None  # table.dat is read when the view is first listed, not when shown
 
     def _build(self):
+        self.table = open_table(self.source, self.label)
         entries, shown = {}, {}
         for name, col in self.table.columns.items():
             shown[name] = self._column_entries(entries, name, col)
