@@ -47,7 +47,12 @@ class _Bytes:
 
 
 class _ColumnNpy:
-    """``NAME.npy`` of a column with one cell shape: rows decoded as reads reach them."""
+    """``NAME.npy`` of a column with one cell shape: rows decoded as reads reach them.
+
+    A read decodes the rows it covers and no others (a ranged read of rows a..b
+    reaches only the tiles or buckets holding them); a read that carries on from the
+    rows decoded last (a reader going through the file) decodes a block of about
+    BLOCK_BYTES ahead instead, kept for the reads that follow."""
 
     def __init__(self, table, name, cell_shape, dtype):
         self.table, self.name, self.cell_shape = table, name, tuple(cell_shape)
@@ -55,42 +60,39 @@ class _ColumnNpy:
         self.header = npy_header(self.dtype.str, (table.nrow,) + tuple(cell_shape))
         self.row_bytes = int(np.prod(cell_shape, dtype=np.int64)) * self.dtype.itemsize
         self.rows_per_block = max(1, BLOCK_BYTES // max(1, self.row_bytes))
-        self._block = (None, b"")
+        self._decoded = (0, 0, b"")  # (first row, end row, their bytes)
         self._lock = threading.Lock()
 
     def size(self):
         return len(self.header) + self.table.nrow * self.row_bytes
 
-    def _rows(self, block):
+    def _rows(self, first, end):
+        """(first row held, bytes) of decoded rows that include rows ``first..end``."""
         with self._lock:
-            if self._block[0] != block:
-                start = block * self.rows_per_block
-                values = self.table.read_column(self.name, start, start + self.rows_per_block)
-                if not isinstance(values, np.ndarray) or values.dtype != self.dtype or \
-                        values.shape[1:] != self.cell_shape:
-                    raise FormatError(f"column {self.name}: rows {start}.. changed shape")
-                self._block = (block, values.tobytes())
-            return self._block[1]
+            held_first, held_end, data = self._decoded
+            if held_first <= first and end <= held_end:
+                return held_first, data
+            stop = end
+            if held_first <= first <= held_end and held_end > 0:  # carrying on: a block
+                stop = min(self.table.nrow, max(end, first + self.rows_per_block))
+            values = self.table.read_column(self.name, first, stop)
+            if not isinstance(values, np.ndarray) or values.dtype != self.dtype or \
+                    values.shape != (stop - first,) + self.cell_shape:
+                raise FormatError(f"column {self.name}: rows {first}..{stop} changed shape")
+            self._decoded = (first, stop, values.tobytes())
+            return first, self._decoded[2]
 
     def read(self, offset, size):
         head = len(self.header)
         end = min(offset + size, self.size())
-        out = [self.header[offset:end]] if offset < head else []
-        at = max(offset, head) - head
-        stop = end - head
-        if self.row_bytes == 0:
-            return b"".join(out)
-        block_bytes = self.rows_per_block * self.row_bytes
-        while at < stop:
-            block = at // block_bytes
-            data = self._rows(block)
-            inner = at - block * block_bytes
-            piece = data[inner:inner + stop - at]
-            if not piece:
-                break
-            out.append(piece)
-            at += len(piece)
-        return b"".join(out)
+        out = self.header[offset:end] if offset < head else b""
+        at, stop = max(offset, head) - head, end - head
+        if self.row_bytes == 0 or at >= stop:
+            return out
+        first_row = at // self.row_bytes
+        held_first, data = self._rows(first_row, -(-stop // self.row_bytes))
+        inner = at - held_first * self.row_bytes
+        return out + data[inner:inner + stop - at]
 
 
 def _npy_bytes(array):
