@@ -84,3 +84,16 @@ def test_a_table_with_its_own_columns_entry_keeps_it(mount, tables, tmp_path):
         np.testing.assert_array_equal(np.load(m.mountpoint / "ANTENNA" / "columns" / "POSITION.npy"),
                                       ref.getcol("POSITION"))
     assert "has its own entry 'columns'" in m.log_text()
+
+
+def test_a_table_that_does_not_decode_shows_an_empty_columns(mount, tmp_path):
+    """Its directory still lists; columns/ is empty, and the log names the table.dat."""
+    table = tmp_path / "src" / "t"
+    table.mkdir(parents=True)
+    (table / "table.dat").write_bytes(b"\x01\x02not casacore" * 20)
+    m = mount(tmp_path / "src", ["columns"])
+    assert sorted(p.name for p in (m.mountpoint / "t").iterdir()) == ["columns", "table.dat"]
+    assert list((m.mountpoint / "t" / "columns").iterdir()) == []
+    log = m.log_text()
+    assert f"{table}/table.dat: " in log and "no columns shown" in log
+    assert "Traceback" not in log

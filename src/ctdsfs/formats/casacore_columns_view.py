@@ -15,6 +15,7 @@ For a table read through a source (see :mod:`.casacore_base`) the view shows:
 """
 
 import json
+import logging
 import threading
 
 import numpy as np
@@ -26,6 +27,8 @@ from .casacore_columns import StringColumn, VarShapeColumn, open_table
 from .npy import npy_header
 
 BLOCK_BYTES = 4 << 20
+
+log = logging.getLogger(__name__)
 
 
 class _Bytes:
@@ -104,22 +107,39 @@ class ColumnsView(DerivedView):
     format_name = "casacore columns"
     read_only_note = " (columns/ shows the table's columns; it is not written)"
 
-    def __init__(self, source, label):
+    def __init__(self, source, label, table_label=None):
         super().__init__(label)
-        self.source = source
+        self.source, self.table_label = source, table_label or label
         self.table = None  # table.dat is read when the view is first listed, not when shown
 
     def _build(self):
-        self.table = open_table(self.source, self.label)
-        entries, shown = {}, {}
+        """Say what you show: a table that does not decode gives an empty view, a column
+        that does not decode no files; either with the reason in the log and
+        ``problems`` (and a column's in table.json)."""
+        try:
+            self.table = open_table(self.source, self.table_label)
+        except (FormatError, OSError) as exc:
+            self._problem(f"no columns shown: {exc}")
+            return {}
+        entries, shown, failed = {}, {}, {}
         for name, col in self.table.columns.items():
-            shown[name] = self._column_entries(entries, name, col)
+            try:
+                shown[name] = self._column_entries(entries, name, col)
+            except FormatError as exc:
+                shown[name], failed[name] = [], str(exc)
+                self._problem(f"column {name} not shown: {exc}")
         described = self.table.describe()
         for name, files in shown.items():
             described["columns"][name]["files"] = files
+            if name in failed:
+                described["columns"][name]["error"] = failed[name]
         entries["table.json"] = (json.dumps(described, indent=2, ensure_ascii=False,
                                             default=str) + "\n").encode()
         return entries
+
+    def _problem(self, text):
+        self.problems.append(text)
+        log.warning("%s: %s", self.label, text)
 
     def _column_entries(self, entries, name, col):
         if not col.decoded:

@@ -66,7 +66,8 @@ class WithColumns:
     def _columns_view(self):
         with self._lock:
             if self._view is None:
-                self._view = ColumnsView(self.inner, f"{self.inner.label}/{COLUMNS}")
+                self._view = ColumnsView(self.inner, f"{self.inner.label}/{COLUMNS}",
+                                         table_label=self.inner.label)
             return self._view
 
     # -- reading
