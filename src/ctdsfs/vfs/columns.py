@@ -121,6 +121,14 @@ class WithColumns:
     def reopened(self):
         return with_columns(self.inner.reopened())
 
+    def reload_if_changed(self):
+        """The wrapped container's answer; when it changed (another process committed),
+        the columns views below are made anew from the new table files at their next use."""
+        changed = self.inner.reload_if_changed()
+        if changed:
+            self.close_views(forget=True)
+        return changed
+
     # -- writing: ``columns`` itself is never created, replaced, renamed or removed here
 
     def _refuse(self, name):
@@ -157,11 +165,14 @@ class WithColumns:
         self.close_views()
         self.inner.close()
 
-    def close_views(self):
-        """Close the columns views shown below (the wrapped containers close their own)."""
+    def close_views(self, forget=False):
+        """Close the columns views shown below (the wrapped containers close their own);
+        with ``forget``, the next use opens them anew."""
         with self._lock:
             if self._view is not None:
                 self._view.close()
+                if forget:
+                    self._view = None
             for _, wrapper in self._children.values():
                 if isinstance(wrapper, WithColumns):
-                    wrapper.close_views()
+                    wrapper.close_views(forget)
