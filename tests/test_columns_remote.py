@@ -5,6 +5,7 @@ the worker processes of a real ``distributed.LocalCluster``; all equal to getcol
 
 import io
 import pickle
+import shutil
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -18,14 +19,14 @@ from ctdsfs.toolbox import pack
 
 from .servers import CREDENTIALS
 from .test_columns import write_table
-from .test_remote import BUCKET, objects, seaweed  # noqa: F401 (the session's server)
+from .test_remote import BUCKET, objects, seaweed, web  # noqa: F401 (the session's servers)
 
 NROW = 2048  # DATA: 64 channels x 4 correlations, tiles of 64 rows x 16 channels (32 KiB)
 TILE_ROW_BYTES = 4 * 32 << 10  # the four tiles that hold 64 rows of DATA
 
 
 @pytest.fixture(scope="module")
-def store(seaweed, tmp_path_factory):
+def store(seaweed, web, objects, tmp_path_factory):
     """The session's SeaweedFS (tests/test_remote.py) also holding an MS packed by ``ctdsfs
     pack`` (``columns/obs.mf``) and the same MS in separate files (``columns/plain.ms/``),
     and a LocalCluster of two worker processes for the module."""
@@ -34,6 +35,7 @@ def store(seaweed, tmp_path_factory):
     where = tmp_path_factory.mktemp("columns-s3")
     plain = write_table(where / "plain.ms", "ms", str(NROW))
     pack(plain, str(where / "obs.mf"), quiet=True)
+    shutil.copy(where / "obs.mf", objects / "columns-obs.mf")  # what nginx serves
     seaweed.client.put_object(Bucket=BUCKET, Key="columns/obs.mf",
                               Body=(where / "obs.mf").read_bytes())
     for path in Path(plain).rglob("*"):
@@ -47,7 +49,8 @@ def store(seaweed, tmp_path_factory):
             Client(cluster) as client:
         yield SimpleNamespace(plain=plain, url=seaweed.url("columns/obs.mf"), s3=s3,
                               endpoint=seaweed.endpoint, dask=client,
-                              prefix=seaweed.url("columns/plain.ms/"))
+                              prefix=seaweed.url("columns/plain.ms/"),
+                              http=web.url("columns-obs.mf"))
 
 
 def getcol(plain, name, start=0, nrow=-1):
@@ -68,6 +71,9 @@ def test_fsspec_columns_pickle_and_match_getcol(store):
             np.testing.assert_array_equal(got, getcol(store.plain, name), err_msg=name)
     with fs.open("ANTENNA/columns/POSITION.npy") as f:
         np.testing.assert_array_equal(np.load(f), getcol(store.plain + "/ANTENNA", "POSITION"))
+    over_http = fsspec.filesystem("ctdsfs", fo=store.http, columns=True)
+    np.testing.assert_array_equal(np.load(io.BytesIO(over_http.cat_file("columns/UVW.npy"))),
+                                  getcol(store.plain, "UVW"))
 
 
 def test_a_row_range_fetches_only_the_tiles_that_hold_it(store, monkeypatch):
