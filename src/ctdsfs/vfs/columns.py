@@ -105,18 +105,26 @@ class WithColumns:
     def symlink_target(self, name):
         return None if self._is_view(name) else self.inner.symlink_target(name)
 
-    def nested(self, name):
-        if self._is_view(name):
-            return self._columns_view()
-        child = self.inner.nested(name)
+    def _wrapped(self, name, child):
+        """The one wrapper of the wrapped container's nested ``child`` (kept while it is)."""
         with self._lock:
             known = self._children.get(name)
             if known is None or known[0] is not child:
                 known = self._children[name] = (child, with_columns(child))
             return known[1]
 
+    def nested(self, name):
+        if self._is_view(name):
+            return self._columns_view()
+        return self._wrapped(name, self.inner.nested(name))
+
     def classify(self, names):
-        return [self.nested(name) for name in names]
+        """The wrapped container's classify (one pass where it reads first blocks)."""
+        view = COLUMNS in names and self._shows_columns()
+        own = [n for n in names if n != COLUMNS] if view else names
+        found = iter(self.inner.classify(own))
+        return [self._columns_view() if view and n == COLUMNS else self._wrapped(n, next(found))
+                for n in names]
 
     def reopened(self):
         return with_columns(self.inner.reopened())
