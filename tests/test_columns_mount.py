@@ -81,8 +81,8 @@ def test_a_table_with_its_own_columns_entry_keeps_it(mount, tables, tmp_path):
     m = mount(table, ["columns"])
     assert [p.name for p in (m.mountpoint / "columns").iterdir()] == ["mine.txt"]
     with ct.table(f"{tables['plain']}/ANTENNA", ack=False) as ref:
-        np.testing.assert_array_equal(np.load(m.mountpoint / "ANTENNA" / "columns" / "POSITION.npy"),
-                                      ref.getcol("POSITION"))
+        antenna = m.mountpoint / "ANTENNA" / "columns"
+        np.testing.assert_array_equal(np.load(antenna / "POSITION.npy"), ref.getcol("POSITION"))
     assert "has its own entry 'columns'" in m.log_text()
 
 

@@ -26,7 +26,7 @@ TILE_ROW_BYTES = 4 * 32 << 10  # the four tiles that hold 64 rows of DATA
 
 
 @pytest.fixture(scope="module")
-def store(seaweed, web, objects, tmp_path_factory):
+def store(seaweed, web, objects, tmp_path_factory):  # noqa: F811 (the fixtures)
     """The session's SeaweedFS (tests/test_remote.py) also holding an MS packed by ``ctdsfs
     pack`` (``columns/obs.mf``) and the same MS in separate files (``columns/plain.ms/``),
     and a LocalCluster of two worker processes for the module."""
@@ -102,7 +102,8 @@ def test_s3_mounts_show_columns(store, mount):
         m = mount(source, options)
         np.testing.assert_array_equal(np.load(m.mountpoint / "columns" / "FLAG.npy"),
                                       getcol(store.plain, "FLAG"), err_msg=source)
-        np.testing.assert_array_equal(np.load(m.mountpoint / "ANTENNA" / "columns" / "POSITION.npy"),
+        antenna = m.mountpoint / "ANTENNA" / "columns"
+        np.testing.assert_array_equal(np.load(antenna / "POSITION.npy"),
                                       getcol(store.plain + "/ANTENNA", "POSITION"))
 
 
