@@ -15,6 +15,10 @@ storage options that make sense for reading: credentials in-process (``key``,
 mount), ``endpoint_url``, ``region``, ``profile``, ``anon``, s3fs's
 ``client_kwargs`` and ``config_kwargs`` (``_remote_options`` says which), and
 the RemoteOptions numbers (``cache_size``, ``chunk_size``, ``timeout``, ...).
+``columns=True`` adds ``columns/`` to every casacore table directory, as ``-o columns``
+does for a mount (``NAME.npy`` read in ranges: only the rows a range covers are decoded).
+The filesystem pickles (fsspec re-creates it from its arguments), so Dask workers can
+each open their own (see :mod:`ctdsfs.dask_columns`).
 """
 
 import dataclasses
@@ -117,12 +121,16 @@ class CtdsfsFileSystem(AbstractFileSystem):
     root_marker = ""
 
     def __init__(self, fo="", target_protocol=None, target_options=None, verify_crc=True,
-                 **kwargs):
+                 columns=False, **kwargs):
         super().__init__(**kwargs)
         try:
             self.container = open_source(fo, target_protocol, target_options, verify_crc)
         except CtdsfsError as exc:
             raise OSError(errno.EIO, str(exc)) from None
+        if columns:
+            from .vfs.columns import with_columns
+
+            self.container = with_columns(self.container)
 
     @classmethod
     def _strip_protocol(cls, path):

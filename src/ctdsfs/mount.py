@@ -70,6 +70,7 @@ class MountOptions:
     commit_seconds: float = DEFAULT_COMMIT_SECONDS
     verify_crc: bool = True
     recurse: bool = True  # directory sources: container files shown as directories
+    columns: bool = False  # a read-only columns/ (casacore columns as NumPy) in every table
     index: bool = True  # keep and use the persistent index of plain files (multifile_index)
     logfile: str = None
     debug: bool = False
@@ -139,6 +140,8 @@ def parse_options(text):
             opts.verify_crc = False
         elif item == "norecurse":
             opts.recurse = False
+        elif item == "columns":
+            opts.columns = True
         elif item == "no_index":
             opts.index = False
         elif item == "debug":
@@ -303,6 +306,10 @@ def mount(source, mountpoint, opts, foreground=False):
                                        hide={target})
     else:
         container = open_container(source, verify_crc=opts.verify_crc, writable=opts.writable)
+    if opts.columns:
+        from .vfs.columns import with_columns
+
+        container = with_columns(container)
     write_cache = opts.writable and container.kernel_write_cache
     fs = ContainerFS(container, source, writable=opts.writable, kernel_appends=write_cache,
                      source_stat=source_stat, stat_reads=not remote)

@@ -7,6 +7,9 @@ bits, Strings as one ``uInt`` file offset per element, each pointing at ``uInt l
 and the characters (offset 0: an empty string).
 """
 
+import math
+import struct
+
 import numpy as np
 
 from ..errors import FormatError
@@ -22,15 +25,40 @@ from .casacore_base import (
 )
 
 MAX_NDIM = 32
+WINDOW = 256 << 10  # bytes of the file read at once for the small reads of cells
+
+
+class _Windowed:
+    """The file's small reads (a cell's rank, shape and values, one after the other)
+    served from one window read ahead: one read, or one GET, for many cells."""
+
+    def __init__(self, source, name):
+        self.source, self.name = source, name
+        self.size = source.entry_size(name)
+        self._window = (0, b"")
+
+    def entry_size(self, name):
+        return self.size
+
+    def read(self, name, offset, size):
+        start, data = self._window
+        if start <= offset and offset + size <= start + len(data):
+            return data[offset - start:offset - start + size]
+        if size > WINDOW // 4:
+            return self.source.read(name, offset, size)
+        data = bytes(self.source.read(name, offset, min(WINDOW, self.size - offset)))
+        self._window = (offset, data)
+        return data[:size]
 
 
 class ArrayFile:
     """Reads arrays out of one ``table.f<N>i`` file of ``source``."""
 
     def __init__(self, source, name, big_endian):
-        self.source, self.name, self.big_endian = source, name, big_endian
+        self.name, self.big_endian = name, big_endian
+        self.source = _Windowed(source, name)
         self.order = ">" if big_endian else "<"
-        self.size = source.entry_size(name)
+        self.size = self.source.size
         head = read_exact(source, name, 0, 12, "array file header")
         self.version = int(np.frombuffer(head, self.order + "u4", 1)[0])
 
@@ -39,22 +67,24 @@ class ArrayFile:
         return np.frombuffer(raw, self.order + "u4").astype(np.int64)
 
     def shape_at(self, offset):
-        """(casacore shape, offset of the values) of the array at ``offset``."""
+        """(casacore shape, offset of the values) of the array at ``offset`` (struct, not
+        NumPy: this runs once per cell)."""
         pos = offset + (4 if self.version > 0 else 0)
-        ndim = checked_count(int(self._uints(pos, 1, "array rank")[0]), MAX_NDIM,
-                             f"{self.name}: array rank at offset {offset}")
-        shape = self._uints(pos + 4, ndim, "array shape")
-        shape = shape.astype(np.int32).astype(np.int64)  # stored as Int
-        if (shape < 0).any() or int(np.prod(shape, dtype=np.float64)) > self.size * 8:
-            raise FormatError(f"{self.name}: array shape {shape.tolist()} at offset {offset} "
+        (ndim,) = struct.unpack(self.order + "I", read_exact(self.source, self.name, pos, 4,
+                                                             "array rank"))
+        checked_count(ndim, MAX_NDIM, f"{self.name}: array rank at offset {offset}")
+        shape = struct.unpack(f"{self.order}{ndim}i",
+                              read_exact(self.source, self.name, pos + 4, 4 * ndim, "array shape"))
+        if any(n < 0 for n in shape) or math.prod(shape) > self.size * 8:
+            raise FormatError(f"{self.name}: array shape {list(shape)} at offset {offset} "
                               "does not fit the file")
-        return tuple(int(n) for n in shape), pos + 4 + 4 * ndim
+        return shape, pos + 4 + 4 * ndim
 
     def array_at(self, offset, data_type):
         """(Python-order shape, flat values) of the array at ``offset``: values in C order of
         the reversed casacore shape, as python-casacore gives them; Strings as bytes."""
         shape, at = self.shape_at(offset)
-        count = int(np.prod(shape, dtype=np.int64))
+        count = math.prod(shape)
         if data_type == TP_BOOL:
             raw = read_exact(self.source, self.name, at, (count + 7) // 8, "Bool array")
             values = unpack_bools(raw, 0, count)

@@ -221,9 +221,10 @@ class CasacoreTable:
         if not hasattr(reader, "uniform_shape"):
             return False, None
         try:
-            return True, reader.uniform_shape(col)
+            shape = reader.uniform_shape(col)
         except FormatError as exc:
             raise FormatError(f"{self.label}: column {name}: {exc}") from None
+        return (False, None) if shape is NotImplemented else (True, shape)
 
     def read_column(self, name, start=0, stop=None):
         """Rows ``start..stop`` of column ``name`` (see the module docstring for the forms)."""

@@ -15,6 +15,7 @@ For a table read through a source (see :mod:`.casacore_base`) the view shows:
 """
 
 import json
+import logging
 import threading
 
 import numpy as np
@@ -26,6 +27,8 @@ from .casacore_columns import StringColumn, VarShapeColumn, open_table
 from .npy import npy_header
 
 BLOCK_BYTES = 4 << 20
+
+log = logging.getLogger(__name__)
 
 
 class _Bytes:
@@ -47,7 +50,12 @@ class _Bytes:
 
 
 class _ColumnNpy:
-    """``NAME.npy`` of a column with one cell shape: rows decoded as reads reach them."""
+    """``NAME.npy`` of a column with one cell shape: rows decoded as reads reach them.
+
+    A read decodes the rows it covers and no others (a ranged read of rows a..b
+    reaches only the tiles or buckets holding them); a read that carries on from the
+    rows decoded last (a reader going through the file) decodes a block of about
+    BLOCK_BYTES ahead instead, kept for the reads that follow."""
 
     def __init__(self, table, name, cell_shape, dtype):
         self.table, self.name, self.cell_shape = table, name, tuple(cell_shape)
@@ -55,42 +63,39 @@ class _ColumnNpy:
         self.header = npy_header(self.dtype.str, (table.nrow,) + tuple(cell_shape))
         self.row_bytes = int(np.prod(cell_shape, dtype=np.int64)) * self.dtype.itemsize
         self.rows_per_block = max(1, BLOCK_BYTES // max(1, self.row_bytes))
-        self._block = (None, b"")
+        self._decoded = (0, 0, b"")  # (first row, end row, their bytes)
         self._lock = threading.Lock()
 
     def size(self):
         return len(self.header) + self.table.nrow * self.row_bytes
 
-    def _rows(self, block):
+    def _rows(self, first, end):
+        """(first row held, bytes) of decoded rows that include rows ``first..end``."""
         with self._lock:
-            if self._block[0] != block:
-                start = block * self.rows_per_block
-                values = self.table.read_column(self.name, start, start + self.rows_per_block)
-                if not isinstance(values, np.ndarray) or values.dtype != self.dtype or \
-                        values.shape[1:] != self.cell_shape:
-                    raise FormatError(f"column {self.name}: rows {start}.. changed shape")
-                self._block = (block, values.tobytes())
-            return self._block[1]
+            held_first, held_end, data = self._decoded
+            if held_first <= first and end <= held_end:
+                return held_first, data
+            stop = end
+            if held_first <= first <= held_end and held_end > 0:  # carrying on: a block
+                stop = min(self.table.nrow, max(end, first + self.rows_per_block))
+            values = self.table.read_column(self.name, first, stop)
+            if not isinstance(values, np.ndarray) or values.dtype != self.dtype or \
+                    values.shape != (stop - first,) + self.cell_shape:
+                raise FormatError(f"column {self.name}: rows {first}..{stop} changed shape")
+            self._decoded = (first, stop, values.tobytes())
+            return first, self._decoded[2]
 
     def read(self, offset, size):
         head = len(self.header)
         end = min(offset + size, self.size())
-        out = [self.header[offset:end]] if offset < head else []
-        at = max(offset, head) - head
-        stop = end - head
-        if self.row_bytes == 0:
-            return b"".join(out)
-        block_bytes = self.rows_per_block * self.row_bytes
-        while at < stop:
-            block = at // block_bytes
-            data = self._rows(block)
-            inner = at - block * block_bytes
-            piece = data[inner:inner + stop - at]
-            if not piece:
-                break
-            out.append(piece)
-            at += len(piece)
-        return b"".join(out)
+        out = self.header[offset:end] if offset < head else b""
+        at, stop = max(offset, head) - head, end - head
+        if self.row_bytes == 0 or at >= stop:
+            return out
+        first_row = at // self.row_bytes
+        held_first, data = self._rows(first_row, -(-stop // self.row_bytes))
+        inner = at - held_first * self.row_bytes
+        return out + data[inner:inner + stop - at]
 
 
 def _npy_bytes(array):
@@ -102,20 +107,39 @@ class ColumnsView(DerivedView):
     format_name = "casacore columns"
     read_only_note = " (columns/ shows the table's columns; it is not written)"
 
-    def __init__(self, source, label):
+    def __init__(self, source, label, table_label=None):
         super().__init__(label)
-        self.table = open_table(source, label)
+        self.source, self.table_label = source, table_label or label
+        self.table = None  # table.dat is read when the view is first listed, not when shown
 
     def _build(self):
-        entries, shown = {}, {}
+        """Say what you show: a table that does not decode gives an empty view, a column
+        that does not decode no files; either with the reason in the log and
+        ``problems`` (and a column's in table.json)."""
+        try:
+            self.table = open_table(self.source, self.table_label)
+        except (FormatError, OSError) as exc:
+            self._problem(f"no columns shown: {exc}")
+            return {}
+        entries, shown, failed = {}, {}, {}
         for name, col in self.table.columns.items():
-            shown[name] = self._column_entries(entries, name, col)
+            try:
+                shown[name] = self._column_entries(entries, name, col)
+            except FormatError as exc:
+                shown[name], failed[name] = [], str(exc)
+                self._problem(f"column {name} not shown: {exc}")
         described = self.table.describe()
         for name, files in shown.items():
             described["columns"][name]["files"] = files
+            if name in failed:
+                described["columns"][name]["error"] = failed[name]
         entries["table.json"] = (json.dumps(described, indent=2, ensure_ascii=False,
                                             default=str) + "\n").encode()
         return entries
+
+    def _problem(self, text):
+        self.problems.append(text)
+        log.warning("%s: %s", self.label, text)
 
     def _column_entries(self, entries, name, col):
         if not col.decoded:

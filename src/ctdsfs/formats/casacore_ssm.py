@@ -73,6 +73,7 @@ class SSMReader:
     def __init__(self, source, table, seqnr, columns, dm_info):
         self.source, self.big_endian = source, table.big_endian
         self.name = f"table.f{seqnr}"
+        self.nrow = table.nrow
         self.ifile = None
         self.arrays_name = f"table.f{seqnr}i"
         r = EndianAipsReader(dm_info, True)
@@ -155,6 +156,29 @@ class SSMReader:
         if col.data_type == TP_BOOL:
             return nelem
         return 8 * nelem * NUMERIC_TYPES[col.data_type][1]
+
+    def uniform_shape(self, col):
+        """The one cell shape (Python order) of an indirect array column, from its cells'
+        shapes alone (their values are not read), or None; NotImplemented for an empty
+        table (the caller decodes to find out)."""
+        if not col.is_array or col.direct or col.data_type == TP_STRING or self.nrow == 0:
+            return col.cell_shape if self.nrow else NotImplemented
+        offset, group = self.place[col.name]
+        bits = self._external_size(col)
+        if bits * self.indexes[group].rows_per_bucket + 8 * offset > 8 * self.bucket_size:
+            raise FormatError(f"{self.name}: the column does not fit its buckets")
+        if self.ifile is None:
+            self.ifile = ArrayFile(self.source, self.arrays_name, self.big_endian)
+        shapes = set()
+        for bucket, b_first, a, b in self.indexes[group].spans(0, self.nrow):
+            raw = self.bucket(bucket, offset + (a - b_first) * 8, (b - a) * 8)
+            for cell in np.frombuffer(raw, self._order + "i8").tolist():
+                if cell == 0:
+                    return None
+                shapes.add(self.ifile.shape_at(int(cell))[0])
+                if len(shapes) > 1:
+                    return None
+        return tuple(shapes.pop()[::-1])
 
     def read(self, col, start, stop):
         offset, group = self.place[col.name]
