@@ -55,14 +55,16 @@ from urllib.parse import urlsplit
 from ..errors import CtdsfsError
 from . import REMOTE_SCHEMES
 from .remote_http import HTTPObject, timed_pool_classes
-from .remote_wire import (DEADLINES, RemoteError, _Missing, _Replaced, _Transient, _Version,
-                          _length, check_body, check_range, deadline)
+from .remote_wire import (ANSWER_BYTES, DEADLINES, LIST_PAGE_MOST, RemoteError, _Missing,
+                          _Replaced, _Transient, _Version, _length, answer_bytes, check_body,
+                          check_range, deadline)
 
 log = logging.getLogger(__name__)
 
 SPEC_ENV = "CTDSFS_REMOTE_SPEC"  # how an HDF5 probe child gets the same pinned object
 BACKOFF_FIRST, BACKOFF_MAX = 0.2, 2.0  # seconds between attempts, doubling
-LIST_PAGE_BYTES = 1 << 20  # what a page of a listing may take as long as (its deadline)
+LIST_PAGE_BYTES = 1 << 20  # what a page of a listing may take as long as (its deadline;
+# it may bring remote_wire.LIST_PAGE_MOST bytes)
 UNREACHABLE_RECHECK = 10.0  # seconds between version checks while the server does not answer
 
 
@@ -247,6 +249,10 @@ class _S3:
                 raise _Transient(f"{code or status}") from None
             detail = f"{code or status}: {exc.response.get('Error', {}).get('Message', '')}"
             raise RemoteError(f"{self.url}: {detail}", detail) from None
+        except self._exc.HTTPClientError as exc:  # (an answer too long, as botocore wraps it)
+            failure = exc.kwargs.get("error")
+            raise (failure if isinstance(failure, _Transient) else _Transient(str(exc))) \
+                from None
         except (self._exc.NoCredentialsError, self._exc.PartialCredentialsError) as exc:
             raise CtdsfsError(f"{self.url}: {exc} (set AWS_ACCESS_KEY_ID and "
                               "AWS_SECRET_ACCESS_KEY, a profile, or -o anon)") from None
@@ -254,7 +260,7 @@ class _S3:
             raise _Transient(str(exc) or type(exc).__name__) from None
 
     def head(self):
-        with DEADLINES.watching(deadline(self.options, 0)):
+        with DEADLINES.watching(deadline(self.options, 0), ANSWER_BYTES):
             r = self._call(self._client.head_object, Key=self.key)
         if not r.get("ETag"):
             raise RemoteError(f"{self.url}: the server sends no ETag, so a replaced object "
@@ -269,7 +275,8 @@ class _S3:
         kwargs = {"Range": f"bytes={start}-{end - 1}"}
         if version.etag:
             kwargs["IfMatch"] = version.etag
-        with DEADLINES.watching(deadline(self.options, end - start)):
+        asked = end - start
+        with DEADLINES.watching(deadline(self.options, asked), answer_bytes(asked)):
             r = self._call(self._client.get_object, Key=self.key, **kwargs)
             try:
                 if version.etag and r.get("ETag") not in (None, version.etag):
@@ -291,7 +298,8 @@ class _S3:
         objects, prefixes, token = {}, set(), None
         while True:
             more = {"ContinuationToken": token} if token else {}
-            with DEADLINES.watching(deadline(self.options, LIST_PAGE_BYTES)):
+            with DEADLINES.watching(deadline(self.options, LIST_PAGE_BYTES),
+                                    ANSWER_BYTES + LIST_PAGE_MOST):
                 r = self._call(self._client.list_objects_v2, Prefix=prefix, Delimiter="/",
                                MaxKeys=1000, **more)
             for item in r.get("Contents", []):

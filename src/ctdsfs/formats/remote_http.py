@@ -5,18 +5,28 @@ import http.client
 from email.utils import parsedate_to_datetime
 
 from .remote_wire import (DATE_PIN, DEADLINES, RemoteError, _Missing, _Replaced, _Transient,
-                          _Version, _length, check_body, check_range, deadline)
+                          _Version, _length, answer_bytes, capped_response_class, check_body,
+                          check_range, deadline)
 
 
 def timed_pool_classes(pools):
     """Subclasses of urllib3 pool classes (``{scheme: class}``) whose connections register
-    each request with DEADLINES (which may then cut the connection's socket)."""
+    each request with DEADLINES (which may then cut the connection's socket) and read at
+    most the bytes it allows of each answer (``DEADLINES.most_bytes``)."""
 
     def timed(pool_class):
         class TimedConnection(pool_class.ConnectionCls):
             def request(self, *args, **kwargs):
                 DEADLINES.attach(self)
                 return super().request(*args, **kwargs)
+
+            def getresponse(self, *args, **kwargs):
+                plain = self.response_class  # (botocore's may change between requests)
+                self.response_class = capped_response_class(plain, DEADLINES.most_bytes())
+                try:
+                    return super().getresponse(*args, **kwargs)
+                finally:
+                    self.response_class = plain
         return type(f"Timed{pool_class.__name__}", (pool_class,),
                     {"ConnectionCls": TimedConnection})
 
@@ -43,7 +53,7 @@ class HTTPObject:
         """``(response, body)``, the whole request within its deadline; never more of the
         body than ``limit`` + 1 bytes is read (one more tells a longer body)."""
         headers = dict(headers, **{"Accept-Encoding": "identity"})
-        with DEADLINES.watching(deadline(self.options, limit)):
+        with DEADLINES.watching(deadline(self.options, limit), answer_bytes(limit)):
             try:
                 r = self._pool.request(method, self.url, headers=headers,
                                        preload_content=False, redirect=False)
