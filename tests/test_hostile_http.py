@@ -115,9 +115,10 @@ import json, resource, sys, time
 resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
 from ctdsfs.formats.remote import RemoteError, RemoteOptions, open_remote, retried, s3_backend
 peak = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss << 10
+(timeout, retries, chunk, offset), endpoints = json.loads(sys.argv[1])
 cases, results = [], []
-for endpoint, what in json.loads(sys.argv[1]):
-    options = RemoteOptions(timeout=%g, retries=%d, chunk_size=%d, readahead=2,
+for endpoint, what in endpoints:
+    options = RemoteOptions(timeout=timeout, retries=retries, chunk_size=chunk, readahead=2,
                             endpoint_url=endpoint, key="hostile", secret="hostile")
     cases.append((what, open_remote("s3://bucket/object.mf", options) if what == "read"
                   else s3_backend("s3://bucket/", options), options))
@@ -126,7 +127,7 @@ for what, client, options in cases:
     began = time.monotonic()
     try:
         if what == "read":
-            client.pread(%d, 1000)
+            client.pread(offset, 1000)
         else:
             retried("s3://bucket/", options, "LIST", client.list, "", 100_000)
         outcome = "served"
@@ -134,7 +135,7 @@ for what, client, options in cases:
         outcome = str(exc)
     results.append((outcome, time.monotonic() - began))
 print(json.dumps([results, peak() - base]))
-""" % (TIMEOUT, RETRIES, CHUNK, CHUNK + 100)
+"""
 BOUNDED = [("huge-error-body", "read"), ("endless-error-body", "read"),
            ("endless-chunk-size", "read"), ("huge-error-body", "list"), ("huge-listing", "list")]
 
@@ -145,7 +146,8 @@ def test_an_s3_answer_never_makes_the_client_hold_more_than_it_allows(container,
     grows the client's memory by more than a few MiB."""
     endpoints = [(f"http://127.0.0.1:{hostile(container[0], mode).port}", what)
                  for mode, what in BOUNDED]
-    probe = subprocess.run([sys.executable, "-c", PROBE, json.dumps(endpoints)],
+    settings = [TIMEOUT, RETRIES, CHUNK, CHUNK + 100]
+    probe = subprocess.run([sys.executable, "-c", PROBE, json.dumps([settings, endpoints])],
                            capture_output=True, text=True, timeout=60, check=False)
     assert probe.returncode == 0, probe.stderr[-2000:]
     results, growth = json.loads(probe.stdout)
