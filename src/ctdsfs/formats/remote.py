@@ -65,6 +65,7 @@ SPEC_ENV = "CTDSFS_REMOTE_SPEC"  # how an HDF5 probe child gets the same pinned 
 BACKOFF_FIRST, BACKOFF_MAX = 0.2, 2.0  # seconds between attempts, doubling
 LIST_PAGE_BYTES = 1 << 20  # what a page of a listing may take as long as (its deadline;
 # it may bring remote_wire.LIST_PAGE_MOST bytes)
+LIST_IDLE_PAGES = 3  # pages in a row that bring no new name: the listing goes in circles
 UNREACHABLE_RECHECK = 10.0  # seconds between version checks while the server does not answer
 
 
@@ -294,9 +295,11 @@ class _S3:
     def list(self, prefix, limit):
         """``({name: _Version}, {subdirectory names})`` directly under ``prefix`` (one
         level, as S3's "/" delimiter shows it); at most ``limit`` entries (True if cut
-        there)."""
-        objects, prefixes, token = {}, set(), None
+        there). Pages that bring no new name while saying more follow (a server going
+        round in circles) fail the listing after LIST_IDLE_PAGES of them."""
+        objects, prefixes, token, idle = {}, set(), None, 0
         while True:
+            known = len(objects) + len(prefixes)
             more = {"ContinuationToken": token} if token else {}
             with DEADLINES.watching(deadline(self.options, LIST_PAGE_BYTES),
                                     ANSWER_BYTES + LIST_PAGE_MOST):
@@ -314,6 +317,9 @@ class _S3:
                 return objects, prefixes, True
             if not r.get("IsTruncated") or not token:
                 return objects, prefixes, False
+            idle = 0 if len(objects) + len(prefixes) > known else idle + 1
+            if idle >= LIST_IDLE_PAGES:
+                raise _Transient(f"{idle} pages of the listing brought no new name")
 
     def close(self):
         self._client.close()
