@@ -527,9 +527,10 @@ def test_fsspec_s3fs_options_in_every_form_pickled_to_another_process_never_show
         assert secret not in repr(opened) + str(opened)
     with pytest.raises(ValueError, match="given twice"):
         fsspec.filesystem("ctdsfs", fo=url, target_options=options, key="other", **fresh)
+    unpickle_and_read = ("import pickle, sys; fs = pickle.loads(sys.stdin.buffer.read()); "
+                         "sys.stdout.buffer.write(pickle.dumps(fs.cat_file('SUB/x')))")
     child = subprocess.run(
-        [sys.executable, "-c", "import pickle, sys; fs = pickle.loads(sys.stdin.buffer.read());"
-         "sys.stdout.buffer.write(pickle.dumps(fs.cat_file('SUB/x')))"],
+        [sys.executable, "-c", unpickle_and_read],
         input=pickle.dumps(systems[2]), capture_output=True, timeout=60, check=False)
     assert child.returncode == 0, child.stderr.decode()[-2000:]
     assert pickle.loads(child.stdout) == expected["SUB/x"]
