@@ -370,14 +370,17 @@ def read_tail(path):
 
 def fault_check(m, during_fault, recover):
     """One file read before the fault; the other fails with EIO during it (in bounded
-    time, with a log line), the mount stays up and serves it once the server is back."""
+    time, with a log line), the mount stays up and serves it once the server is back.
+    (The listing before the fault has the other's first bytes read, which tell whether
+    it is a nested container: a readahead still in flight at the fault would not.)"""
     assert (m.mountpoint / "first").read_bytes() == b"\1" * 65536
+    assert "second" in run("ls", "-l", m.mountpoint).stdout
     during_fault()
     try:
         failed = read_tail(m.mountpoint / "second")
         assert failed.returncode != 0 and "Input/output error" in failed.stderr
         listing = run("ls", "-l", m.mountpoint, timeout=60)
-        assert listing.returncode == 0 and "second" in listing.stdout
+        assert listing.returncode == 0 and "second" in listing.stdout, m.log_text()
     finally:
         recover()
     assert read_tail(m.mountpoint / "second").stdout == "\2" * 4096
