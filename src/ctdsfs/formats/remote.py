@@ -32,8 +32,10 @@ fails with a :class:`RemoteError` (a BlockError: EIO for that read in a mount,
 one line from a command). Nothing a server answers is trusted
 (``remote_wire.check_range``): a 206 must name exactly the range asked for and
 the object's size, the body must be exactly that long (at most one byte more
-is ever read), an encoded body is refused (``Accept-Encoding: identity``), and
-redirects are never followed.
+is ever read), an encoded body is refused (``Accept-Encoding: identity``),
+redirects are never followed, and no answer brings more bytes than its request
+allows (``remote_wire.answer_bytes``, LIST_PAGE_MOST for a listing page), botocore's
+whole-body reads of error bodies and listings included.
 """
 
 import contextlib
