@@ -3,7 +3,9 @@
 every connection it holds (the tests call it in a finalizer).
 
 A mode's misbehaviour applies to ranged GETs, and to HEADs too where the mode is about
-the answer itself (slow headers, redirects, huge headers, no validators)."""
+the answer itself (slow headers, redirects, huge headers, no validators). The error-body
+modes answer every GET (an S3 listing too) with an error whose body is huge or endless;
+the listing modes answer an S3 listing (a GET without a Range), and ranged GETs well."""
 
 import re
 import socket
@@ -14,11 +16,21 @@ import zlib
 ETAG = '"hostile-1"'
 MODIFIED = "Mon, 02 Jan 2023 03:04:05 GMT"
 HEAD_MODES = {"slow-headers", "redirect-port", "redirect-self", "redirect-file",
-              "redirect-unresolvable", "huge-headers", "no-validators", "many-headers"}
+              "redirect-unresolvable", "huge-headers", "no-validators", "many-headers",
+              "long-headers"}
+ERROR_MODES = {"huge-error-body", "endless-error-body", "endless-chunk-size"}
+LISTING_MODES = {"huge-listing", "endless-listing"}
 MODES = {"honest", "wrong-range", "shifted-range", "wrong-total", "gzip-bomb", "slow-headers",
          "trickled-body", "half-body-held", "ignored-range", "503", "reset", "etag-flips",
-         "longer-body", "endless-body", "endless-chunked"} | HEAD_MODES
+         "longer-body", "endless-body", "endless-chunked"} | HEAD_MODES | ERROR_MODES \
+    | LISTING_MODES
 BOMB = 16 << 20  # bytes a gzip-bomb body inflates to
+HUGE = 256 << 20  # bytes of a huge error body or listing
+LISTING_HEAD = (b'<?xml version="1.0" encoding="UTF-8"?>\n<ListBucketResult xmlns='
+                b'"http://s3.amazonaws.com/doc/2006-03-01/"><Name>bucket</Name><Prefix></Prefix>'
+                b'<MaxKeys>1000</MaxKeys><Delimiter>/</Delimiter>')
+LISTING_ENTRY = (b'<Contents><Key>object.mf</Key><LastModified>2023-01-02T03:04:05.000Z'
+                 b'</LastModified><ETag>&quot;hostile-1&quot;</ETag><Size>1</Size></Contents>')
 
 
 def _gzip_bomb():
@@ -131,6 +143,14 @@ class HostileServer:
             if mode == "many-headers":
                 self._send(conn, "200 OK", [(f"X-Many-{i}", "x") for i in range(5000)])
                 return False
+            if mode == "long-headers":  # each one, and their number, within http.client's
+                self._send(conn, "200 OK", [("Content-Length", str(size))] + validators
+                           + [(f"X-Long-{i}", "x" * 60000) for i in range(90)])
+                return method == "HEAD"
+        if method == "GET" and mode in ERROR_MODES:
+            return self._error_body(conn, mode)
+        if method == "GET" and not match and mode in LISTING_MODES:
+            return self._listing(conn, mode)
         if method == "HEAD":
             self._send(conn, "200 OK", [("Content-Length", str(size)),
                                         ("Accept-Ranges", "bytes")] + validators)
@@ -191,6 +211,43 @@ class HostileServer:
             conn.sendall(body[:len(body) // 2])
             self._hold()
             return False
+        return True
+
+    def _error_body(self, conn, mode):
+        """A 500 whose body is HUGE bytes long, endless, or whose chunk-size line is."""
+        if mode == "huge-error-body":
+            self._send(conn, "500 Internal Server Error", [("Content-Length", str(HUGE))])
+            frame = b"<Error>" + b"x" * ((1 << 20) - 7)
+            for _ in range(HUGE >> 20):
+                conn.sendall(frame)
+            return True
+        self._send(conn, "500 Internal Server Error", [("Transfer-Encoding", "chunked")],
+                   b"" if mode == "endless-error-body" else b"1")
+        frame = b"10000\r\n" + b"x" * 65536 + b"\r\n" if mode == "endless-error-body" \
+            else b"0" * 65536
+        while not self._closing.is_set():
+            conn.sendall(frame)
+        return False
+
+    def _listing(self, conn, mode):
+        """A listing page HUGE bytes long, or pages that go on for ever (each one truncated,
+        naming another continuation token, with the same key again)."""
+        if mode == "endless-listing":
+            self._flips += 1
+            body = (LISTING_HEAD + b"<IsTruncated>true</IsTruncated><NextContinuationToken>"
+                    + b"next-%d</NextContinuationToken><KeyCount>1</KeyCount>" % self._flips
+                    + LISTING_ENTRY + b"</ListBucketResult>")
+            self._send(conn, "200 OK", [("Content-Length", str(len(body)))], body)
+            return True
+        frame = LISTING_ENTRY * ((1 << 20) // len(LISTING_ENTRY))
+        count = HUGE // len(frame)
+        tail = b"<IsTruncated>false</IsTruncated></ListBucketResult>"
+        self._send(conn, "200 OK",
+                   [("Content-Length", str(len(LISTING_HEAD) + count * len(frame) + len(tail)))],
+                   LISTING_HEAD)
+        for _ in range(count):
+            conn.sendall(frame)
+        conn.sendall(tail)
         return True
 
     def _etag(self, mode):

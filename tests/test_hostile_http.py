@@ -4,8 +4,10 @@ configured limits, and a listing of the mount answers throughout."""
 
 import dataclasses
 import errno
+import json
 import os
 import subprocess
+import sys
 import time
 
 import pytest
@@ -15,7 +17,7 @@ from ctdsfs.formats.remote import RemoteError, RemoteOptions, open_remote
 from ctdsfs.toolbox import pack
 
 from .conftest import DATA
-from .hostile_http import HostileServer
+from .hostile_http import HUGE, HostileServer
 
 CHUNK = 65536
 TIMEOUT, RETRIES = 1.0, 1
@@ -33,6 +35,7 @@ OUTCOMES = {
     "503": EIO, "reset": EIO, "etag-flips": EIO, "trickled-body": EIO,
     "half-body-held": EIO,
     "slow-headers": REFUSED, "huge-headers": REFUSED, "many-headers": REFUSED,
+    "long-headers": REFUSED,
     "no-validators": REFUSED, "redirect-port": REFUSED, "redirect-self": REFUSED,
     "redirect-file": REFUSED, "redirect-unresolvable": REFUSED,
 }
@@ -69,7 +72,8 @@ def hostile():
 
 # the modes an S3 endpoint is tried with too: where botocore's own handling matters
 S3_MODES = {"honest", "wrong-range", "gzip-bomb", "endless-body", "trickled-body",
-            "half-body-held", "slow-headers", "no-validators", "redirect-self", "503"}
+            "half-body-held", "slow-headers", "no-validators", "redirect-self", "503",
+            "long-headers"}
 
 
 @pytest.mark.parametrize("scheme,mode", [("http", mode) for mode in sorted(OUTCOMES)]
@@ -101,6 +105,59 @@ def test_every_answer_is_checked_and_every_request_ends(container, hostile, mode
         assert "\n" not in str(exc)
     assert (outcome, time.monotonic() - began < LIMIT) == (OUTCOMES[mode], True)
     assert all(h.get("accept-encoding") == "identity" for _, h in server.requests)
+
+
+# Requests in a fresh interpreter (its address space capped, so that a client holding a
+# server's bytes fails there rather than here): each one's outcome and duration, and how
+# much the peak RSS grew over them all.
+PROBE = """
+import json, resource, sys, time
+resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
+from ctdsfs.formats.remote import RemoteError, RemoteOptions, open_remote, retried, s3_backend
+peak = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss << 10
+(timeout, retries, chunk, offset), endpoints = json.loads(sys.argv[1])
+cases, results = [], []
+for endpoint, what in endpoints:
+    options = RemoteOptions(timeout=timeout, retries=retries, chunk_size=chunk, readahead=2,
+                            endpoint_url=endpoint, key="hostile", secret="hostile")
+    cases.append((what, open_remote("s3://bucket/object.mf", options) if what == "read"
+                  else s3_backend("s3://bucket/", options), options))
+base = peak()
+for what, client, options in cases:
+    began = time.monotonic()
+    try:
+        if what == "read":
+            client.pread(offset, 1000)
+        else:
+            retried("s3://bucket/", options, "LIST", client.list, "", 100_000)
+        outcome = "served"
+    except RemoteError as exc:
+        outcome = str(exc)
+    results.append((outcome, time.monotonic() - began))
+print(json.dumps([results, peak() - base]))
+"""
+TOO_LONG = "an answer longer than"
+BOUNDED = [("huge-error-body", "read", TOO_LONG), ("endless-error-body", "read", TOO_LONG),
+           ("endless-chunk-size", "read", TOO_LONG), ("huge-error-body", "list", TOO_LONG),
+           ("huge-listing", "list", TOO_LONG), ("endless-listing", "list", "no new name")]
+
+
+def test_an_s3_answer_never_makes_the_client_hold_more_than_it_allows(container, hostile):
+    """botocore reads an error body or a listing page whole (and urllib3 a chunk-size line
+    to its end): an answer of HUGE bytes, or an endless one, is a failed request that never
+    grows the client's memory by more than a few MiB; nor does a listing whose pages go
+    on for ever."""
+    endpoints = [(f"http://127.0.0.1:{hostile(container[0], mode).port}", what)
+                 for mode, what, _ in BOUNDED]
+    settings = [TIMEOUT, RETRIES, CHUNK, CHUNK + 100]
+    probe = subprocess.run([sys.executable, "-c", PROBE, json.dumps([settings, endpoints])],
+                           capture_output=True, text=True, timeout=60, check=False)
+    assert probe.returncode == 0, probe.stderr[-2000:]
+    results, growth = json.loads(probe.stdout)
+    for (mode, what, reason), (outcome, seconds) in zip(BOUNDED, results):
+        assert "failed 2 times (" in outcome and reason in outcome, (mode, what, outcome)
+        assert "\n" not in outcome and seconds < LIMIT, (mode, what, seconds)
+    assert growth < 32 << 20 < HUGE, f"{growth >> 20} MiB"
 
 
 @pytest.mark.parametrize("mode", ["slow-headers", "trickled-body"])

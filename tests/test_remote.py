@@ -370,14 +370,17 @@ def read_tail(path):
 
 def fault_check(m, during_fault, recover):
     """One file read before the fault; the other fails with EIO during it (in bounded
-    time, with a log line), the mount stays up and serves it once the server is back."""
+    time, with a log line), the mount stays up and serves it once the server is back.
+    (The listing before the fault has the other's first bytes read, which tell whether
+    it is a nested container: a readahead still in flight at the fault would not.)"""
     assert (m.mountpoint / "first").read_bytes() == b"\1" * 65536
+    assert "second" in run("ls", "-l", m.mountpoint).stdout
     during_fault()
     try:
         failed = read_tail(m.mountpoint / "second")
         assert failed.returncode != 0 and "Input/output error" in failed.stderr
         listing = run("ls", "-l", m.mountpoint, timeout=60)
-        assert listing.returncode == 0 and "second" in listing.stdout
+        assert listing.returncode == 0 and "second" in listing.stdout, m.log_text()
     finally:
         recover()
     assert read_tail(m.mountpoint / "second").stdout == "\2" * 4096
@@ -487,6 +490,57 @@ def test_fsspec_takes_s3fs_storage_options_with_credentials_in_process(
     with pytest.raises(ValueError, match=r"use_ssl.*not understood"):
         fsspec.filesystem("ctdsfs", fo=url, target_options={**credentials, "use_ssl": False},
                           skip_instance_cache=True)
+
+
+def test_fsspec_s3fs_options_in_every_form_pickled_to_another_process_never_shown(
+        seaweed, objects, ctdsfs_protocol, monkeypatch, tmp_path, caplog):
+    """The forms code written for s3fs uses (``target_protocol``; a chained URL's options
+    scoped or not, where fsspec hands unscoped ones to the outer filesystem; the
+    filesystem's own keywords, as pandas' ``storage_options``) all reach the S3 client,
+    never dropped unread; a pickled filesystem reads in a process that has no
+    credentials of its own; no secret shows in a repr, a str or a log line."""
+    import logging
+    import pickle
+
+    fsspec = ctdsfs_protocol
+    for name in (*CREDENTIALS, "AWS_PROFILE", "AWS_ENDPOINT_URL"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    caplog.set_level(logging.DEBUG)
+    url = seaweed.url("mf2_nested.mf")
+    expected = snapshot(open_container(objects / "mf2_nested.mf"))
+    secret = CREDENTIALS["AWS_SECRET_ACCESS_KEY"]
+    options = {"key": CREDENTIALS["AWS_ACCESS_KEY_ID"], "secret": secret,
+               "endpoint_url": seaweed.endpoint}
+    fresh = {"skip_instance_cache": True}
+    systems = [fsspec.filesystem("ctdsfs", fo=url, target_protocol="s3", target_options=options,
+                                 **fresh),
+               fsspec.filesystem("ctdsfs", fo=url.removeprefix("s3://"), target_protocol="s3",
+                                 target_options=options, **fresh),
+               fsspec.filesystem("ctdsfs", fo=url, **options, **fresh),
+               fsspec.core.url_to_fs(f"ctdsfs::{url}", **options, **fresh)[0]]
+    for fs in systems:
+        assert fsspec_tree(fs) == expected
+    for opened in (fsspec.open(f"ctdsfs://SUB/y::{url}", **options),
+                   fsspec.open(f"ctdsfs://SUB/y::{url}", s3=options),
+                   fsspec.open("ctdsfs://SUB/y", fo=url, target_options=options)):
+        with opened as f:
+            assert f.read() == expected["SUB/y"]
+        assert secret not in repr(opened) + str(opened)
+    with pytest.raises(ValueError, match="given twice"):
+        fsspec.filesystem("ctdsfs", fo=url, target_options=options, key="other", **fresh)
+    unpickle_and_read = ("import pickle, sys; fs = pickle.loads(sys.stdin.buffer.read()); "
+                         "sys.stdout.buffer.write(pickle.dumps(fs.cat_file('SUB/x')))")
+    child = subprocess.run(
+        [sys.executable, "-c", unpickle_and_read],
+        input=pickle.dumps(systems[2]), capture_output=True, timeout=60, check=False)
+    assert child.returncode == 0, child.stderr.decode()[-2000:]
+    assert pickle.loads(child.stdout) == expected["SUB/x"]
+    for fs in systems:
+        shown = repr(fs) + str(fs) + repr(fs.container) + repr(fs.container.store)
+        assert "ctdsfs" in shown and secret not in shown
+    assert caplog.records and not any(secret in r.getMessage() for r in caplog.records)
 
 
 def test_cache_dir_survives_the_store_is_shared_and_bounded(seaweed, objects, tmp_path):

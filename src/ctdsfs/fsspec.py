@@ -9,8 +9,9 @@ The container is opened by the same code a mount uses (``open_container``;
 ``s3://`` and ``http(s)://`` through ``formats.remote``), and other fsspec
 sources (``memory://``, ``gcs://``, ...) through their own filesystem's
 ranged reads. Nested containers are directories; files are read in ranges.
-Read-only. ``target_options`` (and a chained URL's ``s3={...}``) take s3fs's
-storage options that make sense for reading: credentials in-process (``key``,
+Read-only. ``target_options`` (and a chained URL's ``s3={...}``, and the
+filesystem's own options, where fsspec puts a chained URL's unscoped storage
+options) take s3fs's storage options that make sense for reading: credentials in-process (``key``,
 ``secret``, ``token``; else the AWS environment and config files, as for the
 mount), ``endpoint_url``, ``region``, ``profile``, ``anon``, s3fs's
 ``client_kwargs`` and ``config_kwargs`` (``_remote_options`` says which), and
@@ -32,6 +33,7 @@ from .formats import REMOTE_SCHEMES, open_container, open_from_store
 from .formats.remote import RemoteOptions
 
 REMOTE_FIELDS = {f.name for f in dataclasses.fields(RemoteOptions)}
+S3FS_OPTIONS = REMOTE_FIELDS | {"client_kwargs", "config_kwargs"}
 # s3fs's storage options that mean something for reading, as RemoteOptions names
 CLIENT_KWARGS = {"endpoint_url": "endpoint_url", "region_name": "region",
                  "aws_access_key_id": "key", "aws_secret_access_key": "secret",
@@ -122,7 +124,15 @@ class CtdsfsFileSystem(AbstractFileSystem):
 
     def __init__(self, fo="", target_protocol=None, target_options=None, verify_crc=True,
                  columns=False, **kwargs):
+        # s3fs's options given to this filesystem (``fsspec.open("ctdsfs://x::s3://...",
+        # key=...)``, pandas' storage_options) are the source's: never dropped unread
+        given = {name: kwargs.pop(name) for name in S3FS_OPTIONS & set(kwargs)}
+        twice = sorted(name for name in given.keys() & set(target_options or {})
+                       if given[name] != target_options[name])
+        if twice:
+            raise ValueError(f"ctdsfs: {', '.join(twice)} given twice, differently")
         super().__init__(**kwargs)
+        target_options = {**given, **(target_options or {})}
         try:
             self.container = open_source(fo, target_protocol, target_options, verify_crc)
         except CtdsfsError as exc:

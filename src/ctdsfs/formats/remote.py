@@ -32,8 +32,10 @@ fails with a :class:`RemoteError` (a BlockError: EIO for that read in a mount,
 one line from a command). Nothing a server answers is trusted
 (``remote_wire.check_range``): a 206 must name exactly the range asked for and
 the object's size, the body must be exactly that long (at most one byte more
-is ever read), an encoded body is refused (``Accept-Encoding: identity``), and
-redirects are never followed.
+is ever read), an encoded body is refused (``Accept-Encoding: identity``),
+redirects are never followed, and no answer brings more bytes than its request
+allows (``remote_wire.answer_bytes``, LIST_PAGE_MOST for a listing page), botocore's
+whole-body reads of error bodies and listings included.
 """
 
 import contextlib
@@ -55,13 +57,16 @@ from urllib.parse import urlsplit
 from ..errors import CtdsfsError
 from .remote_http import HTTPObject, timed_pool_classes
 from .remote_wire import (
+    ANSWER_BYTES,
     DEADLINES,
+    LIST_PAGE_MOST,
     RemoteError,
     _length,
     _Missing,
     _Replaced,
     _Transient,
     _Version,
+    answer_bytes,
     check_body,
     check_range,
     deadline,
@@ -73,7 +78,9 @@ log = logging.getLogger(__name__)
 
 SPEC_ENV = "CTDSFS_REMOTE_SPEC"  # how an HDF5 probe child gets the same pinned object
 BACKOFF_FIRST, BACKOFF_MAX = 0.2, 2.0  # seconds between attempts, doubling
-LIST_PAGE_BYTES = 1 << 20  # what a page of a listing may take as long as (its deadline)
+LIST_PAGE_BYTES = 1 << 20  # what a page of a listing may take as long as (its deadline;
+# it may bring remote_wire.LIST_PAGE_MOST bytes)
+LIST_IDLE_PAGES = 3  # pages in a row that bring no new name: the listing goes in circles
 UNREACHABLE_RECHECK = 10.0  # seconds between version checks while the server does not answer
 
 
@@ -258,6 +265,10 @@ class _S3:
                 raise _Transient(f"{code or status}") from None
             detail = f"{code or status}: {exc.response.get('Error', {}).get('Message', '')}"
             raise RemoteError(f"{self.url}: {detail}", detail) from None
+        except self._exc.HTTPClientError as exc:  # (an answer too long, as botocore wraps it)
+            failure = exc.kwargs.get("error")
+            raise (failure if isinstance(failure, _Transient) else _Transient(str(exc))) \
+                from None
         except (self._exc.NoCredentialsError, self._exc.PartialCredentialsError) as exc:
             raise CtdsfsError(f"{self.url}: {exc} (set AWS_ACCESS_KEY_ID and "
                               "AWS_SECRET_ACCESS_KEY, a profile, or -o anon)") from None
@@ -265,7 +276,7 @@ class _S3:
             raise _Transient(str(exc) or type(exc).__name__) from None
 
     def head(self):
-        with DEADLINES.watching(deadline(self.options, 0)):
+        with DEADLINES.watching(deadline(self.options, 0), ANSWER_BYTES):
             r = self._call(self._client.head_object, Key=self.key)
         if not r.get("ETag"):
             raise RemoteError(f"{self.url}: the server sends no ETag, so a replaced object "
@@ -280,7 +291,8 @@ class _S3:
         kwargs = {"Range": f"bytes={start}-{end - 1}"}
         if version.etag:
             kwargs["IfMatch"] = version.etag
-        with DEADLINES.watching(deadline(self.options, end - start)):
+        asked = end - start
+        with DEADLINES.watching(deadline(self.options, asked), answer_bytes(asked)):
             r = self._call(self._client.get_object, Key=self.key, **kwargs)
             try:
                 if version.etag and r.get("ETag") not in (None, version.etag):
@@ -298,11 +310,14 @@ class _S3:
     def list(self, prefix, limit):
         """``({name: _Version}, {subdirectory names})`` directly under ``prefix`` (one
         level, as S3's "/" delimiter shows it); at most ``limit`` entries (True if cut
-        there)."""
-        objects, prefixes, token = {}, set(), None
+        there). Pages that bring no new name while saying more follow (a server going
+        round in circles) fail the listing after LIST_IDLE_PAGES of them."""
+        objects, prefixes, token, idle = {}, set(), None, 0
         while True:
+            known = len(objects) + len(prefixes)
             more = {"ContinuationToken": token} if token else {}
-            with DEADLINES.watching(deadline(self.options, LIST_PAGE_BYTES)):
+            with DEADLINES.watching(deadline(self.options, LIST_PAGE_BYTES),
+                                    ANSWER_BYTES + LIST_PAGE_MOST):
                 r = self._call(self._client.list_objects_v2, Prefix=prefix, Delimiter="/",
                                MaxKeys=1000, **more)
             for item in r.get("Contents", []):
@@ -317,6 +332,9 @@ class _S3:
                 return objects, prefixes, True
             if not r.get("IsTruncated") or not token:
                 return objects, prefixes, False
+            idle = 0 if len(objects) + len(prefixes) > known else idle + 1
+            if idle >= LIST_IDLE_PAGES:
+                raise _Transient(f"{idle} pages of the listing brought no new name")
 
     def close(self):
         self._client.close()

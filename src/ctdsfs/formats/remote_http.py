@@ -13,6 +13,8 @@ from .remote_wire import (
     _Replaced,
     _Transient,
     _Version,
+    answer_bytes,
+    capped_response_class,
     check_body,
     check_range,
     deadline,
@@ -21,13 +23,22 @@ from .remote_wire import (
 
 def timed_pool_classes(pools):
     """Subclasses of urllib3 pool classes (``{scheme: class}``) whose connections register
-    each request with DEADLINES (which may then cut the connection's socket)."""
+    each request with DEADLINES (which may then cut the connection's socket) and read at
+    most the bytes it allows of each answer (``DEADLINES.most_bytes``)."""
 
     def timed(pool_class):
         class TimedConnection(pool_class.ConnectionCls):
             def request(self, *args, **kwargs):
                 DEADLINES.attach(self)
                 return super().request(*args, **kwargs)
+
+            def getresponse(self, *args, **kwargs):
+                plain = self.response_class  # (botocore's may change between requests)
+                self.response_class = capped_response_class(plain, DEADLINES.most_bytes())
+                try:
+                    return super().getresponse(*args, **kwargs)
+                finally:
+                    self.response_class = plain
         return type(f"Timed{pool_class.__name__}", (pool_class,),
                     {"ConnectionCls": TimedConnection})
 
@@ -54,7 +65,7 @@ class HTTPObject:
         """``(response, body)``, the whole request within its deadline; never more of the
         body than ``limit`` + 1 bytes is read (one more tells a longer body)."""
         headers = dict(headers, **{"Accept-Encoding": "identity"})
-        with DEADLINES.watching(deadline(self.options, limit)):
+        with DEADLINES.watching(deadline(self.options, limit), answer_bytes(limit)):
             try:
                 r = self._pool.request(method, self.url, headers=headers,
                                        preload_content=False, redirect=False)

@@ -2,9 +2,12 @@
 
 Shared by the S3 and HTTP clients of ``formats.remote``: the failures a request
 can end in, the exact check of a ranged answer (status, ``Content-Range``,
-length, encoding), and the total deadline of every request (``Deadlines``),
+length, encoding), the total deadline of every request (``Deadlines``),
 which the per-read ``timeout`` alone cannot give: a server trickling one byte a
-second never lets a read time out.
+second never lets a read time out, and the bytes an answer may bring at all
+(``CappedReader``): botocore reads an error body or a listing page whole before
+parsing it, and urllib3 reads a chunk-size line to its end, so without a cap a
+server could make the daemon hold gigabytes within the deadline.
 """
 
 import contextlib
@@ -21,6 +24,8 @@ from ..errors import BlockError, CtdsfsError
 
 DATE_PIN = "Last-Modified: "  # a version pinned by its date and size (a server without ETags)
 FLOOR_BYTES = 1 << 20  # a request may take `timeout` seconds, and as much again per MiB asked
+ANSWER_BYTES = 256 << 10  # an answer's status line, headers and error body, beyond its data
+LIST_PAGE_MOST = 8 << 20  # bytes of a page of an S3 listing (1000 keys of up to 1 KiB, escaped)
 CONTENT_RANGE = re.compile(r"bytes\s+(\d+)-(\d+)/(\d+)")
 
 
@@ -30,6 +35,10 @@ class RemoteError(BlockError):
 
 class _Transient(Exception):
     """A failure worth another attempt (5xx, 429, reset, timeout, a wrong answer)."""
+
+
+class AnswerTooLong(_Transient):
+    """An answer brought more bytes than its request allows (``answer_bytes``)."""
 
 
 class _Replaced(Exception):
@@ -63,6 +72,63 @@ def deadline(options, length):
     return options.timeout * (1 + length / FLOOR_BYTES)
 
 
+def answer_bytes(length):
+    """Bytes an answer to a request for ``length`` bytes of data may bring in all (its
+    status line and headers, or an error body, and one byte more than asked for)."""
+    return ANSWER_BYTES + length + 1
+
+
+class CappedReader:
+    """A response's socket file that yields at most ``most`` bytes (status line, headers
+    and body together), then raises AnswerTooLong; no read asks it for more than one
+    byte beyond that (so neither a huge read size nor an endless line is ever held)."""
+
+    def __init__(self, raw, most):
+        self._raw, self._left, self._most = raw, most, most
+
+    def _room(self, size):
+        room = self._left + 1
+        return room if size is None or size < 0 or size > room else size
+
+    def _took(self, count):
+        self._left -= count
+        if self._left < 0:
+            raise AnswerTooLong(f"an answer longer than {self._most} bytes")
+
+    def read(self, size=-1):
+        data = self._raw.read(self._room(size))
+        self._took(len(data))
+        return data
+
+    def read1(self, size=-1):
+        data = self._raw.read1(self._room(size))
+        self._took(len(data))
+        return data
+
+    def readline(self, size=-1):
+        data = self._raw.readline(self._room(size))
+        self._took(len(data))
+        return data
+
+    def readinto(self, buffer):
+        view = memoryview(buffer).cast("B")
+        count = self._raw.readinto(view[:self._room(len(view))])
+        self._took(count or 0)
+        return count
+
+    def __getattr__(self, name):  # close, closed, fileno, peek ... as the socket file's
+        return getattr(self._raw, name)
+
+
+def capped_response_class(response_class, most):
+    """``response_class`` (http.client's), its socket file capped at ``most`` bytes."""
+    def make(*args, **kwargs):
+        response = response_class(*args, **kwargs)
+        response.fp = CappedReader(response.fp, most)
+        return response
+    return make
+
+
 def check_range(status, header, start, end, size):
     """Raise _Transient unless an answer (``status``, ``header(name)``) is exactly bytes
     ``start`` to ``end`` of an object of ``size`` bytes, unencoded: any other range, total,
@@ -94,8 +160,9 @@ def check_body(body, start, end):
 class _Watch:
     """One request under a deadline: the connection it runs on, once it has one."""
 
-    def __init__(self):
+    def __init__(self, most):
         self.connection = None  # set by the connection at each request
+        self.most = most  # bytes one answer may bring (CappedReader)
         self.expired = False
         self.done = False
 
@@ -110,9 +177,10 @@ class _Watch:
 class Deadlines:
     """One thread that cuts the connection of every request still running at its deadline.
 
-    A client's connection class calls ``attach(self)`` when it sends a request; the
-    request's thread runs it inside ``watching(seconds)``. A cut request fails (a reset
-    connection) and ``watching`` raises _Transient for it."""
+    A client's connection class calls ``attach(self)`` when it sends a request, and
+    caps the answer's bytes at ``most_bytes()``; the request's thread runs it inside
+    ``watching(seconds, most)``. A cut request fails (a reset connection) and
+    ``watching`` raises _Transient for it."""
 
     def __init__(self):
         self._local = threading.local()
@@ -136,12 +204,19 @@ class Deadlines:
         if watch is not None:
             watch.connection = connection
 
+    def most_bytes(self):
+        """Bytes an answer to this thread's request may bring (ANSWER_BYTES outside one)."""
+        watch = getattr(self._local, "watch", None)
+        return ANSWER_BYTES if watch is None else watch.most
+
     @contextlib.contextmanager
-    def watching(self, seconds):
+    def watching(self, seconds, most):
+        """Run a request that must end within ``seconds``, each answer within ``most``
+        bytes."""
         with self._starting:
             if not self._started:
                 self._start()
-        watch = _Watch()
+        watch = _Watch(most)
         with self._cond:
             heapq.heappush(self._heap, (time.monotonic() + seconds, next(self._numbers), watch))
             self._cond.notify()
