@@ -16,7 +16,7 @@ import numpy as np
 from ..container import DerivedView, name_problem
 from ..errors import CtdsfsError, FormatError, NotPermitted
 from .beneath import create_exclusive_beneath, parent_fd, read_small_beneath
-from .store import lock_for_writing
+from .store import lock_for_writing, write_all_synced
 
 log = logging.getLogger(__name__)
 
@@ -271,14 +271,7 @@ def replace_file(root, rel, data):
     no link is followed in any component."""
     folder, name = os.path.split(rel)
     temporary = f".{name}.ctdsfs-new"
-    fd = create_exclusive_beneath(root, os.path.join(folder, temporary))
-    try:
-        view = memoryview(data).cast("B")
-        while view:
-            view = view[os.write(fd, view):]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    write_all_synced(create_exclusive_beneath(root, os.path.join(folder, temporary)), data)
     with parent_fd(root, rel) as (folder_fd, name):
         try:
             os.replace(temporary, name, src_dir_fd=folder_fd, dst_dir_fd=folder_fd)

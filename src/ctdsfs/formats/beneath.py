@@ -14,6 +14,7 @@ import os
 import stat
 
 from ..errors import FormatError
+from .store import read_whole
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
@@ -96,14 +97,7 @@ def open_regular_beneath(root, rel, what=None):
 def read_small_beneath(root, rel, limit, what=None):
     """The whole of regular file ``root/rel``, refused if it holds more than ``limit`` bytes."""
     what = what or os.path.join(root, rel)
-    fd = open_regular_beneath(root, rel, what)
-    try:
-        size = os.fstat(fd).st_size
-        if size > limit:
-            raise FormatError(f"{what}: {size} bytes, more than the {limit} ctdsfs reads")
-        return os.pread(fd, size, 0)
-    finally:
-        os.close(fd)
+    return read_whole(open_regular_beneath(root, rel, what), limit, what)
 
 
 def create_exclusive_beneath(root, rel, mode=0o644):

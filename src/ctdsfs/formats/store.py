@@ -142,7 +142,11 @@ def open_regular(path, what=None):
 def read_small(path, limit, what=None):
     """The whole of ``path`` (see open_regular), refused if it holds more than ``limit`` bytes."""
     what = what or path
-    fd = open_regular(path, what)
+    return read_whole(open_regular(path, what), limit, what)
+
+
+def read_whole(fd, limit, what):
+    """All bytes of open file ``fd`` (then closed), refused if more than ``limit``."""
     try:
         size = os.fstat(fd).st_size
         if size > limit:
@@ -165,7 +169,11 @@ def create_exclusive(path, mode=0o644):
 def write_synced(path, data):
     """Write ``data`` as the whole content of a new file ``path`` (create_exclusive) and
     fsync it."""
-    fd = create_exclusive(path)
+    write_all_synced(create_exclusive(path), data)
+
+
+def write_all_synced(fd, data):
+    """Write all of ``data`` to new file ``fd``, fsync it, close it."""
     try:
         view = memoryview(data).cast("B")
         while view:
