@@ -4,6 +4,7 @@ raw and read-only inside a tree, with ``ctdsfs info`` saying why; nothing is los
 
 import errno
 import os
+import shutil
 import subprocess
 
 import bcolz
@@ -107,3 +108,16 @@ def test_inside_a_tree_they_are_raw_read_only_and_info_says_why(tmp_path, mount)
         assert status == 0 and "another writer holds" in out, out + err
     finally:
         holder.close()
+
+
+def test_a_container_file_copied_into_a_rw_tree_is_written(tmp_path, mount):
+    """A file that is no container yet (an empty ``.blp`` being copied in) stays a plain
+    writable file: only a recognised container that fails to open is read-only."""
+    from .test_bcolz import bloscpack_file
+
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    packed = bloscpack_file(tmp_path / "packed.blp", bytes(range(256)) * 64, chunk_size=4096)
+    top = mount(tree, options=["rw"]).mountpoint
+    shutil.copyfile(packed, top / "copy.blp")
+    assert (tree / "copy.blp").read_bytes() == packed.read_bytes()

@@ -34,7 +34,7 @@ import threading
 from collections import OrderedDict
 
 from ..container import Container, Usage
-from ..errors import CtdsfsError, FormatError, NotPermitted, ReadOnlyError
+from ..errors import CtdsfsError, FormatError, NotAContainer, NotPermitted, ReadOnlyError
 from ..formats import directory_format, open_container, tabledat
 from ..formats.store import create_exclusive
 from .filesystem import FSError
@@ -167,7 +167,11 @@ class DirectorySource(Container):
             return None
         try:
             return open_container(real, verify_crc=self.verify_crc, writable=self.writable)
-        except CtdsfsError as exc:
+        except NotAContainer as exc:  # (a plain file, or one being written: a file still)
+            self.problems.append(f"{name!r} shown as a file: {exc}")
+            log.warning("%s: %r shown as a file: %s", self.label, name, exc)
+            return None
+        except CtdsfsError as exc:  # recognised, but not shown as promised
             why = str(exc)
             self.raw_reasons[name] = why
             self.problems.append(f"{name!r} shown raw and read-only: {why}")
