@@ -24,7 +24,7 @@ TIMEOUT, RETRIES = 1.0, 1
 OPTIONS = f"timeout={TIMEOUT:g},retries={RETRIES},chunk_size={CHUNK},readahead=2"
 # (retries + 1) attempts of at most timeout * (1 + CHUNK / 1 MiB) s, the backoff between
 # them, and some slack for a loaded machine
-LIMIT = (RETRIES + 1) * TIMEOUT * (1 + CHUNK / (1 << 20)) + 0.2 + 1.5
+LIMIT = (RETRIES + 1) * TIMEOUT * (1 + CHUNK / (1 << 20)) + 0.2 + 3.5
 FILE_SIZE = 256 * 600  # two files, so the second one's bytes lie past the first chunk
 
 RIGHT, EIO, REFUSED = "right bytes", "EIO", "refused"
