@@ -161,6 +161,9 @@ class SparseView:
         if not fragments:
             return np.zeros(0, np.int64), fragments
         stamps = np.concatenate(stamps, axis=1)
+        travelled = np.ones(stamps.shape[1], bool)
+        if self.timestamp is not None:  # (a consolidated fragment's cells by their own)
+            travelled = (stamps[0] >= self.timestamp[0]) & (stamps[0] <= self.timestamp[1])
         cell_keys, tile_keys = [], []
         for k, (dim, d) in enumerate(zip(dims, schema["dimensions"])):
             if dim.var:
@@ -182,7 +185,8 @@ class SparseView:
             tile_keys = tile_keys[::-1]
         # (np.lexsort: the last key sorts first; the newest write of a cell comes last)
         keys = [stamps[1], stamps[0]] + cell_keys[::-1] + tile_keys[::-1]
-        order = np.lexsort(keys)
+        chosen = np.flatnonzero(travelled)
+        order = chosen[np.lexsort([key[chosen] for key in keys])]
         if not schema["allows_dups"] and len(order):
             same = np.ones(len(order) - 1, bool)
             for key in cell_keys:
