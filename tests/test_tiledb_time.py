@@ -11,6 +11,7 @@ import pytest
 import tiledb
 
 from ctdsfs.formats.tiledb import open_file
+from ctdsfs.mount import UsageError, parse_options
 
 STAMPS = (10, 20, 30)
 TRAVELS = (5, 10, 15, 20, 25, (15, 25), (20, 20), (11, 40), (21, 40))
@@ -29,9 +30,11 @@ def metadata(array):
 
 
 def partly_consolidate(uri):
-    """The writes at 10 and 20 consolidated into one fragment, none vacuumed."""
+    """The writes at 10 and 20 consolidated into one fragment, none vacuumed (small
+    buffers: libtiledb's default ones take seconds to allocate)."""
     tiledb.consolidate(uri, config=tiledb.Config({"sm.consolidation.timestamp_start": 10,
-                                                  "sm.consolidation.timestamp_end": 20}))
+                                                  "sm.consolidation.timestamp_end": 20,
+                                                  "sm.consolidation.buffer_size": 100000}))
 
 
 @pytest.fixture(scope="module")
@@ -79,6 +82,9 @@ def test_fragments_in_the_range(sparse_uri):
     assert shown((21, 40)) == [(30, 30)]
     assert shown((0, 5)) == []
     assert shown((0, 99)) == [(10, 10), (10, 20), (20, 20), (30, 30)]
+    info = subprocess.run(["ctdsfs", "info", "--timestamp", "21:40", sparse_uri],
+                          capture_output=True, text=True, check=True).stdout
+    assert "1 fragment(s)" in info and "metadata keys    k30, last" in info
 
 
 def test_dense_at_timestamps(tmp_path):
@@ -141,10 +147,12 @@ def test_mount_option_and_refusals(sparse_uri, mount, tmp_path):
     (plain / "sub").mkdir(parents=True)
     (tmp_path / "empty").mkdir()
     for source, option, says in ((plain, "timestamp=15", "this tree shows none"),
-                                 (plain / "missing.npy", "timestamp=15", "for TileDB arrays"),
-                                 (sparse_uri, "timestamp=20:10", "T1 <= T2"),
-                                 (sparse_uri, "timestamp=soon", "needs T or T1:T2")):
+                                 (plain / "missing.npy", "timestamp=15", "for TileDB arrays")):
         result = subprocess.run(["mount.ctdsfs", str(source), str(tmp_path / "empty"),
                                  "-o", option], capture_output=True, text=True, timeout=60)
         lines = result.stderr.strip().splitlines()
         assert result.returncode == 1 and len(lines) == 1 and says in lines[0], result.stderr
+    for option in ("timestamp=20:10", "timestamp=soon", "timestamp=-5", "timestamp"):
+        with pytest.raises(UsageError, match="needs T or T1:T2"):
+            parse_options(option)
+    assert parse_options("timestamp=7:9").timestamp == (7, 9)

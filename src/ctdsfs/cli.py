@@ -272,6 +272,9 @@ def _main_parser():
     _standard(info, "json")
     info.add_argument("--nocrc", action="store_true", help="do not verify the header CRC")
     info.add_argument("--map", action="store_true", help="add the block map ('ctdsfs map')")
+    info.add_argument("--timestamp", metavar="T|T1:T2",
+                      help="TileDB arrays as at this time (ms since the epoch), as "
+                           "'-o timestamp=' mounts them")
 
     block_map = sub.add_parser(
         "map", help="a picture of the container's blocks",
@@ -541,6 +544,22 @@ COMMANDS = ("mount", "info", "map", "ls", "new", "tableinfo", "check", "pack", "
 MOUNT_VALUE_FLAGS = ("-o", "-t", "-N")  # mount options that take the next argument
 
 
+def _time_travel(args):
+    """``info --timestamp``: (start, end), or None; refused where there is no TileDB array."""
+    if args.timestamp is None:
+        return None
+    from .formats.tiledb_time import parse_timestamp
+    from .mount import holds_tiledb
+    travel = parse_timestamp(args.timestamp)
+    if travel is None:
+        raise CtdsfsError(f"--timestamp {args.timestamp!r} needs T or T1:T2 (ms since the "
+                          "epoch, T1 <= T2)")
+    if not (os.path.isdir(args.container) and holds_tiledb(args.container)):
+        raise CtdsfsError(f"{args.container}: --timestamp is for TileDB arrays, and this "
+                          "shows none")
+    return travel
+
+
 def _positionals(argv):
     """The arguments that are neither options nor an option's value."""
     return [arg for i, arg in enumerate(argv) if not arg.startswith("-")
@@ -575,10 +594,11 @@ def main(argv=None):
         return _run(lambda: _mount_from_args(args), "ctdsfs")
     if args.command == "info":
         def info():
+            travel = _time_travel(args)
             if os.path.isdir(args.container) and not os.path.islink(args.container):
                 from .vfs.directory import directory_or_table  # (a tree: what a mount shows)
                 container = directory_or_table(os.path.abspath(args.container), source=True,
-                                               verify_crc=not args.nocrc)
+                                               verify_crc=not args.nocrc, timestamp=travel)
             else:
                 container = open_container(args.container, verify_crc=not args.nocrc)
             data = container.describe()

@@ -149,8 +149,8 @@ def parse_options(text):
             opts.nonempty = True
         elif item == "no_default_permissions":
             continue  # only keeps allow_other from adding default_permissions
-        elif item.startswith("timestamp="):
-            opts.timestamp = parse_timestamp(item.split("=", 1)[1])
+        elif item.split("=", 1)[0] == "timestamp":
+            opts.timestamp = parse_timestamp(item.partition("=")[2])
             if opts.timestamp is None:
                 raise UsageError(f"mount option {item!r} needs T or T1:T2 (ms since the "
                                  "epoch, T1 <= T2)")

@@ -260,6 +260,9 @@ class TileDBArray(SparseView, DenseView, TileDBFolder):
                              f"{extra}{' nullable' if f.get('nullable') else ''}"
                              f" [{filters or 'no filters'}]")
         lines.append(f"  metadata keys    {', '.join(info['metadata']) or 'none'}")
+        if "timestamp" in info:
+            lines.append(f"  time travel      {info['timestamp'][0]} to {info['timestamp'][1]} "
+                         f"ms: the fragments, schema and metadata read then")
         for frag in info["fragments"]:
             if "problem" in frag:
                 lines.append(f"  fragment {frag['name']}: {frag['problem']}")
@@ -288,6 +291,8 @@ class TileDBArray(SparseView, DenseView, TileDBFolder):
             info["fragments"].append(entry)
         info["problems"] = list(self.problems)
         info["not_shown"] = self.not_shown()
+        if self.timestamp is not None:
+            info["timestamp"] = list(self.timestamp)
         return info
 
     def not_shown(self):
