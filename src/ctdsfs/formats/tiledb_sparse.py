@@ -10,6 +10,7 @@ next to others) is refused in one line (``info`` shows it), never approximated.
 A mix-in of ``TileDBArray`` beside ``DenseView``, whose gathering it shares.
 """
 
+import os
 from collections import OrderedDict
 
 import numpy as np
@@ -17,9 +18,10 @@ import numpy as np
 from ..container import name_problem
 from ..errors import BlockError, CtdsfsError, FormatError
 from .npy import npy_header
+from .tiledb_deletes import matches, read_deletes
 from .tiledb_dense import MAX_DENSE_BYTES
 from .tiledb_fragment import LazyFile
-from .tiledb_fragment_meta import fields_of, timestamps
+from .tiledb_fragment_meta import ArrayFile, fields_of, timestamps
 
 HILBERT = 4
 
@@ -59,8 +61,16 @@ class SparseView:
         schema = self.schema
         if schema["cell_order"] == HILBERT:
             return "Hilbert cell order is not merged by ctdsfs"
-        if any(n.endswith((".del", ".upd")) for n in self._list("__commits")):
-            return "the array has deletes or updates, which ctdsfs does not apply"
+        commits = self._list("__commits")
+        if any(n.endswith(".upd") for n in commits):
+            return "the array has updates, which ctdsfs does not apply"
+        if any(n.endswith(".con") and b".del\n" in ArrayFile(
+                self.path, os.path.join("__commits", n)).read_small(
+                f"{self.label}: __commits/{n}") for n in commits):
+            return "the array has deletes in consolidated commits, which ctdsfs does not apply"
+        if any(n.endswith(".del") for n in commits) and any(
+                self.fragment(n)._load_meta().has_delete_meta for n in self.fragment_names):
+            return "a fragment consolidated with deletes, which ctdsfs does not apply"
         dims = schema["dimensions"]
         if len(dims) > 1 and any(d["domain"] is None for d in dims):
             return "string dimensions beside others are not merged by ctdsfs"
@@ -187,14 +197,54 @@ class SparseView:
         keys = [stamps[1], stamps[0]] + cell_keys[::-1] + tile_keys[::-1]
         chosen = np.flatnonzero(travelled)
         order = chosen[np.lexsort([key[chosen] for key in keys])]
+        deleted = self._deleted(fragments, order, stamps[0])
         if not schema["allows_dups"] and len(order):
             same = np.ones(len(order) - 1, bool)
             for key in cell_keys:
                 ordered = key[order]
                 same &= ordered[1:] == ordered[:-1]
             keep = np.append(~same, True)  # the last (newest) of each run of one coordinate
-            order = order[keep]
-        return order.astype(np.int64), fragments
+            order, deleted = order[keep], deleted[keep]
+        return order[~deleted].astype(np.int64), fragments
+
+    def _deleted(self, fragments, order, cell_stamps):
+        """Whether each cell of ``order`` a delete removes: the cell was written at or before
+        the delete, and fails the condition stored (libtiledb stores the negation of the
+        condition the user gave: the cells to keep)."""
+        deleted = np.zeros(len(order), bool)
+        deletes = read_deletes(self, self._list("__commits"))
+        if not deletes or not len(order):
+            return deleted
+        fields = {f.name: f for f in self._sparse_fields()}
+        found = {}
+
+        def cells(name):
+            if name not in found:
+                if name not in fields:
+                    raise FormatError(f"a delete condition names {name!r}, no field of the "
+                                      f"array")
+                found[name] = self._cells_for_deletes(fragments, fields[name], order)
+            return found[name]
+
+        for when, condition in deletes:
+            deleted |= ~matches(condition, cells, len(order)) & (cell_stamps[order] <= when)
+        return deleted
+
+    def _cells_for_deletes(self, fragments, field, order):
+        """(field, values, validity) of ``field`` for the cells of ``order``."""
+        values, validity = [], []
+        for frag in fragments:
+            own = self._own_field_named(frag, field)
+            if own is None:
+                raise FormatError(f"{frag.label}: written without {field.name!r}, which a "
+                                  f"delete condition compares (not applied by ctdsfs)")
+            part = self._field_cells(frag, field)
+            values.append(np.array(part, dtype=object) if field.var else part)
+            if field.nullable:
+                validity += [np.frombuffer(frag._tile(own, "validity", i), np.uint8)
+                             for i in range(len(frag.cell_counts()))]
+        values = np.concatenate(values)[order]
+        return field, values, np.concatenate(validity)[order] if field.nullable else None
 
     def _own_field_named(self, frag, want):
         for index, field in enumerate(frag.meta.fields):
