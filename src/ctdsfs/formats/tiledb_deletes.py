@@ -31,7 +31,7 @@ SMALLEST_NODE = 10  # an expression node's bytes: no child count can claim more
 
 
 def read_deletes(array, names):
-    """(timestamp, condition) of every ``.del`` file of ``names`` (in ``__commits``) that
+    """(name, timestamp, condition) of every ``.del`` file of ``names`` (in ``__commits``) that
     the array's time travel reads, oldest first."""
     deletes = []
     for name in by_time(n for n in names if n.endswith(".del")):
@@ -42,7 +42,7 @@ def read_deletes(array, names):
         body, end = read_generic_tile(data, 0, what)
         if end != len(data):
             raise FormatError(f"{what}: {len(data) - end} bytes after the condition's tile")
-        deletes.append(((timestamps(name) or (0, 0))[1], parse_condition(body, what)))
+        deletes.append((name, (timestamps(name) or (0, 0))[1], parse_condition(body, what)))
     return deletes
 
 

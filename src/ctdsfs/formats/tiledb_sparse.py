@@ -68,9 +68,6 @@ class SparseView:
                 self.path, os.path.join("__commits", n)).read_small(
                 f"{self.label}: __commits/{n}") for n in commits):
             return "the array has deletes in consolidated commits, which ctdsfs does not apply"
-        if any(n.endswith(".del") for n in commits) and any(
-                self.fragment(n)._load_meta().has_delete_meta for n in self.fragment_names):
-            return "a fragment consolidated with deletes, which ctdsfs does not apply"
         dims = schema["dimensions"]
         if len(dims) > 1 and any(d["domain"] is None for d in dims):
             return "string dimensions beside others are not merged by ctdsfs"
@@ -161,9 +158,7 @@ class SparseView:
                 coords[k].append(values)
             cell_stamps = None
             if frag.meta.has_timestamps:
-                own = next(i for i, f in enumerate(frag.meta.fields) if f.name == "__timestamps")
-                cell_stamps = np.frombuffer(b"".join(
-                    frag._tile(own, "data", i) for i in range(len(frag.cell_counts()))), "<u8")
+                cell_stamps = self._extra_cells(frag, "__timestamps")
             t = timestamps(frag.name) or (0, 0)
             stamps.append(np.stack([cell_stamps.astype(np.int64) if cell_stamps is not None
                                     else np.full(cells, t[1], np.int64),
@@ -197,7 +192,7 @@ class SparseView:
         keys = [stamps[1], stamps[0]] + cell_keys[::-1] + tile_keys[::-1]
         chosen = np.flatnonzero(travelled)
         order = chosen[np.lexsort([key[chosen] for key in keys])]
-        deleted = self._deleted(fragments, order, stamps[0])
+        deleted = self._deleted(fragments, order, stamps)
         if not schema["allows_dups"] and len(order):
             same = np.ones(len(order) - 1, bool)
             for key in cell_keys:
@@ -207,14 +202,25 @@ class SparseView:
             order, deleted = order[keep], deleted[keep]
         return order[~deleted].astype(np.int64), fragments
 
-    def _deleted(self, fragments, order, cell_stamps):
+    def _deleted(self, fragments, order, stamps):
         """Whether each cell of ``order`` a delete removes: the cell was written at or before
         the delete, and fails the condition stored (libtiledb stores the negation of the
-        condition the user gave: the cells to keep)."""
+        condition the user gave: the cells to keep). A fragment consolidated with deletes
+        keeps, per cell, when a delete it processed removed it."""
         deleted = np.zeros(len(order), bool)
-        deletes = read_deletes(self, self._list("__commits"))
-        if not deletes or not len(order):
+        if not len(order):
             return deleted
+        written, source = stamps[0][order], stamps[1][order]
+        bases = np.cumsum([0] + [sum(f.cell_counts()) for f in fragments])
+        last = self.timestamp[1] if self.timestamp else (1 << 64) - 2
+        processed = {}
+        for k, frag in enumerate(fragments):
+            if frag.meta.has_delete_meta:
+                mine = source == k
+                when = self._extra_cells(frag, "__delete_timestamps")
+                deleted[mine] = when[order[mine] - bases[k]] <= last
+                processed[k] = set(frag.meta.processed_conditions())
+        deletes = read_deletes(self, self._list("__commits"))
         fields = {f.name: f for f in self._sparse_fields()}
         found = {}
 
@@ -226,9 +232,20 @@ class SparseView:
                 found[name] = self._cells_for_deletes(fragments, fields[name], order)
             return found[name]
 
-        for when, condition in deletes:
-            deleted |= ~matches(condition, cells, len(order)) & (cell_stamps[order] <= when)
+        for name, when, condition in deletes:
+            applies = written <= when
+            for k, names in processed.items():
+                if f"__commits/{name}" in names:
+                    applies &= source != k
+            if applies.any():
+                deleted |= applies & ~matches(condition, cells, len(order))
         return deleted
+
+    def _extra_cells(self, frag, name):
+        """A uint64 field of a consolidated fragment (``__timestamps`` and the like)."""
+        own = next(i for i, f in enumerate(frag.meta.fields) if f.name == name)
+        return np.frombuffer(b"".join(frag._tile(own, "data", i)
+                                      for i in range(len(frag.cell_counts()))), "<u8")
 
     def _cells_for_deletes(self, fragments, field, order):
         """(field, values, validity) of ``field`` for the cells of ``order``."""
