@@ -4,6 +4,7 @@ with ``A.query(order='G')[:]`` of tiledb-py on arrays it writes and deletes from
 several deletes at several times, with time travel)."""
 
 import io
+import os
 import shutil
 import subprocess
 
@@ -134,3 +135,17 @@ def test_consolidated_with_deletes(deleted_uri, tmp_path):
     info = subprocess.run(["ctdsfs", "info", uri], capture_output=True, text=True,
                           check=True).stdout
     assert "not shown" not in info
+
+
+def test_deletes_in_consolidated_commits(deleted_uri, tmp_path):
+    """Commits consolidated (``sm.consolidation.mode=commits``) and vacuumed: the deletes
+    live on only inside the ``.con`` file, each after its line."""
+    uri = str(tmp_path / "commits")
+    shutil.copytree(deleted_uri, uri)
+    tiledb.consolidate(uri, config=tiledb.Config({"sm.consolidation.mode": "commits"}))
+    tiledb.vacuum(uri, config=tiledb.Config({"sm.vacuum.mode": "commits"}))
+    commits = os.listdir(os.path.join(uri, "__commits"))
+    assert [n for n in commits if n.endswith(".con")] and \
+        not [n for n in commits if n.endswith(".del")]
+    for ts in (15, 25, None):
+        assert_same(uri, ts)

@@ -34,6 +34,7 @@ from ..container import name_problem
 from ..errors import CtdsfsError, FormatError
 from .beneath import kind_beneath
 from .byte_reader import Reader
+from .tiledb_deletes import consolidated_commits
 from .tiledb_dense import DenseView
 from .tiledb_folder import GROUP_MARKER, TileDBFolder, TileDBGroup
 from .tiledb_fragment import Fragment, TileDBDirectory
@@ -147,8 +148,7 @@ class TileDBArray(SparseView, DenseView, TileDBFolder):
             elif name.endswith(".con"):
                 what = f"{self.label}: __commits/{name}"
                 text = ArrayFile(self.path, os.path.join("__commits", name)).read_small(what)
-                for line in text.split(b"\n"):  # (libtiledb writes __commits/NAME.wrt)
-                    line = line.decode("utf-8", "surrogateescape")
+                for line, _ in consolidated_commits(text, what):
                     folder, _, commit = line.partition("/")
                     if folder in ("__commits", "__fragments") and commit.endswith(".wrt"):
                         committed.add(commit[:-4])

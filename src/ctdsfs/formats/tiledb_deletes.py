@@ -31,19 +31,50 @@ SMALLEST_NODE = 10  # an expression node's bytes: no child count can claim more
 
 
 def read_deletes(array, names):
-    """(name, timestamp, condition) of every ``.del`` file of ``names`` (in ``__commits``) that
-    the array's time travel reads, oldest first."""
+    """(name, timestamp, condition) of every delete of the array's ``__commits`` (holding
+    ``names``) that its time travel reads, oldest first: ``.del`` files, and the deletes
+    a ``.con`` file (commits consolidated) carries."""
+    tiles = {}
+    for name in names:
+        what = f"{array.label}: __commits/{name}"
+        if name.endswith(".del"):
+            tiles.setdefault(name, (ArrayFile(array.path, os.path.join("__commits", name))
+                                    .read_small(what), what))
+        elif name.endswith(".con"):
+            data = ArrayFile(array.path, os.path.join("__commits", name)).read_small(what)
+            for marker, tile in consolidated_commits(data, what):
+                folder, _, commit = marker.partition("/")
+                if tile is not None and folder == "__commits":
+                    tiles[commit] = (tile, f"{what}: {commit}")
     deletes = []
-    for name in by_time(n for n in names if n.endswith(".del")):
+    for name in by_time(tiles):
         if not in_time(name, array.timestamp):
             continue
-        what = f"{array.label}: __commits/{name}"
-        data = ArrayFile(array.path, os.path.join("__commits", name)).read_small(what)
+        data, what = tiles[name]
         body, end = read_generic_tile(data, 0, what)
         if end != len(data):
             raise FormatError(f"{what}: {len(data) - end} bytes after the condition's tile")
         deletes.append((name, (timestamps(name) or (0, 0))[1], parse_condition(body, what)))
     return deletes
+
+
+def consolidated_commits(data, what):
+    """The lines of a ``.con`` file (``__commits/NAME.wrt``, ``__commits/NAME.del``...),
+    each as (line, the delete's tile for a ``.del`` line (its size, a uint64, and its
+    bytes follow the line), else None)."""
+    entries, pos = [], 0
+    while pos < len(data):
+        end = data.find(b"\n", pos)
+        end = len(data) if end < 0 else end
+        line = bytes(data[pos:end]).decode("utf-8", "surrogateescape")
+        pos, tile = end + 1, None
+        if line.endswith(".del"):
+            r = Reader(data[pos:], what)
+            size = r.count("Q", 1)
+            tile = bytes(r.take(size))
+            pos += 8 + size
+        entries.append((line, tile))
+    return entries
 
 
 def parse_condition(body, what):

@@ -10,7 +10,6 @@ next to others) is refused in one line (``info`` shows it), never approximated.
 A mix-in of ``TileDBArray`` beside ``DenseView``, whose gathering it shares.
 """
 
-import os
 from collections import OrderedDict
 
 import numpy as np
@@ -21,7 +20,7 @@ from .npy import npy_header
 from .tiledb_deletes import matches, read_deletes
 from .tiledb_dense import MAX_DENSE_BYTES
 from .tiledb_fragment import LazyFile
-from .tiledb_fragment_meta import ArrayFile, fields_of, timestamps
+from .tiledb_fragment_meta import fields_of, timestamps
 
 HILBERT = 4
 
@@ -64,10 +63,6 @@ class SparseView:
         commits = self._list("__commits")
         if any(n.endswith(".upd") for n in commits):
             return "the array has updates, which ctdsfs does not apply"
-        if any(n.endswith(".con") and b".del\n" in ArrayFile(
-                self.path, os.path.join("__commits", n)).read_small(
-                f"{self.label}: __commits/{n}") for n in commits):
-            return "the array has deletes in consolidated commits, which ctdsfs does not apply"
         dims = schema["dimensions"]
         if len(dims) > 1 and any(d["domain"] is None for d in dims):
             return "string dimensions beside others are not merged by ctdsfs"
