@@ -3,11 +3,14 @@ order libtiledb reads with ``A.query(order='G')[:]``.
 
 Cells of every fragment (a consolidated one standing for those it contains) are sorted
 by space tile (the dimensions' tile extents, in the tile order), then by coordinates
-(in the cell order); where the schema allows no duplicates, the newest write of a
-coordinate wins (per-cell timestamps of consolidated fragments, else the fragment's).
-What this cannot do as libtiledb does (Hilbert order, deletes, string dimensions
-next to others) is refused in one line (``info`` shows it), never approximated.
-A mix-in of ``TileDBArray`` beside ``DenseView``, whose gathering it shares.
+(in the cell order); in Hilbert order by the Hilbert value of the coordinates, then
+row-major. Where the schema allows no duplicates, the newest write of a coordinate
+wins (per-cell timestamps of consolidated fragments, else the fragment's); deletes
+then remove what their conditions say (``tiledb_deletes``). Time travel keeps the
+cells written in its range. What this cannot do as libtiledb does (updates, string
+dimensions next to others, Hilbert order over a string dimension) is refused in one
+line (``info`` shows it), never approximated. A mix-in of ``TileDBArray`` beside
+``DenseView``, whose gathering it shares.
 """
 
 from collections import OrderedDict
@@ -21,6 +24,7 @@ from .tiledb_deletes import matches, read_deletes
 from .tiledb_dense import MAX_DENSE_BYTES
 from .tiledb_fragment import LazyFile
 from .tiledb_fragment_meta import fields_of, timestamps
+from .tiledb_hilbert import hilbert_values
 
 HILBERT = 4
 
@@ -58,8 +62,9 @@ class SparseView:
 
     def _sparse_refusal(self):
         schema = self.schema
-        if schema["cell_order"] == HILBERT:
-            return "Hilbert cell order is not merged by ctdsfs"
+        if schema["cell_order"] == HILBERT and any(d["domain"] is None
+                                                   for d in schema["dimensions"]):
+            return "Hilbert cell order with a string dimension is not merged by ctdsfs"
         commits = self._list("__commits")
         if any(n.endswith(".upd") for n in commits):
             return "the array has updates, which ctdsfs does not apply"
@@ -179,9 +184,11 @@ class SparseView:
             low = d["domain"][0]
             tile_keys.append(np.floor((values - low) / extent).astype(np.int64)
                              if extent else np.zeros(len(values), np.int64))
+        if schema["cell_order"] == HILBERT:  # (no space tiles: the Hilbert value first)
+            tile_keys = [hilbert_values(cell_keys, [d["domain"] for d in schema["dimensions"]])]
         if schema["cell_order"] == 1:
             cell_keys = cell_keys[::-1]
-        if schema["tile_order"] == 1:
+        if schema["tile_order"] == 1 and schema["cell_order"] != HILBERT:
             tile_keys = tile_keys[::-1]
         # (np.lexsort: the last key sorts first; the newest write of a cell comes last)
         keys = [stamps[1], stamps[0]] + cell_keys[::-1] + tile_keys[::-1]
