@@ -48,19 +48,15 @@ def test_hilbert_order(tmp_path, kind):
         sparse=True, cell_order="hilbert", capacity=7, allows_duplicates=dups,
         attrs=[tiledb.Attr("a", dtype=np.int64)]))
     rng = np.random.default_rng(3)
-    for t in (1, 2, 3):
-        coords = random_coords(rng, dims, 40)
+    first = random_coords(rng, dims, 40)
+    writes = [first, random_coords(rng, dims, 40),
+              [np.concatenate([c[:20], old[:20]])  # (half of the first write's again)
+               for c, old in zip(random_coords(rng, dims, 20), first)]]
+    for t, coords in enumerate(writes, 1):
         if not dups:
             stacked = np.stack([c.astype(np.float64) for c in coords])
             firsts = np.sort(np.unique(stacked, axis=1, return_index=True)[1])
             coords = [c[firsts] for c in coords]
-        if t == 2:  # (half of the first write's cells written again)
-            coords = [np.concatenate([c[:20], old[:20]]) for c, old in zip(coords, first)]
-            if not dups:
-                stacked = np.stack([c.astype(np.float64) for c in coords])
-                firsts = np.sort(np.unique(stacked, axis=1, return_index=True)[1])
-                coords = [c[firsts] for c in coords]
-        first = coords if t == 1 else first
         with tiledb.open(uri, "w", timestamp=t) as A:
             A[tuple(coords)] = np.arange(len(coords[0])) + 100 * t
     with tiledb.open(uri, "d", timestamp=4) as A:
