@@ -180,10 +180,7 @@ class SparseView:
                 continue
             values = np.concatenate(coords[k])
             cell_keys.append(values)
-            extent = d["tile_extent"]
-            low = d["domain"][0]
-            tile_keys.append(np.floor((values - low) / extent).astype(np.int64)
-                             if extent else np.zeros(len(values), np.int64))
+            tile_keys.append(space_tile(values, d["domain"][0], d["tile_extent"]))
         if schema["cell_order"] == HILBERT:  # (no space tiles: the Hilbert value first)
             tile_keys = [hilbert_values(cell_keys, [d["domain"] for d in schema["dimensions"]])]
         if schema["cell_order"] == 1:
@@ -290,3 +287,17 @@ class SparseView:
         fill = attr["fill"] if attr and field.kind == "attribute" else None
         fill_validity = attr["fill_validity"] if attr else 1
         return self._gather(field, fill, fill_validity, picks, picks, sources)
+
+
+def space_tile(values, low, extent):
+    """The space tile of each coordinate along one dimension, as libtiledb computes it:
+    integers as (v - low) // extent without overflow (an int8 dimension's 80 - -100 is
+    180), floats in their own precision."""
+    if not extent:
+        return np.zeros(len(values), np.int64)
+    if values.dtype.kind == "f":
+        kind = values.dtype.type
+        return np.floor((values - kind(low)) / kind(extent)).astype(np.int64)
+    if values.dtype == np.uint64:
+        return ((values - np.uint64(low)) // np.uint64(extent)).astype(np.int64)
+    return (values.astype(np.int64) - low) // extent
