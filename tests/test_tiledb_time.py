@@ -4,6 +4,8 @@ compared with tiledb-py on arrays it writes here at chosen timestamps."""
 
 import io
 import json
+import os
+import shutil
 import subprocess
 
 import numpy as np
@@ -135,6 +137,26 @@ def test_schema_at_timestamp(tmp_path):
             assert [A.schema.attr(i).name for i in range(A.schema.nattr)] == names
         assert fields == names
         assert sorted(n[:-4] for n in array.nested("dense").names()) == names
+
+
+def test_group_at_timestamp(sparse_uri, tmp_path):
+    """A group's own metadata as ``tiledb.Group`` opened at the time reads it, its arrays
+    at that time too."""
+    uri = str(tmp_path / "group")
+    tiledb.Group.create(uri)
+    for t in (10, 20):
+        group = tiledb.Group(uri, "w", config=tiledb.Config({"sm.group.timestamp_end": t}))
+        group.meta[f"g{t}"] = t
+        group.close()
+    shutil.copytree(sparse_uri, os.path.join(uri, "member"))
+    for ts in (15, 25):
+        shown = open_file(uri, timestamp=(0, ts))
+        group = tiledb.Group(uri, "r", config=tiledb.Config({"sm.group.timestamp_end": ts}))
+        assert metadata(shown) == dict(group.meta)
+        group.close()
+        member = shown.nested("member")
+        with tiledb.open(os.path.join(uri, "member"), timestamp=ts) as A:
+            assert metadata(member) == dict(A.meta)
 
 
 def test_mount_option_and_refusals(sparse_uri, mount, tmp_path):

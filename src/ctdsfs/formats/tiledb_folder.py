@@ -27,7 +27,7 @@ GROUP_MARKER = "__tiledb_group.tdb"  # the file every group folder holds
 class TileDBFolder(TileDBDirectory):
     """An array or group folder: its listing and its metadata."""
 
-    timestamp = None  # an array's (start, end) of time travel: its metadata files in it
+    timestamp = None  # (start, end) of time travel: the metadata files in it count
 
     def __init__(self, path):
         super().__init__(os.fspath(path))
@@ -76,9 +76,9 @@ class TileDBFolder(TileDBDirectory):
 class TileDBGroup(TileDBFolder):
     """A group folder: metadata.json (the group's own metadata) and its members."""
 
-    def __init__(self, path, member_timestamp=None):
+    def __init__(self, path, timestamp=None):
         super().__init__(path)
-        self.member_timestamp = member_timestamp  # time travel of the arrays in it
+        self.timestamp = timestamp  # its metadata's and its members' time travel
 
     def _build(self):
         from ..vfs.directory import directory_or_table
@@ -94,7 +94,7 @@ class TileDBGroup(TileDBFolder):
                 self._note(f"{name!r} not shown: {why}")
                 continue
             entries[name] = directory_or_table(os.path.join(self.path, name),
-                                               timestamp=self.member_timestamp)
+                                               timestamp=self.timestamp)
         return entries
 
     def describe(self):
