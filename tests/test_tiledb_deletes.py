@@ -6,13 +6,16 @@ several deletes at several times, with time travel)."""
 import io
 import os
 import shutil
+import struct
 import subprocess
 
 import numpy as np
 import pytest
 import tiledb
 
+from ctdsfs.errors import BlockError, FormatError
 from ctdsfs.formats.tiledb import open_file
+from ctdsfs.formats.tiledb_deletes import parse_condition
 
 SMALL_BUFFERS = tiledb.Config({"sm.consolidation.buffer_size": 100000})
 
@@ -149,3 +152,34 @@ def test_deletes_in_consolidated_commits(deleted_uri, tmp_path):
         not [n for n in commits if n.endswith(".del")]
     for ts in (15, 25, None):
         assert_same(uri, ts)
+
+
+def value_node(op, name, value):
+    return struct.pack("<BBI", 1, op, len(name)) + name + struct.pack("<Q", len(value)) + value
+
+
+@pytest.mark.parametrize("body, says", [
+    (b"\x00\x00" + struct.pack("<Q", 1) * 70, "truncated"),  # (not enough bytes left)
+    (b"".join(b"\x00\x02" + struct.pack("<Q", 1) for _ in range(70))
+     + value_node(0, b"a", b"\0" * 4), "deeper than 64"),
+    (b"\x00\x02" + struct.pack("<Q", 2) + value_node(0, b"a", b"") * 2, "NOT with 2"),
+    (b"\x00\x00" + struct.pack("<Q", 1 << 60), "exceeds"),
+    (b"\x02", "node type 2"),
+    (value_node(9, b"a", b""), "comparison 9"),
+    (value_node(0, b"a", b"") + b"x", "bytes after"),
+])
+def test_hostile_conditions_are_one_line_errors(body, says):
+    with pytest.raises(FormatError, match=says):
+        parse_condition(body, "A: __commits/x.del")
+
+
+def test_a_damaged_delete_is_eio_for_sparse_reads(deleted_uri, tmp_path):
+    uri = str(tmp_path / "damaged")
+    shutil.copytree(deleted_uri, uri)
+    delete = next(n for n in os.listdir(os.path.join(uri, "__commits")) if n.endswith(".del"))
+    path = os.path.join(uri, "__commits", delete)
+    with open(path, "r+b") as f:
+        f.truncate(os.path.getsize(path) // 2)
+    view = open_file(uri).nested("sparse")
+    with pytest.raises(BlockError, match=delete):
+        view.read("x.npy", 0, 100)

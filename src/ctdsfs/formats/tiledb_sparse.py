@@ -243,8 +243,11 @@ class SparseView:
     def _extra_cells(self, frag, name):
         """A uint64 field of a consolidated fragment (``__timestamps`` and the like)."""
         own = next(i for i, f in enumerate(frag.meta.fields) if f.name == name)
-        return np.frombuffer(b"".join(frag._tile(own, "data", i)
-                                      for i in range(len(frag.cell_counts()))), "<u8")
+        data = b"".join(frag._tile(own, "data", i) for i in range(len(frag.cell_counts())))
+        if len(data) != 8 * sum(frag.cell_counts()):
+            raise FormatError(f"{frag.label}: {len(data)} bytes of {name} for "
+                              f"{sum(frag.cell_counts())} cells")
+        return np.frombuffer(data, "<u8")
 
     def _cells_for_deletes(self, fragments, field, order):
         """(field, values, validity) of ``field`` for the cells of ``order``."""
@@ -259,6 +262,11 @@ class SparseView:
             if field.nullable:
                 validity += [np.frombuffer(frag._tile(own, "validity", i), np.uint8)
                              for i in range(len(frag.cell_counts()))]
+            cells = sum(frag.cell_counts())
+            if len(part) != cells or field.nullable and \
+                    sum(map(len, validity)) != sum(len(v) for v in values):
+                raise FormatError(f"{frag.label}: {len(part)} values of {field.name!r} for "
+                                  f"{cells} cells")
         values = np.concatenate(values)[order]
         return field, values, np.concatenate(validity)[order] if field.nullable else None
 
