@@ -7,10 +7,13 @@ by space tile (the dimensions' tile extents, in the tile order), then by coordin
 row-major. Where the schema allows no duplicates, the newest write of a coordinate
 wins (per-cell timestamps of consolidated fragments, else the fragment's); deletes
 then remove what their conditions say (``tiledb_deletes``). Time travel keeps the
-cells written in its range. What this cannot do as libtiledb does (updates, string
-dimensions next to others, Hilbert order over a string dimension) is refused in one
-line (``info`` shows it), never approximated. A mix-in of ``TileDBArray`` beside
-``DenseView``, whose gathering it shares.
+cells written in its range. String coordinates are ordered as signed chars, as
+libtiledb orders them. What this cannot do as libtiledb does (updates, Hilbert order
+over a string dimension, string coordinates beyond ASCII in several fragments, which
+libtiledb merges in an order of its own) is refused in one line (``info`` shows it;
+the last, when only inner coordinates show it, makes reads EIO saying so), never
+approximated. A mix-in of ``TileDBArray`` beside ``DenseView``, whose gathering it
+shares.
 """
 
 from collections import OrderedDict
@@ -27,6 +30,11 @@ from .tiledb_fragment_meta import fields_of, timestamps
 from .tiledb_hilbert import hilbert_values
 
 HILBERT = 4
+# libtiledb orders string coordinates by their bytes taken as signed chars (0x80 to 0xff
+# before 0x00): flipping the top bit makes Python's bytes order that one
+SIGNED_BYTES = bytes(b ^ 0x80 for b in range(256))
+BEYOND_ASCII = ("string coordinates beyond ASCII in several fragments: libtiledb merges "
+                "them in an order of its own, not reproduced by ctdsfs")
 
 
 class SparseView:
@@ -62,15 +70,19 @@ class SparseView:
 
     def _sparse_refusal(self):
         schema = self.schema
+        strings = [k for k, d in enumerate(schema["dimensions"]) if d["domain"] is None]
+        if strings and len(self.fragment_names) > 1 and any(
+                not str(bound).isascii()
+                for name in self.fragment_names
+                for k in strings
+                for bound in (self.fragment(name)._load_meta().non_empty_domain or [[]])[k]):
+            return BEYOND_ASCII
         if schema["cell_order"] == HILBERT and any(d["domain"] is None
                                                    for d in schema["dimensions"]):
             return "Hilbert cell order with a string dimension is not merged by ctdsfs"
         commits = self._list("__commits")
         if any(n.endswith(".upd") for n in commits):
             return "the array has updates, which ctdsfs does not apply"
-        dims = schema["dimensions"]
-        if len(dims) > 1 and any(d["domain"] is None for d in dims):
-            return "string dimensions beside others are not merged by ctdsfs"
         return None
 
     def _sparse_layout(self, field_index, part):
@@ -172,7 +184,10 @@ class SparseView:
         cell_keys, tile_keys = [], []
         for k, (dim, d) in enumerate(zip(dims, schema["dimensions"])):
             if dim.var:
-                words = [w for part in coords[k] for w in part]
+                words = [w.translate(SIGNED_BYTES) for part in coords[k] for w in part]
+                if len(fragments) > 1 and not all(w.isascii() for part in coords[k]
+                                                  for w in part):
+                    raise FormatError(BEYOND_ASCII)
                 rank = np.unique(np.array(words, dtype=object), return_inverse=True)[1] \
                     if words else np.zeros(0, np.int64)
                 cell_keys.append(rank.astype(np.int64))
