@@ -178,3 +178,22 @@ def test_mount_option_and_refusals(sparse_uri, mount, tmp_path):
         with pytest.raises(UsageError, match="needs T or T1:T2"):
             parse_options(option)
     assert parse_options("timestamp=7:9").timestamp == (7, 9)
+
+
+def test_check_at_timestamp(sparse_uri, tmp_path):
+    """A damaged fragment outside the range is not read: check at the time is clean."""
+    uri = str(tmp_path / "damaged")
+    shutil.copytree(sparse_uri, uri)
+    old = next(n for n in os.listdir(os.path.join(uri, "__fragments"))
+               if n.startswith("__10_10_"))
+    data = os.path.join(uri, "__fragments", old, "a0.tdb")
+    with open(data, "r+b") as f:
+        f.truncate(os.path.getsize(data) - 3)
+    whole = subprocess.run(["ctdsfs", "check", "--quiet", uri], capture_output=True, text=True)
+    assert whole.returncode == 1 and old in whole.stdout
+    later = subprocess.run(["ctdsfs", "check", "--quiet", "--timestamp", "21:40", uri],
+                           capture_output=True, text=True)
+    assert later.returncode == 0, later.stdout + later.stderr
+    plain = subprocess.run(["ctdsfs", "check", "--timestamp", "5", str(tmp_path)],
+                           capture_output=True, text=True)
+    assert plain.returncode == 1 and "for a TileDB array or group" in plain.stderr

@@ -332,6 +332,9 @@ def _main_parser():
                     "no header lists are notes. Exit status 0 only if there is no problem.")
     check.add_argument("container", metavar="CONTAINER")
     _standard(check, "json", "quiet")
+    check.add_argument("--timestamp", metavar="T|T1:T2",
+                       help="a TileDB array as at this time (ms since the epoch): only the "
+                            "fragments and metadata read then")
 
     pack = sub.add_parser(
         "pack", help="one container from a directory tree",
@@ -657,8 +660,16 @@ def main(argv=None):
         def check():
             from .formats.check import check_path
             from .toolbox import progress_bar
+            travel = _time_travel(args)
+            if travel is not None:
+                from .formats import directory_format
+                fmt = directory_format(args.container)
+                if fmt is None or fmt.module != "tiledb":
+                    raise CtdsfsError(f"{args.container}: --timestamp is for a TileDB array "
+                                      "or group")
             problems, notes = check_path(
-                args.container, lambda total: progress_bar(total, args.quiet, "check"))
+                args.container, lambda total: progress_bar(total, args.quiet, "check"),
+                timestamp=travel)
             if args.json:
                 json.dump({"container": args.container, "clean": not problems,
                            "problems": problems, "notes": notes}, sys.stdout, indent=2)
