@@ -3,7 +3,6 @@ with tiledb-py on arrays it writes here (several fragments, overlapping writes,
 duplicates, var-sized and nullable fields, consolidation, evolved schemas)."""
 
 import io
-import subprocess
 
 import numpy as np
 import pytest
@@ -118,21 +117,3 @@ def test_string_dimension(tmp_path):
     assert var_cells(view, "k") == list(ref["k"])
     assert np.array_equal(load(view, "a.npy"), ref["a"])
 
-
-def test_deletes_are_refused_and_said(tmp_path):
-    """libtiledb applies delete conditions on read; ctdsfs does not: sparse/ stays empty
-    and ``info`` and ``check`` say why (a note, not a problem: the array is intact)."""
-    uri = str(tmp_path / "a")
-    dom = tiledb.Domain(tiledb.Dim("x", domain=(0, 99), tile=10, dtype=np.int64))
-    tiledb.Array.create(uri, tiledb.ArraySchema(domain=dom, sparse=True,
-                                                attrs=[tiledb.Attr("a", dtype=np.int32)]))
-    with tiledb.open(uri, "w", timestamp=1) as A:
-        A[np.arange(20)] = {"a": np.arange(20, dtype=np.int32)}
-    with tiledb.open(uri, "d", timestamp=2) as A:
-        A.query(cond="a < 5").submit()
-    array = open_container(uri)
-    assert array.nested("sparse").names() == []
-    info = subprocess.run(["ctdsfs", "info", uri], capture_output=True, text=True, timeout=60)
-    assert info.returncode == 0 and "not shown: sparse/: the array has deletes" in info.stdout
-    problems, notes = array.check()
-    assert problems == [] and any("deletes" in n for n in notes)

@@ -274,6 +274,9 @@ def _main_parser():
     _standard(info, "json")
     info.add_argument("--nocrc", action="store_true", help="do not verify the header CRC")
     info.add_argument("--map", action="store_true", help="add the block map ('ctdsfs map')")
+    info.add_argument("--timestamp", metavar="T|T1:T2",
+                      help="TileDB arrays as at this time (ms since the epoch), as "
+                           "'-o timestamp=' mounts them")
 
     block_map = sub.add_parser(
         "map", help="a picture of the container's blocks",
@@ -331,6 +334,9 @@ def _main_parser():
                     "no header lists are notes. Exit status 0 only if there is no problem.")
     check.add_argument("container", metavar="CONTAINER")
     _standard(check, "json", "quiet")
+    check.add_argument("--timestamp", metavar="T|T1:T2",
+                       help="a TileDB array as at this time (ms since the epoch): only the "
+                            "fragments and metadata read then")
 
     pack = sub.add_parser(
         "pack", help="one container from a directory tree",
@@ -543,6 +549,22 @@ COMMANDS = ("mount", "info", "map", "ls", "new", "tableinfo", "check", "pack", "
 MOUNT_VALUE_FLAGS = ("-o", "-t", "-N")  # mount options that take the next argument
 
 
+def _time_travel(args):
+    """``info --timestamp``: (start, end), or None; refused where there is no TileDB array."""
+    if args.timestamp is None:
+        return None
+    from .formats.tiledb_time import parse_timestamp
+    from .mount import holds_tiledb
+    travel = parse_timestamp(args.timestamp)
+    if travel is None:
+        raise CtdsfsError(f"--timestamp {args.timestamp!r} needs T or T1:T2 (ms since the "
+                          "epoch, T1 <= T2)")
+    if not (os.path.isdir(args.container) and holds_tiledb(args.container)):
+        raise CtdsfsError(f"{args.container}: --timestamp is for TileDB arrays, and this "
+                          "shows none")
+    return travel
+
+
 def _positionals(argv):
     """The arguments that are neither options nor an option's value."""
     return [arg for i, arg in enumerate(argv) if not arg.startswith("-")
@@ -577,10 +599,11 @@ def main(argv=None):
         return _run(lambda: _mount_from_args(args), "ctdsfs")
     if args.command == "info":
         def info():
+            travel = _time_travel(args)
             if os.path.isdir(args.container) and not os.path.islink(args.container):
                 from .vfs.directory import directory_or_table  # (a tree: what a mount shows)
                 container = directory_or_table(os.path.abspath(args.container), source=True,
-                                               verify_crc=not args.nocrc)
+                                               verify_crc=not args.nocrc, timestamp=travel)
             else:
                 container = open_container(args.container, verify_crc=not args.nocrc)
             data = container.describe()
@@ -639,8 +662,16 @@ def main(argv=None):
         def check():
             from .formats.check import check_path
             from .toolbox import progress_bar
+            travel = _time_travel(args)
+            if travel is not None:
+                from .formats import directory_format
+                fmt = directory_format(args.container)
+                if fmt is None or fmt.module != "tiledb":
+                    raise CtdsfsError(f"{args.container}: --timestamp is for a TileDB array "
+                                      "or group")
             problems, notes = check_path(
-                args.container, lambda total: progress_bar(total, args.quiet, "check"))
+                args.container, lambda total: progress_bar(total, args.quiet, "check"),
+                timestamp=travel)
             if args.json:
                 json.dump({"container": args.container, "clean": not problems,
                            "problems": problems, "notes": notes}, sys.stdout, indent=2)

@@ -23,6 +23,7 @@ from .formats import (
     open_container,
     open_from_store,
 )
+from .formats.tiledb_time import parse_timestamp
 
 log = logging.getLogger("ctdsfs")
 
@@ -76,6 +77,7 @@ class MountOptions:
     debug: bool = False
     nonempty: bool = False  # mount over a mount point that holds files
     remote: dict = field(default_factory=dict)  # RemoteOptions fields (s3:// or http(s)://)
+    timestamp: tuple = None  # TileDB time travel: (start, end) in ms since the epoch
 
 
 def _bytes(text):
@@ -150,6 +152,11 @@ def parse_options(text):
             opts.nonempty = True
         elif item == "no_default_permissions":
             continue  # only keeps allow_other from adding default_permissions
+        elif item.split("=", 1)[0] == "timestamp":
+            opts.timestamp = parse_timestamp(item.partition("=")[2])
+            if opts.timestamp is None:
+                raise UsageError(f"mount option {item!r} needs T or T1:T2 (ms since the "
+                                 "epoch, T1 <= T2)")
         elif item.startswith("logfile="):
             opts.logfile = item.split("=", 1)[1]
         elif item == "anon":
@@ -258,6 +265,16 @@ def _collect_garbage_seldom():
     gc.set_threshold(GC_YOUNG_ALLOCATIONS, middle, old)
 
 
+def holds_tiledb(path):
+    """Whether the directory tree at ``path`` (links not followed) holds a TileDB array
+    or group, which time travel applies to."""
+    from .formats.tiledb import looks_like_directory
+    for folder, _, _ in os.walk(path):
+        if looks_like_directory(folder):
+            return True
+    return False
+
+
 def mount(source, mountpoint, opts, foreground=False):
     """Mount ``source`` on ``mountpoint``; returns the exit status for the caller."""
     # Imported here so `ctdsfs info` and `--help` work where libfuse is missing.
@@ -271,6 +288,9 @@ def mount(source, mountpoint, opts, foreground=False):
         raise UsageError(f"mount options {', '.join(sorted(opts.remote))} are for an s3:// or "
                          "http(s):// source only")
     source = source if remote else os.path.abspath(source)
+    if opts.timestamp and (remote or not os.path.isdir(source)):
+        raise UsageError(f"{source}: mount option 'timestamp' is for TileDB arrays (a "
+                         "local directory: an array, a group or a tree holding them)")
     check_mountpoint(mountpoint, nonempty=opts.nonempty)
     trim_heap = _reuse_freed_memory()
     _setup_logging(opts, foreground=True)  # problems found while opening reach the terminal
@@ -301,9 +321,12 @@ def mount(source, mountpoint, opts, foreground=False):
         real_source = os.path.realpath(source)
         if target == real_source or real_source.startswith(target + os.sep):
             raise UsageError(f"{source}: the source lies under the mount point {mountpoint}")
+        if opts.timestamp and not (opts.recurse and holds_tiledb(real_source)):
+            raise UsageError(f"{source}: mount option 'timestamp' is for TileDB arrays, and "
+                             f"this tree shows none{'' if opts.recurse else ' (norecurse)'}")
         container = directory_or_table(real_source, source=True, writable=opts.writable,
                                        recurse=opts.recurse, verify_crc=opts.verify_crc,
-                                       hide={target})
+                                       hide={target}, timestamp=opts.timestamp)
     else:
         container = open_container(source, verify_crc=opts.verify_crc, writable=opts.writable)
     if opts.columns:

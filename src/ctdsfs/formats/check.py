@@ -213,16 +213,21 @@ def work_bytes(container):
     return total
 
 
-def check_path(path, progress=None):
+def check_path(path, progress=None, timestamp=None):
     """Open ``path`` (any format) without trusting its CRCs and check it.
 
     ``progress(total_bytes)``, if given, makes a tqdm-like context manager
     whose ``update(bytes)`` follows the reading (not called when nothing is read).
+    ``timestamp`` (start, end): a TileDB array or group as at that time.
     """
-    from . import open_container
+    from . import directory_format, open_container
 
     try:
-        container = open_container(path, verify_crc=False)
+        if timestamp is not None:  # (a TileDB array or group: the caller made sure)
+            container = directory_format(path).implementation().open_file(
+                path, timestamp=timestamp)
+        else:
+            container = open_container(path, verify_crc=False)
     except CtdsfsError as exc:
         return [str(exc)], []
     try:

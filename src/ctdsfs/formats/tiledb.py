@@ -34,6 +34,7 @@ from ..container import name_problem
 from ..errors import CtdsfsError, FormatError
 from .beneath import kind_beneath
 from .byte_reader import Reader
+from .tiledb_deletes import consolidated_commits
 from .tiledb_dense import DenseView
 from .tiledb_folder import GROUP_MARKER, TileDBFolder, TileDBGroup
 from .tiledb_fragment import Fragment, TileDBDirectory
@@ -54,6 +55,7 @@ from .tiledb_schema import (
     schema_json,
 )
 from .tiledb_sparse import SparseView
+from .tiledb_time import fragment_overlap, schema_at
 
 log = logging.getLogger(__name__)
 
@@ -73,17 +75,18 @@ class TileDBArray(SparseView, DenseView, TileDBFolder):
     """A TileDB array folder as schema.json, schemas/, metadata.json, fragments/, dense/
     or sparse/."""
 
-    def __init__(self, path):
+    def __init__(self, path, timestamp=None):
         super().__init__(path)
+        self.timestamp = timestamp  # (start, end) in ms: time travel, as tiledb.open's
         self._schemas = {}
         self.schema_names = by_time(self._list("__schema", files_only=True))
         if not self.schema_names and LEGACY_SCHEMA in self._list(".", files_only=True):
             self.schema_names = [LEGACY_SCHEMA]
         if not self.schema_names:
             raise FormatError(f"{self.label}: no array schema in __schema")
-        self.schema = self.schema_named(self.schema_names[-1])
-        self.fragment_names = self._committed_fragments()
+        self.schema = self.schema_named(schema_at(self.schema_names, timestamp))
         self._fragments = {}
+        self.fragment_names = self._committed_fragments()
         self._merged_cache = None  # (field key, its merged parts): dense/ or sparse/
         self._sparse_cache = None  # sparse/: (every cell in the global order, fragments)
 
@@ -145,8 +148,7 @@ class TileDBArray(SparseView, DenseView, TileDBFolder):
             elif name.endswith(".con"):
                 what = f"{self.label}: __commits/{name}"
                 text = ArrayFile(self.path, os.path.join("__commits", name)).read_small(what)
-                for line in text.split(b"\n"):  # (libtiledb writes __commits/NAME.wrt)
-                    line = line.decode("utf-8", "surrogateescape")
+                for line, _ in consolidated_commits(text, what):
                     folder, _, commit = line.partition("/")
                     if folder in ("__commits", "__fragments") and commit.endswith(".wrt"):
                         committed.add(commit[:-4])
@@ -154,6 +156,8 @@ class TileDBArray(SparseView, DenseView, TileDBFolder):
             self.problems.append(f"fragment {name!r} not shown: no commit file")
         shown = []
         for name in by_time(present & committed):
+            if not self._read_at_timestamp(name):
+                continue
             why = name_problem(name)
             if not why and kind_beneath(self.path, self.fragment_paths[name], stat.S_ISLNK):
                 why = "a link, not followed"
@@ -165,6 +169,19 @@ class TileDBArray(SparseView, DenseView, TileDBFolder):
             else:
                 shown.append(name)
         return shown
+
+    def _read_at_timestamp(self, name):
+        """Whether libtiledb reads fragment ``name`` at the time travel asked for: one
+        whose time range the asked one holds, or (format version 15 on) one that overlaps
+        it and keeps a timestamp per cell (then filtered by them); a fragment whose
+        metadata cannot be read is kept, to show its problem."""
+        overlap = fragment_overlap(name, self.timestamp)
+        if overlap != "partial":
+            return overlap == "whole"
+        try:
+            return self.fragment(name)._load_meta().has_timestamps
+        except CtdsfsError:
+            return True
 
     def fragment(self, name):
         with self._lock:
@@ -243,6 +260,9 @@ class TileDBArray(SparseView, DenseView, TileDBFolder):
                              f"{extra}{' nullable' if f.get('nullable') else ''}"
                              f" [{filters or 'no filters'}]")
         lines.append(f"  metadata keys    {', '.join(info['metadata']) or 'none'}")
+        if "timestamp" in info:
+            lines.append(f"  time travel      {info['timestamp'][0]} to {info['timestamp'][1]} "
+                         f"ms: the fragments, schema and metadata read then")
         for frag in info["fragments"]:
             if "problem" in frag:
                 lines.append(f"  fragment {frag['name']}: {frag['problem']}")
@@ -271,6 +291,8 @@ class TileDBArray(SparseView, DenseView, TileDBFolder):
             info["fragments"].append(entry)
         info["problems"] = list(self.problems)
         info["not_shown"] = self.not_shown()
+        if self.timestamp is not None:
+            info["timestamp"] = list(self.timestamp)
         return info
 
     def not_shown(self):
@@ -302,7 +324,9 @@ def is_array(path):
         kind_beneath(path, LEGACY_SCHEMA, stat.S_ISREG)
 
 
-def open_file(path, *, verify_crc=True, writable=False):
+def open_file(path, *, verify_crc=True, writable=False, timestamp=None):
     """The TileDB array (or group) folder at ``path``, always read-only (a read-write
-    mount shows it too, refusing changes); checksums are always verified."""
-    return TileDBArray(path) if is_array(path) else TileDBGroup(path)
+    mount shows it too, refusing changes); checksums are always verified. ``timestamp``
+    (start, end): the array as ``tiledb.open(path, timestamp=(start, end))`` reads it
+    (a group's arrays too)."""
+    return TileDBArray(path, timestamp) if is_array(path) else TileDBGroup(path, timestamp)

@@ -17,6 +17,7 @@ from .beneath import kind_beneath, listdir_beneath
 from .tiledb_fragment import TileDBDirectory
 from .tiledb_fragment_meta import ArrayFile, by_time
 from .tiledb_schema import json_bytes, metadata_as_tiledb_py, parse_metadata
+from .tiledb_time import in_time
 
 log = logging.getLogger(__name__)
 
@@ -25,6 +26,8 @@ GROUP_MARKER = "__tiledb_group.tdb"  # the file every group folder holds
 
 class TileDBFolder(TileDBDirectory):
     """An array or group folder: its listing and its metadata."""
+
+    timestamp = None  # (start, end) of time travel: the metadata files in it count
 
     def __init__(self, path):
         super().__init__(os.fspath(path))
@@ -58,7 +61,7 @@ class TileDBFolder(TileDBDirectory):
         """``__meta`` applied oldest first, keyed as tiledb-py shows it."""
         values = {}
         for name in by_time(self._list("__meta", files_only=True)):
-            if name.endswith(".vac"):
+            if name.endswith(".vac") or not in_time(name, self.timestamp):
                 continue
             what = f"{self.label}: __meta/{name}"
             try:
@@ -73,6 +76,10 @@ class TileDBFolder(TileDBDirectory):
 class TileDBGroup(TileDBFolder):
     """A group folder: metadata.json (the group's own metadata) and its members."""
 
+    def __init__(self, path, timestamp=None):
+        super().__init__(path)
+        self.timestamp = timestamp  # its metadata's and its members' time travel
+
     def _build(self):
         from ..vfs.directory import directory_or_table
         entries = OrderedDict()
@@ -86,7 +93,8 @@ class TileDBGroup(TileDBFolder):
             if why:
                 self._note(f"{name!r} not shown: {why}")
                 continue
-            entries[name] = directory_or_table(os.path.join(self.path, name))
+            entries[name] = directory_or_table(os.path.join(self.path, name),
+                                               timestamp=self.timestamp)
         return entries
 
     def describe(self):

@@ -3,11 +3,17 @@ order libtiledb reads with ``A.query(order='G')[:]``.
 
 Cells of every fragment (a consolidated one standing for those it contains) are sorted
 by space tile (the dimensions' tile extents, in the tile order), then by coordinates
-(in the cell order); where the schema allows no duplicates, the newest write of a
-coordinate wins (per-cell timestamps of consolidated fragments, else the fragment's).
-What this cannot do as libtiledb does (Hilbert order, deletes, string dimensions
-next to others) is refused in one line (``info`` shows it), never approximated.
-A mix-in of ``TileDBArray`` beside ``DenseView``, whose gathering it shares.
+(in the cell order); in Hilbert order by the Hilbert value of the coordinates, then
+row-major. Where the schema allows no duplicates, the newest write of a coordinate
+wins (per-cell timestamps of consolidated fragments, else the fragment's); deletes
+then remove what their conditions say (``tiledb_deletes``). Time travel keeps the
+cells written in its range. String coordinates are ordered as signed chars, as
+libtiledb orders them. What this cannot do as libtiledb does (updates, Hilbert order
+over a string dimension, string coordinates beyond ASCII in several fragments, which
+libtiledb merges in an order of its own) is refused in one line (``info`` shows it;
+the last, when only inner coordinates show it, makes reads EIO saying so), never
+approximated. A mix-in of ``TileDBArray`` beside ``DenseView``, whose gathering it
+shares.
 """
 
 from collections import OrderedDict
@@ -17,11 +23,18 @@ import numpy as np
 from ..container import name_problem
 from ..errors import BlockError, CtdsfsError, FormatError
 from .npy import npy_header
+from .tiledb_deletes import matches, read_deletes
 from .tiledb_dense import MAX_DENSE_BYTES
 from .tiledb_fragment import LazyFile
 from .tiledb_fragment_meta import fields_of, timestamps
+from .tiledb_hilbert import hilbert_values
 
 HILBERT = 4
+# libtiledb orders string coordinates by their bytes taken as signed chars (0x80 to 0xff
+# before 0x00): flipping the top bit makes Python's bytes order that one
+SIGNED_BYTES = bytes(b ^ 0x80 for b in range(256))
+BEYOND_ASCII = ("string coordinates beyond ASCII in several fragments: libtiledb merges "
+                "them in an order of its own, not reproduced by ctdsfs")
 
 
 class SparseView:
@@ -57,13 +70,19 @@ class SparseView:
 
     def _sparse_refusal(self):
         schema = self.schema
-        if schema["cell_order"] == HILBERT:
-            return "Hilbert cell order is not merged by ctdsfs"
-        if any(n.endswith((".del", ".upd")) for n in self._list("__commits")):
-            return "the array has deletes or updates, which ctdsfs does not apply"
-        dims = schema["dimensions"]
-        if len(dims) > 1 and any(d["domain"] is None for d in dims):
-            return "string dimensions beside others are not merged by ctdsfs"
+        strings = [k for k, d in enumerate(schema["dimensions"]) if d["domain"] is None]
+        if strings and len(self.fragment_names) > 1 and any(
+                not str(bound).isascii()
+                for name in self.fragment_names
+                for k in strings
+                for bound in (self.fragment(name)._load_meta().non_empty_domain or [[]])[k]):
+            return BEYOND_ASCII
+        if schema["cell_order"] == HILBERT and any(d["domain"] is None
+                                                   for d in schema["dimensions"]):
+            return "Hilbert cell order with a string dimension is not merged by ctdsfs"
+        commits = self._list("__commits")
+        if any(n.endswith(".upd") for n in commits):
+            return "the array has updates, which ctdsfs does not apply"
         return None
 
     def _sparse_layout(self, field_index, part):
@@ -151,9 +170,7 @@ class SparseView:
                 coords[k].append(values)
             cell_stamps = None
             if frag.meta.has_timestamps:
-                own = next(i for i, f in enumerate(frag.meta.fields) if f.name == "__timestamps")
-                cell_stamps = np.frombuffer(b"".join(
-                    frag._tile(own, "data", i) for i in range(len(frag.cell_counts()))), "<u8")
+                cell_stamps = self._extra_cells(frag, "__timestamps")
             t = timestamps(frag.name) or (0, 0)
             stamps.append(np.stack([cell_stamps.astype(np.int64) if cell_stamps is not None
                                     else np.full(cells, t[1], np.int64),
@@ -161,10 +178,16 @@ class SparseView:
         if not fragments:
             return np.zeros(0, np.int64), fragments
         stamps = np.concatenate(stamps, axis=1)
+        travelled = np.ones(stamps.shape[1], bool)
+        if self.timestamp is not None:  # (a consolidated fragment's cells by their own)
+            travelled = (stamps[0] >= self.timestamp[0]) & (stamps[0] <= self.timestamp[1])
         cell_keys, tile_keys = [], []
         for k, (dim, d) in enumerate(zip(dims, schema["dimensions"])):
             if dim.var:
-                words = [w for part in coords[k] for w in part]
+                words = [w.translate(SIGNED_BYTES) for part in coords[k] for w in part]
+                if len(fragments) > 1 and not all(w.isascii() for part in coords[k]
+                                                  for w in part):
+                    raise FormatError(BEYOND_ASCII)
                 rank = np.unique(np.array(words, dtype=object), return_inverse=True)[1] \
                     if words else np.zeros(0, np.int64)
                 cell_keys.append(rank.astype(np.int64))
@@ -172,25 +195,95 @@ class SparseView:
                 continue
             values = np.concatenate(coords[k])
             cell_keys.append(values)
-            extent = d["tile_extent"]
-            low = d["domain"][0]
-            tile_keys.append(np.floor((values - low) / extent).astype(np.int64)
-                             if extent else np.zeros(len(values), np.int64))
+            tile_keys.append(space_tile(values, d["domain"][0], d["tile_extent"]))
+        if schema["cell_order"] == HILBERT:  # (no space tiles: the Hilbert value first)
+            tile_keys = [hilbert_values(cell_keys, [d["domain"] for d in schema["dimensions"]])]
         if schema["cell_order"] == 1:
             cell_keys = cell_keys[::-1]
-        if schema["tile_order"] == 1:
+        if schema["tile_order"] == 1 and schema["cell_order"] != HILBERT:
             tile_keys = tile_keys[::-1]
         # (np.lexsort: the last key sorts first; the newest write of a cell comes last)
         keys = [stamps[1], stamps[0]] + cell_keys[::-1] + tile_keys[::-1]
-        order = np.lexsort(keys)
+        chosen = np.flatnonzero(travelled)
+        order = chosen[np.lexsort([key[chosen] for key in keys])]
+        deleted = self._deleted(fragments, order, stamps)
         if not schema["allows_dups"] and len(order):
             same = np.ones(len(order) - 1, bool)
             for key in cell_keys:
                 ordered = key[order]
                 same &= ordered[1:] == ordered[:-1]
             keep = np.append(~same, True)  # the last (newest) of each run of one coordinate
-            order = order[keep]
-        return order.astype(np.int64), fragments
+            order, deleted = order[keep], deleted[keep]
+        return order[~deleted].astype(np.int64), fragments
+
+    def _deleted(self, fragments, order, stamps):
+        """Whether each cell of ``order`` a delete removes: the cell was written at or before
+        the delete, and fails the condition stored (libtiledb stores the negation of the
+        condition the user gave: the cells to keep). A fragment consolidated with deletes
+        keeps, per cell, when a delete it processed removed it."""
+        deleted = np.zeros(len(order), bool)
+        if not len(order):
+            return deleted
+        written, source = stamps[0][order], stamps[1][order]
+        bases = np.cumsum([0] + [sum(f.cell_counts()) for f in fragments])
+        last = self.timestamp[1] if self.timestamp else (1 << 64) - 2
+        processed = {}
+        for k, frag in enumerate(fragments):
+            if frag.meta.has_delete_meta:
+                mine = source == k
+                when = self._extra_cells(frag, "__delete_timestamps")
+                deleted[mine] = when[order[mine] - bases[k]] <= last
+                processed[k] = set(frag.meta.processed_conditions())
+        deletes = read_deletes(self, self._list("__commits"))
+        fields = {f.name: f for f in self._sparse_fields()}
+        found = {}
+
+        def cells(name):
+            if name not in found:
+                if name not in fields:
+                    raise FormatError(f"a delete condition names {name!r}, no field of the "
+                                      f"array")
+                found[name] = self._cells_for_deletes(fragments, fields[name], order)
+            return found[name]
+
+        for name, when, condition in deletes:
+            applies = written <= when
+            for k, names in processed.items():
+                if f"__commits/{name}" in names:
+                    applies &= source != k
+            if applies.any():
+                deleted |= applies & ~matches(condition, cells, len(order))
+        return deleted
+
+    def _extra_cells(self, frag, name):
+        """A uint64 field of a consolidated fragment (``__timestamps`` and the like)."""
+        own = next(i for i, f in enumerate(frag.meta.fields) if f.name == name)
+        data = b"".join(frag._tile(own, "data", i) for i in range(len(frag.cell_counts())))
+        if len(data) != 8 * sum(frag.cell_counts()):
+            raise FormatError(f"{frag.label}: {len(data)} bytes of {name} for "
+                              f"{sum(frag.cell_counts())} cells")
+        return np.frombuffer(data, "<u8")
+
+    def _cells_for_deletes(self, fragments, field, order):
+        """(field, values, validity) of ``field`` for the cells of ``order``."""
+        values, validity = [], []
+        for frag in fragments:
+            own = self._own_field_named(frag, field)
+            if own is None:
+                raise FormatError(f"{frag.label}: written without {field.name!r}, which a "
+                                  f"delete condition compares (not applied by ctdsfs)")
+            part = self._field_cells(frag, field)
+            values.append(np.array(part, dtype=object) if field.var else part)
+            if field.nullable:
+                validity += [np.frombuffer(frag._tile(own, "validity", i), np.uint8)
+                             for i in range(len(frag.cell_counts()))]
+            cells = sum(frag.cell_counts())
+            if len(part) != cells or field.nullable and \
+                    sum(map(len, validity)) != sum(len(v) for v in values):
+                raise FormatError(f"{frag.label}: {len(part)} values of {field.name!r} for "
+                                  f"{cells} cells")
+        values = np.concatenate(values)[order]
+        return field, values, np.concatenate(validity)[order] if field.nullable else None
 
     def _own_field_named(self, frag, want):
         for index, field in enumerate(frag.meta.fields):
@@ -217,3 +310,17 @@ class SparseView:
         fill = attr["fill"] if attr and field.kind == "attribute" else None
         fill_validity = attr["fill_validity"] if attr else 1
         return self._gather(field, fill, fill_validity, picks, picks, sources)
+
+
+def space_tile(values, low, extent):
+    """The space tile of each coordinate along one dimension, as libtiledb computes it:
+    integers as (v - low) // extent without overflow (an int8 dimension's 80 - -100 is
+    180), floats in their own precision."""
+    if not extent:
+        return np.zeros(len(values), np.int64)
+    if values.dtype.kind == "f":
+        kind = values.dtype.type
+        return np.floor((values - kind(low)) / kind(extent)).astype(np.int64)
+    if values.dtype == np.uint64:
+        return ((values - np.uint64(low)) // np.uint64(extent)).astype(np.int64)
+    return (values.astype(np.int64) - low) // extent

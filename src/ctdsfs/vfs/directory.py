@@ -60,8 +60,10 @@ class DirectorySource(Container):
     holds_links = True
     shown_raw = None  # why a recognised container is shown as this raw directory instead
 
-    def __init__(self, path, *, writable=False, recurse=True, verify_crc=True, hide=()):
+    def __init__(self, path, *, writable=False, recurse=True, verify_crc=True, hide=(),
+                 timestamp=None):
         self.path = os.fspath(path)
+        self.timestamp = timestamp  # -o timestamp=: the TileDB arrays in the tree at it
         self.label = self.path
         self.writable = writable
         self.recurse = recurse
@@ -161,7 +163,8 @@ class DirectorySource(Container):
         real = self._real(name)
         if _is_kind(real, stat.S_ISDIR):
             return directory_or_table(real, writable=self.writable, recurse=self.recurse,
-                                      verify_crc=self.verify_crc, hide=self.hide)
+                                      verify_crc=self.verify_crc, hide=self.hide,
+                                      timestamp=self.timestamp)
         if not (self.recurse and name.endswith(CONTAINER_SUFFIXES)
                 and _is_kind(real, stat.S_ISREG)):
             return None
@@ -307,10 +310,12 @@ def directory_or_table(path, *, source=False, **options):
     on the command line; inside a tree it is shown raw and read-only (``shown_raw``)."""
     fmt = directory_format(path) if options.get("recurse", True) else None
     if fmt is not None:
+        travel = {"timestamp": options["timestamp"]} \
+            if options.get("timestamp") and fmt.module == "tiledb" else {}
         try:
             return fmt.implementation().open_file(
                 path, verify_crc=options.get("verify_crc", True),
-                writable=options.get("writable", False))
+                writable=options.get("writable", False), **travel)
         except CtdsfsError as exc:
             if source:
                 raise
