@@ -181,6 +181,8 @@ def _unfilter_tile(data, pipeline, datatype, cell_size, expected, what, string_o
     def unfilter(index):
         original, meta, body = chunks[index]
         for f, dtype in stages:
+            if not isinstance(body, bytes):  # (a stage's buffer, handed on uncopied only
+                body = bytes(body)  # to the tile's assembly)
             if string_offsets is not None and f["type"] in (4, 14):
                 meta, body = _strings_reverse(f, meta, body, string_offsets, what)
             else:
@@ -239,8 +241,9 @@ def _reverse(f, datatype, cell_size, meta, body, limit, what):
         parts = md.count("I", 4)
         sizes = [md.unpack("I") for _ in range(parts)]
         src = Reader(body, what)
-        out = [_unshuffle(ftype, f, datatype, bytes(src.take(n)), what) for n in sizes]
-        return bytes(md.take(md.left())), b"".join(out)
+        out = [_unshuffle(ftype, f, datatype, src.take(n) if ftype == 9 else bytes(src.take(n)),
+                          what) for n in sizes]
+        return bytes(md.take(md.left())), out[0] if len(out) == 1 else b"".join(out)
     if ftype in (7, 10):
         return _unwindow(ftype, datatype, md, body, what)
     if ftype == 0:
@@ -407,8 +410,13 @@ def _unshuffle(ftype, f, datatype, part, what):
     width = dtype.itemsize
     if ftype == 9:
         n = len(part) // width
-        body = np.frombuffer(part, np.uint8, n * width).reshape(width, n).T.tobytes()
-        return body + bytes(part[n * width:])
+        planes = np.frombuffer(part, np.uint8, n * width).reshape(width, n)
+        body = np.empty((n, width), np.uint8)
+        for k in range(width):  # (a plane at a time: twice as fast as copying planes.T)
+            body[:, k] = planes[k]
+        if n * width == len(part):  # (no copy: the tile's assembly copies it once)
+            return memoryview(body.reshape(-1))
+        return body.tobytes() + bytes(part[n * width:])
     if ftype == 8:
         if len(part) % width or len(part) % 8:
             return part
