@@ -1,7 +1,8 @@
 """dense/ served from the fragments' decoded tiles (no merge) where bands of tiles are the
 domain's cells in order: the same bytes as the merged view and as tiledb-py's ``A[:]``,
 for one fragment, several, partial bands (merged then), fill values, nullable and
-var-sized attributes, 2-D row- and column-major arrays, and arrays too large to merge."""
+var-sized attributes, 2-D row- and column-major arrays, and arrays too large to merge;
+and tiles decoded ahead of sequential readers only."""
 
 import io
 
@@ -126,3 +127,27 @@ def test_an_array_too_large_to_merge_is_shown_from_its_tiles(tmp_path, monkeypat
     array = open_container(partial)
     assert array.nested("dense").names() == []
     assert any("more than ctdsfs merges in memory" in p for p in array.problems)
+
+
+def test_tiles_decoded_ahead_only_for_a_reader_going_in_order(tmp_path):
+    """A read of tile 5 with tile 4 never read is a random read: nothing is decoded
+    ahead for it (a random slice used to cost four tiles' decoding); a reader of
+    tile 0 has the next tiles decoded ahead."""
+    from ctdsfs.formats.tiledb_fragment import TILES
+
+    uri = str(tmp_path / "ahead")
+    make(uri, [("i", (0, 999), 100)])
+    write(uri, 1, [slice(0, 1000)])
+    folder = open_container(uri).nested("fragments")
+    frag = folder.nested(folder.names()[0])
+    frag.names()
+    frag.cell_counts()
+
+    def pending(i):
+        key = (frag.path, 0, "data", i)
+        return key in TILES._loading or TILES.get(key, frag) is not None
+
+    frag._tile(0, "data", 5)
+    assert not any(pending(i) for i in range(6, 10))
+    frag._tile(0, "data", 0)
+    assert all(pending(i) for i in (1, 2, 3))
