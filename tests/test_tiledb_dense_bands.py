@@ -151,3 +151,22 @@ def test_tiles_decoded_ahead_only_for_a_reader_going_in_order(tmp_path):
     assert not any(pending(i) for i in range(6, 10))
     frag._tile(0, "data", 0)
     assert all(pending(i) for i in (1, 2, 3))
+
+
+def test_mounted_dense_view_from_tiles(tmp_path, mount):
+    """Through a mount: np.load and mapped slices of dense/ served from several fragments'
+    tiles and fill bands equal A[:]."""
+    uri = str(tmp_path / "mounted")
+    make(uri, [("i", (0, 99999), 8192)])
+    write(uri, 1, [slice(0, 40960)])
+    write(uri, 2, [slice(8192, 16384)])
+    write(uri, 3, [slice(57344, 100000)])
+    assert open_container(uri)._dense_bands(1) is not None
+    m = mount(uri)
+    with tiledb.open(uri) as A:
+        ref = A[:]
+    assert np.array_equal(np.load(m.mountpoint / "dense" / "k.npy"), ref["k"])
+    mapped = np.load(m.mountpoint / "dense" / "k.npy", mmap_mode="r")
+    for start in (99000, 45000, 8000, 0):
+        assert np.array_equal(mapped[start:start + 1000], ref["k"][start:start + 1000])
+    assert (ref["k"][40960:57344] == -3).all()  # (a fill band in between)

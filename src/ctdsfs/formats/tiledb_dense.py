@@ -13,7 +13,7 @@ import numpy as np
 from ..container import name_problem
 from ..errors import BlockError, CtdsfsError, FormatError
 from .npy import npy_header
-from .tiledb_fragment import LazyFile
+from .tiledb_fragment import TILES, LazyFile
 from .tiledb_fragment_meta import fields_of, timestamps
 from .tiledb_schema import MAX_TILE_BYTES
 
@@ -85,8 +85,9 @@ class DenseView:
             if not bands:
                 return self._merged_part(attr_index, part)
             source, _ = bands[0][i]
-            if source is None:
-                return self._fill_band(attr_index, part)
+            if source is None:  # (kept: a band is read a request at a time)
+                return TILES.get_or_load((self.path, "dense fill", attr_index, part), self,
+                                         lambda: self._fill_band(attr_index, part))
             frag, own, tile = source
             return frag._tile(own, "validity" if part == "validity" else "data", tile)
         return LazyFile(layout, load)
