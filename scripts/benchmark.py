@@ -33,12 +33,15 @@ the targets of the read-only milestone:
     serving the object by the raw botocore or obstore GETs, or from memory) and the CPU
     each pays per GiB;
     every column of a MeasurementSet through an s3:// mount / a local mount
-  optional part "bcolz" (only when named in --parts): a float64 carray (lz4,
-    shuffle) read through array.npy, cache dropped / bcolz's own carr[:] >= 0.8,
-    and random single items through numpy.load(mmap_mode="r") against carr[i]
-  optional part "tiledb": a 1 GiB zstd float64 TileDB attribute through FIELD.npy, cache
-    dropped / tiledb-py reading the same fragment into NumPy >= 0.7; listing an
-    array of 1,000 fragments < 1 s
+  optional part "bcolz" (only when named in --parts): a float64 carray (lz4, shuffle,
+    --bcolz-mib) by np.load of array.npy through a fresh mount, cache dropped / bcolz.open()[:]
+    >= 1, and random 1000-item slices through numpy.load(mmap_mode="r") within 1.5x of
+    carr[i:j] (medians of --rounds alternated rounds)
+  optional part "tiledb": a BYTESHUFFLE+ZSTD float64 dense TileDB array of one fragment
+    (--tiledb-mib) by np.load of dense/v.npy and of the fragment's v.npy through a fresh
+    mount, cache dropped / tiledb-py A[:] >= 1, random 1000-item slices through
+    numpy.load(mmap_mode="r") within 1.5x of A[i:j] (medians of --rounds alternated
+    rounds); listing an array of 1,000 fragments < 1 s
 
 Needs root (drop_caches, mounting). Usage:
   python3 scripts/benchmark.py [--size-mib 1024] [--block-size 65536] [--dir DIR] [--quick]
@@ -91,8 +94,12 @@ def main():
     parser.add_argument("--parts", default=",".join(PARTS),
                         help=f"comma-separated subset of {','.join(PARTS + OPTIONAL_PARTS)} "
                              f"(default: {','.join(PARTS)})")
-    parser.add_argument("--tiledb-mib", type=int, default=1024,
-                        help="zstd-compressed float64 TileDB attribute size (MiB)")
+    parser.add_argument("--tiledb-mib", type=int, default=200,
+                        help="BYTESHUFFLE+ZSTD float64 dense TileDB array size (MiB)")
+    parser.add_argument("--bcolz-mib", type=int, default=300,
+                        help="lz4 float64 bcolz carray size (MiB)")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="alternated rounds of the bcolz and tiledb parts (medians)")
     parser.add_argument("--quick", action="store_true",
                         help="small-files part only, reduced (2,000 files, 64 MiB file, "
                              "one round): under 2 minutes")
@@ -147,11 +154,11 @@ def main():
             rows += remote_rows
             lines += remote_lines
         if "bcolz" in parts:
-            more_rows, more_lines = bcolz_figures(tmp, size)
+            more_rows, more_lines = bcolz_figures(tmp, args.bcolz_mib << 20, args.rounds)
             rows += more_rows
             lines += more_lines
         if "tiledb" in parts:
-            tiledb_rows, tiledb_lines = tiledb_figures(tmp, args.tiledb_mib)
+            tiledb_rows, tiledb_lines = tiledb_figures(tmp, args.tiledb_mib, args.rounds)
             rows += tiledb_rows
             lines += tiledb_lines
     print_rows(rows)

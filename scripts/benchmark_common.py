@@ -102,6 +102,21 @@ def read_through(path, bufsize=1 << 20):
     return total / (time.perf_counter() - start) / 1e9
 
 
+def seconds(call):
+    """Wall-clock seconds ``call()`` takes."""
+    start = time.perf_counter()
+    call()
+    return time.perf_counter() - start
+
+
+def slice_seconds(read, starts, width):
+    """Seconds per slice: ``read(i, i + width)`` for each of ``starts``, made an array."""
+    start = time.perf_counter()
+    for i in starts:
+        np.asarray(read(int(i), int(i) + width)).sum()
+    return (time.perf_counter() - start) / len(starts)
+
+
 def is_mounted(path):
     real = os.path.realpath(path)
     with open("/proc/self/mounts") as f:

@@ -1,49 +1,75 @@
-"""The benchmark's optional "tiledb" part: a zstd float64 attribute read through FIELD.npy
-and by tiledb-py, and the listing of an array of many fragments."""
+"""The benchmark's optional "tiledb" part: a BYTESHUFFLE+ZSTD float64 dense array read
+whole through dense/ATTR.npy and a fragment's ATTR.npy, beside tiledb-py's ``A[:]``, and
+by random slices through ``numpy.load(mmap_mode="r")`` beside ``A[i:j]``; and the
+listing of an array of many fragments."""
 
 import os
+import statistics
 import time
 
 import numpy as np
 
-from benchmark_common import Mounted, drop_caches, read_through
+from benchmark_common import Mounted, drop_caches, seconds, slice_seconds
 
 
-def tiledb_figures(tmp, mib, fragment_count=1000):
-    """A zstd-compressed float64 attribute read as FIELD.npy through a mount, against
-    tiledb-py reading the same fragment into NumPy (caches dropped before each, best of 3
-    alternating); and listing fragments/ of an array with ``fragment_count`` fragments."""
+def tiledb_figures(tmp, mib, rounds=3, slices=200, width=1000, fragment_count=1000):
+    """``rounds`` alternated rounds, page cache dropped before every read and a fresh mount
+    for every ctdsfs read: tiledb-py ``A[:]``, ``np.load`` of dense/v.npy, ``np.load`` of
+    the fragment's v.npy; then ``slices`` random ``width``-item slices (cache dropped once)
+    through a mapped dense/v.npy and by ``A[i:i+width]``. Medians and their ratios."""
     import tiledb
 
     cells = (mib << 20) // 8
-    tile = 1 << 20
     uri = str(tmp / "big_tiledb")
-    print(f"writing a {mib} MiB zstd float64 TileDB attribute ...", flush=True)
+    print(f"writing a {mib} MiB BYTESHUFFLE+ZSTD float64 dense TileDB array ...", flush=True)
     schema = tiledb.ArraySchema(
-        domain=tiledb.Domain(tiledb.Dim("i", domain=(0, cells - 1), tile=tile, dtype=np.int64)),
+        domain=tiledb.Domain(tiledb.Dim("i", domain=(0, cells - 1),
+                                        tile=min(cells, 1 << 20), dtype=np.int64)),
         attrs=[tiledb.Attr("v", dtype=np.float64, filters=tiledb.FilterList(
-            [tiledb.ZstdFilter(level=1)]))])
+            [tiledb.ByteShuffleFilter(), tiledb.ZstdFilter(level=1)]))])
     tiledb.Array.create(uri, schema)
-    with tiledb.open(uri, "w") as A:  # one write: one fragment, the array tiledb-py reads
+    with tiledb.open(uri, "w") as A:  # one write: one fragment
         x = np.arange(cells, dtype=np.float64)
         A[:] = np.round(np.sin(x * 1e-4) * 1000 + (x % 17), 3)
         del x
     fragment, = os.listdir(os.path.join(uri, "__fragments"))
-    npy = tmp / "mt" / "fragments" / fragment / "v.npy"
-    native, mounted = [], []
-    for _ in range(3):
+    mnt = tmp / "mt"
+    files = {"dense": mnt / "dense" / "v.npy", "fragment": mnt / "fragments" / fragment / "v.npy"}
+    times = {"tiledb-py": [], "dense": [], "fragment": []}
+    for _ in range(rounds):
         drop_caches()
-        start = time.perf_counter()
         with tiledb.open(uri) as A:
-            values = A[:]["v"]
-        native.append(values.nbytes / (time.perf_counter() - start) / 1e9)
-        del values
-        with Mounted(["mount.ctdsfs", "-f", uri, str(tmp / "mt")], str(tmp / "mt")):
-            drop_caches()
-            mounted.append(read_through(npy))
-    rows = [("tiledb-py reads the attribute into NumPy, cold (best)", max(native), None, None),
-            ("ctdsfs FIELD.npy first read, cold (best, vs tiledb-py)", max(mounted),
-             max(native), 0.7)]
+            times["tiledb-py"].append(seconds(lambda: A[:]["v"]))
+        for name, path in files.items():
+            with Mounted(["mount.ctdsfs", "-f", uri, str(mnt)], str(mnt)):
+                drop_caches()
+                times[name].append(seconds(lambda: np.load(path)))
+    native = statistics.median(times["tiledb-py"])
+    starts = np.random.default_rng(24).integers(0, cells - width, slices)
+    with Mounted(["mount.ctdsfs", "-f", uri, str(mnt)], str(mnt)):
+        drop_caches()
+        mapped = np.load(files["dense"], mmap_mode="r")
+        ours = slice_seconds(lambda i, j, m=mapped: m[i:j], starts, width)
+        del mapped
+    drop_caches()
+    with tiledb.open(uri) as A:
+        theirs = slice_seconds(lambda i, j: A[i:j]["v"], starts, width)
+    gb = cells * 8 / 1e9
+    rows = [("tiledb-py A[:], cold (median)", gb / native, None, None),
+            ("ctdsfs np.load(dense/v.npy), cold (vs A[:])",
+             gb / statistics.median(times["dense"]), gb / native, 1.0),
+            ("ctdsfs np.load(fragment v.npy), cold (vs A[:])",
+             gb / statistics.median(times["fragment"]), gb / native, 1.0)]
+    lines = [f"TileDB {mib} MiB dense float64 (BYTESHUFFLE+ZSTD, one fragment), median of "
+             f"{rounds} alternated rounds, cache dropped, fresh mount: tiledb-py A[:] "
+             f"{native:.2f} s, np.load dense/v.npy {statistics.median(times['dense']):.2f} s "
+             f"({statistics.median(times['dense']) / native:.2f}x), fragment v.npy "
+             f"{statistics.median(times['fragment']):.2f} s "
+             f"({statistics.median(times['fragment']) / native:.2f}x); all rounds (s): "
+             + "; ".join(f"{k} " + " ".join(f"{t:.2f}" for t in v) for k, v in times.items()),
+             f"TileDB {slices} random {width}-item slices, cache dropped once: "
+             f"{ours * 1e3:.2f} ms each through a mapped dense/v.npy, {theirs * 1e3:.2f} ms "
+             f"by A[i:j] ({ours / theirs:.2f}x, target <= 1.5x)"]
 
     print(f"writing an array of {fragment_count} fragments ...", flush=True)
     many = str(tmp / "many_tiledb")
@@ -58,6 +84,5 @@ def tiledb_figures(tmp, mib, fragment_count=1000):
         start = time.perf_counter()
         listed = [os.lstat(entry.path) for entry in os.scandir(tmp / "mf" / "fragments")]
         list_seconds = time.perf_counter() - start
-    return rows, [f"listing fragments/ of an array of {len(listed)} fragments (ls -l, cache "
-                  f"dropped): {list_seconds:.2f} s (target < 1 s)"]
-
+    return rows, lines + [f"listing fragments/ of an array of {len(listed)} fragments (ls -l, "
+                          f"cache dropped): {list_seconds:.2f} s (target < 1 s)"]

@@ -13,10 +13,11 @@ import numpy as np
 from ..container import name_problem
 from ..errors import BlockError, CtdsfsError, FormatError
 from .npy import npy_header
-from .tiledb_fragment import LazyFile
+from .tiledb_fragment import TILES, LazyFile
 from .tiledb_fragment_meta import fields_of, timestamps
+from .tiledb_schema import MAX_TILE_BYTES
 
-MAX_DENSE_BYTES = 256 << 20  # dense/ATTR.npy is built in memory up to this size
+MAX_DENSE_BYTES = 256 << 20  # dense/ATTR.npy is merged in memory up to this size
 
 
 class DenseView:
@@ -24,28 +25,27 @@ class DenseView:
 
     def _dense_folder(self):
         """ATTR.npy, or ATTR.offsets.npy + ATTR.data for var-sized attributes, and
-        ATTR.validity.npy for nullable ones: built when first read, one attribute at a time."""
+        ATTR.validity.npy for nullable ones: one attribute at a time, served from the
+        fragments' tiles where bands of them are the domain's cells in order (see
+        ``_dense_bands``), else merged in memory when first read."""
         entries = OrderedDict()
         shape = self._dense_shape()
         if shape is None:
             return entries
         cells = math.prod(shape)
-        if cells * 8 > MAX_DENSE_BYTES:
-            self.problems.append(f"dense/ not shown: {cells} cells are more than ctdsfs "
-                                 f"builds in memory")
-            return entries
         col_major = self.schema["cell_order"] == 1
         for index, field in enumerate(fields_of(self.schema, False, False)[:len(
                 self.schema["attributes"])]):
+            too_big = cells * max(8, field.cell_size) > MAX_DENSE_BYTES
+            if too_big and (field.var or self._bands_at_listing(index) is None):
+                self.problems.append(f"dense/{field.name} not shown: {cells} cells are more "
+                                     f"than ctdsfs merges in memory")
+                continue
             files = {}
             if field.var:
                 files[f"{field.name}.offsets.npy"] = \
                     ("offsets", npy_header("<u8", (cells + 1,), False), (cells + 1) * 8)
                 files[f"{field.name}.data"] = ("data", b"", None)
-            elif cells * field.cell_size > MAX_DENSE_BYTES:
-                self.problems.append(f"dense/{field.name}.npy not shown: "
-                                     f"{cells * field.cell_size} bytes are more than ctdsfs "
-                                     f"builds in memory")
             else:
                 dtype, tail = field.user_dtype
                 files[f"{field.name}.npy"] = ("values", npy_header(
@@ -55,11 +55,101 @@ class DenseView:
                     ("validity", npy_header("|u1", tuple(shape), col_major), cells)
             for name, (part, header, size) in files.items():
                 if not name_problem(name):
-                    entries[name] = LazyFile(
-                        lambda a=index, p=part, h=header, n=size:
-                            (h, [len(self._merged_part(a, p)) if n is None else n]),
-                        lambda i, a=index, p=part: self._merged_part(a, p))
+                    entries[name] = self._dense_file(index, part, header, size)
         return entries
+
+    def _bands_at_listing(self, attr_index):
+        """``_dense_bands``, or None where the fragments cannot be read to say."""
+        try:
+            return self._dense_bands(attr_index)
+        except CtdsfsError:
+            return None
+
+    def _dense_file(self, attr_index, part, header, size):
+        """The LazyFile of one part: the fragments' decoded tiles one after another when
+        ``_dense_bands`` finds them in cell order (no copy, decoded ahead as a
+        fragment's file is), else one piece merged in memory."""
+        bands = []
+
+        def layout():
+            plan = self._dense_bands(attr_index) if part in ("values", "validity") else None
+            if plan is None:
+                return header, [len(self._merged_part(attr_index, part)) if size is None
+                                else size]
+            bands.append(plan)
+            unit = 1 if part == "validity" else \
+                fields_of(self.schema, False, False)[attr_index].cell_size
+            return header, [n * unit for _, n in plan]
+
+        def load(i):
+            if not bands:
+                return self._merged_part(attr_index, part)
+            source, _ = bands[0][i]
+            if source is None:  # (kept: a band is read a request at a time)
+                return TILES.get_or_load((self.path, "dense fill", attr_index, part), self,
+                                         lambda: self._fill_band(attr_index, part))
+            frag, own, tile = source
+            return frag._tile(own, "validity" if part == "validity" else "data", tile)
+        return LazyFile(layout, load)
+
+    def _fill_band(self, attr_index, part):
+        """A whole band (one tile's cells) of the attribute's fill value."""
+        attr = self.schema["attributes"][attr_index]
+        per_tile = math.prod(d["tile_extent"] for d in self.schema["dimensions"])
+        if part == "validity":
+            return np.full(per_tile, attr["fill_validity"], np.uint8).tobytes()
+        size = fields_of(self.schema, False, False)[attr_index].cell_size
+        fill = attr["fill"]
+        if fill is None or len(fill) != size:
+            fill = bytes(size)
+        return bytes(fill) * per_tile
+
+    def _dense_bands(self, attr_index):
+        """[(source, cells)] for every band of tiles along the slowest dimension of the
+        cell order, when every other dimension is one tile: then a band's cells in cell
+        order are the domain's next cells. source is (fragment, the attribute's index in
+        it, tile index) of the newest fragment covering the band, or None for fill where
+        no fragment reaches. None when that does not hold for every band (a fragment
+        covering part of a band, or tiles not laid out so): the view is merged then."""
+        schema, shape = self.schema, self._dense_shape()
+        if shape is None or schema["cell_order"] not in (0, 1):
+            return None
+        dims = schema["dimensions"]
+        lead = len(dims) - 1 if schema["cell_order"] == 1 else 0
+        extents = [d["tile_extent"] for d in dims]
+        if not all(isinstance(e, int) and e > 0 for e in extents) or any(
+                e != n for k, (e, n) in enumerate(zip(extents, shape)) if k != lead):
+            return None
+        per_tile = math.prod(extents)
+        if per_tile * max(8, fields_of(schema, False, False)[attr_index].cell_size) \
+                > MAX_TILE_BYTES:
+            return None
+        low, extent, length = dims[lead]["domain"][0], extents[lead], shape[lead]
+        band_count = -(-length // extent)
+        sources = [None] * band_count
+        decided = [False] * band_count
+        for frag, meta in reversed(list(self._placed_fragments())):
+            domain = meta.non_empty_domain
+            if any(tuple(domain[k]) != tuple(d["domain"]) for k, d in enumerate(dims)
+                   if k != lead):
+                return None
+            lo, hi = domain[lead]
+            if not dims[lead]["domain"][0] <= lo <= hi <= dims[lead]["domain"][1]:
+                return None
+            first, last = (lo - low) // extent, (hi - low) // extent
+            own = self._own_field(frag, attr_index)
+            if own is not None and len(frag.cell_counts()) != last - first + 1:
+                return None
+            for band in range(first, last + 1):
+                if decided[band]:
+                    continue
+                start = low + band * extent
+                if lo > start or hi < min(start + extent - 1, low + length - 1):
+                    return None  # (a part of the band: older fragments show through)
+                decided[band] = True
+                sources[band] = None if own is None else (frag, own, band - first)
+        return [(source, min(extent, length - band * extent) * (per_tile // extent))
+                for band, source in enumerate(sources)]
 
     def _dense_shape(self):
         shape = []
@@ -94,6 +184,20 @@ class DenseView:
         schema = self.schema
         positions = np.full(self._dense_shape(), -1, np.int64)
         sources, base = [], 0
+        for frag, meta in self._placed_fragments():
+            own = self._own_field(frag, attr_index)
+            cells = sum(frag.cell_counts())
+            self._place(positions, np.full(cells, -1, np.int64) if own is None else
+                        np.arange(base, base + cells, dtype=np.int64),
+                        meta.non_empty_domain, schema["dimensions"], ())
+            if own is not None:  # (a fragment written without the attribute gives its fill)
+                sources.append((frag, len(frag.cell_counts()), own))
+                base += cells
+        return positions, sources
+
+    def _placed_fragments(self):
+        """(fragment, its metadata) of every dense fragment the view places, oldest first;
+        one that another's time range contains is left out."""
         ranges = {n: timestamps(n) for n in self.fragment_names if timestamps(n)}
         for name in self.fragment_names:
             t = ranges.get(name)
@@ -104,15 +208,7 @@ class DenseView:
             meta = frag.meta
             if meta is None or not meta.dense or meta.non_empty_domain is None:
                 continue
-            own = self._own_field(frag, attr_index)
-            cells = sum(frag.cell_counts())
-            self._place(positions, np.full(cells, -1, np.int64) if own is None else
-                        np.arange(base, base + cells, dtype=np.int64),
-                        meta.non_empty_domain, schema["dimensions"], ())
-            if own is not None:  # (a fragment written without the attribute gives its fill)
-                sources.append((frag, len(frag.cell_counts()), own))
-                base += cells
-        return positions, sources
+            yield frag, meta
 
     def _own_field(self, frag, attr_index):
         """The index of attribute ``attr_index`` (of the newest schema) among the fields

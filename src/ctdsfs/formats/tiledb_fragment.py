@@ -101,7 +101,7 @@ class LazyFile:
             i = int(np.searchsorted(ends, pos, side="right"))
             start = int(ends[i - 1]) if i else 0
             if stop <= int(ends[i]):  # handed over without a copy
-                return memoryview(self.load(i))[pos - start:stop - start]
+                return memoryview(self.load(i)).toreadonly()[pos - start:stop - start]
         out = bytearray(header[offset:end])
         pos = max(offset, len(header)) - len(header)
         stop = end - len(header)
@@ -301,7 +301,8 @@ class Fragment(TileDBDirectory):
         """Decoded tile i of field ``index`` (kind: data, var, validity, or offsets for
         strings that keep them in the var tile), from the shared cache. Readers that
         want a tile another is decoding wait for it; the next tiles are decoded ahead
-        (the kernel reads a file in order, several requests at a time)."""
+        of a reader that had the tile before (the kernel reads a file in order, several
+        requests at a time), none for a random read."""
         if kind == "offsets":  # decoding the var tile gives them
             self._tile(index, "var", i)
             data = TILES.get((self.path, index, kind, i), self)
@@ -309,6 +310,8 @@ class Fragment(TileDBDirectory):
         data = TILES.get_or_load((self.path, index, kind, i), self,
                                  lambda: self._decoded(index, kind, i, parallel=True))
         tiles = len(self._counts or ())
+        if i and TILES.get((self.path, index, kind, i - 1), self) is None:
+            return data  # (a random read: nothing decoded ahead for it)
         room = max(0, TILES.limit // max(len(data), 1) - 2)  # the ahead ones must not evict
         for ahead in range(i + 1, min(i + 1 + min(TILES_AHEAD, room), tiles)):
             # (its chunks one after another: the other threads have the other cores)
