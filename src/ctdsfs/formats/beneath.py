@@ -11,10 +11,8 @@ instead of being followed. ``root`` itself is trusted (the user named it).
 
 import contextlib
 import os
-import stat
 
-from ..errors import FormatError
-from .store import read_whole
+from .store import read_whole, regular_or_refused
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
@@ -84,14 +82,7 @@ def open_regular_beneath(root, rel, what=None):
     """A read-only descriptor of the regular file ``root/rel``; failures are FormatErrors
     naming ``what`` (default: the path)."""
     what = what or os.path.join(root, rel)
-    try:
-        fd = open_beneath(root, rel, os.O_RDONLY | os.O_NONBLOCK)
-    except OSError as exc:
-        raise FormatError(f"{what}: {exc.strerror}") from None
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise FormatError(f"{what}: not a regular file")
-    return fd
+    return regular_or_refused(lambda: open_beneath(root, rel, os.O_RDONLY | os.O_NONBLOCK), what)
 
 
 def read_small_beneath(root, rel, limit, what=None):

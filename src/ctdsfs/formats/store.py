@@ -129,8 +129,15 @@ def open_regular(path, what=None):
     followed: a directory format's tree is untrusted, and a link in it could hand out any
     file the daemon may read. Failures name ``what`` (default: the path)."""
     what = what or path
+    return regular_or_refused(lambda: os.open(
+        path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK), what)
+
+
+def regular_or_refused(opener, what):
+    """The descriptor ``opener()`` gives, if it is of a regular file; otherwise (or if the
+    open fails) a one-line FormatError naming ``what``."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
+        fd = opener()
     except OSError as exc:
         raise FormatError(f"{what}: {exc.strerror}") from None
     if not stat.S_ISREG(os.fstat(fd).st_mode):
