@@ -63,7 +63,7 @@ class _ColumnNpy:
         self.header = npy_header(self.dtype.str, (table.nrow,) + tuple(cell_shape))
         self.row_bytes = int(np.prod(cell_shape, dtype=np.int64)) * self.dtype.itemsize
         self.rows_per_block = max(1, BLOCK_BYTES // max(1, self.row_bytes))
-        self._decoded = (0, 0, b"")  # (first row, end row, their bytes)
+        self._decoded = (0, 0, memoryview(b""))  # (first row, end row, their bytes)
         self._lock = threading.Lock()
 
     def size(self):
@@ -82,8 +82,10 @@ class _ColumnNpy:
             if not isinstance(values, np.ndarray) or values.dtype != self.dtype or \
                     values.shape != (stop - first,) + self.cell_shape:
                 raise FormatError(f"column {self.name}: rows {first}..{stop} changed shape")
-            self._decoded = (first, stop, values.tobytes())
-            return first, self._decoded[2]
+            # kept as the array's own bytes: reads hand out slices of them, not copies
+            data = memoryview(np.ascontiguousarray(values)).cast("B").toreadonly()
+            self._decoded = (first, stop, data)
+            return first, data
 
     def read(self, offset, size):
         head = len(self.header)
@@ -95,7 +97,8 @@ class _ColumnNpy:
         first_row = at // self.row_bytes
         held_first, data = self._rows(first_row, -(-stop // self.row_bytes))
         inner = at - held_first * self.row_bytes
-        return out + data[inner:inner + stop - at]
+        values = data[inner:inner + stop - at]
+        return out + values if out else values
 
 
 def _npy_bytes(array):
