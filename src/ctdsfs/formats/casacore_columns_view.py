@@ -11,7 +11,13 @@ For a table read through a source (see :mod:`.casacore_base`) the view shows:
   and ``NAME.values.npy`` (all cells' elements, each cell in C order), from which
   ``values[offsets[i]:offsets[i+1]].reshape(shapes[i])`` is ``getvarcol``'s row i;
 * ``table.json``: the table's and every column's keywords, type, shape and data manager,
-  and which files show the column (none: a manager not decoded, or String arrays).
+  and which files show the column (none: a manager not decoded, or String arrays; or a
+  column that does not decode, with its ``error``).
+
+The files of String and variable-shape columns are decoded when the view is first listed
+(their sizes are known only from their values): a column that fails then is left out,
+and the rest of the listing stands. ``NAME.npy`` files are decoded as they are read: a
+failure there is EIO for the read.
 """
 
 import json
@@ -21,7 +27,7 @@ import threading
 import numpy as np
 
 from ..container import DerivedView
-from ..errors import FormatError
+from ..errors import BlockError, FormatError
 from .casacore_base import TP_STRING
 from .casacore_columns import StringColumn, VarShapeColumn, open_table
 from .npy import npy_header
@@ -126,11 +132,17 @@ class ColumnsView(DerivedView):
             return {}
         entries, shown, failed = {}, {}, {}
         for name, col in self.table.columns.items():
+            files = {}
             try:
-                shown[name] = self._column_entries(entries, name, col)
-            except FormatError as exc:
+                shown[name] = self._column_entries(files, name, col)
+                for entry in files.values():  # a size only the values tell: decoded now,
+                    if isinstance(entry, _Bytes):  # so a failure leaves out this column,
+                        entry.data()  # not the whole listing that asks the sizes
+            except (FormatError, BlockError) as exc:
                 shown[name], failed[name] = [], str(exc)
                 self._problem(f"column {name} not shown: {exc}")
+                continue
+            entries.update(files)
         described = self.table.describe()
         for name, files in shown.items():
             described["columns"][name]["files"] = files
