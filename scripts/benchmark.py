@@ -33,6 +33,11 @@ the targets of the read-only milestone:
     serving the object by the raw botocore or obstore GETs, or from memory) and the CPU
     each pays per GiB;
     every column of a MeasurementSet through an s3:// mount / a local mount
+  columns: every tiled column of a ~120 MB MeasurementSet (--columns-ms-mib) as NumPy:
+    numpy.load of columns/NAME.npy through a fresh -o columns mount / python-casacore
+    getcol of the same files >= 1 (medians of alternated rounds); the same through fsspec
+    from SeaweedFS by 2 Dask worker processes / getcol from local disk; the bytes a
+    100-row read of DATA fetches beyond its rows
   optional part "bcolz" (only when named in --parts): a float64 carray (lz4,
     shuffle) read through array.npy, cache dropped / bcolz's own carr[:] >= 0.8,
     and random single items through numpy.load(mmap_mode="r") against carr[i]
@@ -42,7 +47,7 @@ the targets of the read-only milestone:
 
 Needs root (drop_caches, mounting). Usage:
   python3 scripts/benchmark.py [--size-mib 1024] [--block-size 65536] [--dir DIR] [--quick]
-                               [--parts read,write,many,legacy,toolbox,small,remote[,bcolz,tiledb]]
+                               [--parts read,write,many,legacy,toolbox,small,remote,columns[,bcolz,tiledb]]
 """
 
 import argparse
@@ -55,6 +60,7 @@ import numpy as np
 
 import ctdsfs
 from benchmark_bcolz import bcolz_figures
+from benchmark_columns import columns_figures
 from benchmark_legacy import RANDOM_RANGES, legacy_view_ratio
 from benchmark_many import many_files_figures
 from benchmark_read import read_figures, serve_passthrough
@@ -73,7 +79,7 @@ def print_rows(rows):
         print(f"{name:<56} {value:6.2f} {ratio:>6} {goal:>7}")
 
 
-PARTS = ("read", "write", "many", "legacy", "toolbox", "small", "remote")
+PARTS = ("read", "write", "many", "legacy", "toolbox", "small", "remote", "columns")
 
 OPTIONAL_PARTS = ("bcolz", "tiledb")  # run only when --parts names them
 
@@ -86,6 +92,10 @@ def main():
     parser.add_argument("--dir", default=None, help="scratch directory (default: /var/tmp)")
     parser.add_argument("--ms-mib", type=int, default=512,
                         help="MeasurementSet size for the legacy view measurement (MiB)")
+    parser.add_argument("--columns-ms-mib", type=int, default=120,
+                        help="MeasurementSet size for the columns part (MiB)")
+    parser.add_argument("--columns-rounds", type=int, default=5,
+                        help="alternated rounds of each reader in the columns part")
     parser.add_argument("--tree-mib", type=int, default=1100,
                         help="directory tree size for pack/unpack (MiB)")
     parser.add_argument("--parts", default=",".join(PARTS),
@@ -146,6 +156,8 @@ def main():
             remote_rows, remote_lines = remote_figures(tmp, pool, size, args.ms_mib)
             rows += remote_rows
             lines += remote_lines
+        if "columns" in parts:
+            lines += columns_figures(tmp, args.columns_ms_mib, args.columns_rounds)
         if "bcolz" in parts:
             more_rows, more_lines = bcolz_figures(tmp, size)
             rows += more_rows
