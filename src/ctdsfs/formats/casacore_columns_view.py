@@ -93,6 +93,15 @@ class _ColumnNpy:
             self._decoded = (first, stop, data)
             return first, data
 
+    def held(self, offset, size):
+        """Whether the bytes ``offset..offset+size`` are decoded already (a read of them
+        is a slice: the mount answers it without a worker thread's hop)."""
+        first, end, _ = self._decoded
+        head = len(self.header)
+        stop = min(offset + size, self.size()) - head
+        return offset >= head and first * self.row_bytes <= offset - head and \
+            stop <= end * self.row_bytes
+
     def read(self, offset, size):
         head = len(self.header)
         end = min(offset + size, self.size())
@@ -151,6 +160,13 @@ class ColumnsView(DerivedView):
         entries["table.json"] = (json.dumps(described, indent=2, ensure_ascii=False,
                                             default=str) + "\n").encode()
         return entries
+
+    def cached(self, key, offset, size):
+        entry = self._entries.get(key)
+        if isinstance(entry, _ColumnNpy):
+            return entry.held(offset, size)
+        return isinstance(entry, bytes) or (isinstance(entry, _Bytes) and
+                                            entry._data is not None)
 
     def _problem(self, text):
         self.problems.append(text)
