@@ -4,7 +4,10 @@ a one-line refusal, with bounded memory and no traceback."""
 
 import json
 import os
+import resource
+from pathlib import Path
 
+import numpy as np
 import pytest
 
 from ctdsfs.formats.casacore_base import DirectorySource
@@ -50,3 +53,70 @@ def test_a_string_column_that_does_not_decode_leaves_the_others_listed(made):  #
     assert "string length" in described["columns"]["s_string"]["error"]
     with pytest.raises(FSError):
         fs.lookup(columns, "s_string.data")
+
+
+def _everything_through_the_vfs(path):
+    """columns/ listed with sizes and every file read whole, over the VFS; the failures
+    (FSError: EIO or another errno with a one-line message; a column left out, with its
+    error in table.json; a table not shown), counted."""
+    try:
+        fs, columns = columns_fs(path)
+        sizes = listing(fs, columns)
+    except FSError as exc:
+        assert "\n" not in str(exc)
+        return 1
+    if "table.json" not in sizes:
+        return 1
+    fh = fs.open(fs.lookup(columns, "table.json").ino, os.O_RDONLY)
+    described = json.loads(fs.read(fh, 0, sizes["table.json"]))
+    fs.release(fh)
+    failures = sum("error" in c for c in described["columns"].values())
+    for name, size in sizes.items():
+        try:
+            fh = fs.open(fs.lookup(columns, name).ino, os.O_RDONLY)
+            try:
+                for at in range(0, size, 1 << 20):
+                    fs.read(fh, at, 1 << 20)
+            finally:
+                fs.release(fh)
+        except FSError as exc:
+            assert "\n" not in str(exc), exc
+            failures += 1
+    return failures
+
+
+@pytest.mark.parametrize("manager,what", [("StandardStMan", "fixed"),
+                                          ("StandardStMan", "var"),
+                                          ("IncrementalStMan", "fixed"),
+                                          ("StManAipsIO", "var"),
+                                          ("TiledShapeStMan", "var"),
+                                          ("TiledColumnStMan", "fixed")])
+def test_hostile_table_files_through_the_columns_view(made, manager, what):  # noqa: F811
+    """Bytes of the storage managers' files (headers, bucket indexes, tile counts, string
+    lengths and references, hypercube shapes, array shapes) overwritten, then columns/
+    listed and read through the VFS: values, EIO or a one-line refusal for the file
+    touched, never another exception, within 4 GiB of address space."""
+    path = made(what, manager)
+    files = [f for f in sorted(os.listdir(path)) if f.startswith("table.f") and
+             "_TSM" not in f]
+    rng = np.random.default_rng(11)
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    resource.setrlimit(resource.RLIMIT_AS, (4 << 30, hard))  # a huge allocation would fail
+    failed = 0
+    try:
+        for name in files:
+            original = Path(path, name).read_bytes()
+            size = len(original)
+            spots = sorted(set(rng.integers(0, min(size, 1024), 4).tolist()) |
+                           set(rng.integers(0, size, 2).tolist()))
+            for at in spots:
+                for value in (b"\xff\xff\xff\x7f", b"\x00\x00\x00\x00"):
+                    data = bytearray(original)
+                    data[at:at + len(value)] = value[:size - at]
+                    Path(path, name).write_bytes(bytes(data))
+                    failed += _everything_through_the_vfs(path)
+            Path(path, name).write_bytes(original)
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+    assert failed > 0  # some mutations hit a checked field
+    assert _everything_through_the_vfs(path) == 0
