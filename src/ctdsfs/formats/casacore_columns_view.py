@@ -68,7 +68,11 @@ class _ColumnNpy:
         self.dtype = np.dtype(dtype)
         self.header = npy_header(self.dtype.str, (table.nrow,) + tuple(cell_shape))
         self.row_bytes = int(np.prod(cell_shape, dtype=np.int64)) * self.dtype.itemsize
-        self.rows_per_block = max(1, BLOCK_BYTES // max(1, self.row_bytes))
+        # a power of two, blocks ending at its multiples: tiles hold a power of two rows
+        # in practice, and a block that ends where a tile ends is cut from its tiles
+        # without a copy
+        rows = max(1, BLOCK_BYTES // max(1, self.row_bytes))
+        self.rows_per_block = 1 << (rows.bit_length() - 1)
         self._decoded = (0, 0, memoryview(b""))  # (first row, end row, their bytes)
         self._lock = threading.Lock()
 
@@ -83,7 +87,8 @@ class _ColumnNpy:
                 return held_first, data
             stop = end
             if held_first <= first <= held_end and held_end > 0:  # carrying on: a block
-                stop = min(self.table.nrow, max(end, first + self.rows_per_block))
+                block = self.rows_per_block
+                stop = min(self.table.nrow, ((end - 1) // block + 1) * block)
             values = self.table.read_column(self.name, first, stop)
             if not isinstance(values, np.ndarray) or values.dtype != self.dtype or \
                     values.shape != (stop - first,) + self.cell_shape:
@@ -191,9 +196,9 @@ class ColumnsView(DerivedView):
 
         def shapes():
             out = np.full((self.table.nrow, ndim), -1, np.int64)
-            for i, s in enumerate(whole.data().shapes):
-                if s is not None:
-                    out[i, :len(s)] = s
+            column = whole.data()
+            for i in np.flatnonzero(column.defined).tolist():
+                out[i, :len(column.shapes[i])] = column.shapes[i]
             return _npy_bytes(out)
         entries[f"{name}.shapes.npy"] = _Bytes(shapes)
         entries[f"{name}.offsets.npy"] = _Bytes(lambda: _npy_bytes(whole.data().offsets))
