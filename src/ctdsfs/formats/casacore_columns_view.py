@@ -133,14 +133,51 @@ class ColumnsView(DerivedView):
     def __init__(self, source, label, table_label=None):
         super().__init__(label)
         self.source, self.table_label = source, table_label or label
-        self.table = None  # table.dat is read when the view is first listed, not when shown
+        self.table = None  # table.dat is read when the view is first used, not when shown
+        self._single = {}  # column name -> its NAME.npy made before the view was listed
+
+    def _open_table(self):
+        if self.table is None:
+            self.table = open_table(self.source, self.table_label)
+        return self.table
+
+    def _entry(self, key):
+        if self._built is None and isinstance(key, str) and key.endswith(".npy"):
+            single = self._single_npy(key[:-len(".npy")])
+            if single is not None:
+                return single
+        return super()._entry(key)
+
+    def _single_npy(self, name):
+        """``NAME.npy`` of a column whose one cell shape is known without reading a value
+        (a fixed shape, or the tiled managers' hypercubes), made without listing the
+        whole view: a reader of one column (a Dask worker) pays for that column only.
+        None when the listing has to tell (it then shows the same file)."""
+        with self._lock:
+            if name in self._single:
+                return self._single[name]
+            try:
+                table = self._open_table()
+                col = table.columns.get(name)
+                if col is None or not col.decoded or col.data_type == TP_STRING:
+                    return None
+                shape = col.cell_shape
+                if shape is None and col.manager.startswith("Tiled"):
+                    known, shape = table.uniform_shape(name)
+                    shape = shape if known else None
+            except (FormatError, BlockError, OSError):
+                return None  # the listing says why
+            if shape is None:
+                return None
+            single = self._single[name] = _ColumnNpy(table, name, shape, col.dtype)
+            return single
 
     def _build(self):
         """Say what you show: a table that does not decode gives an empty view, a column
         that does not decode no files; either with the reason in the log and
         ``problems`` (and a column's in table.json)."""
         try:
-            self.table = open_table(self.source, self.table_label)
+            self._open_table()
         except (FormatError, OSError) as exc:
             self._problem(f"no columns shown: {exc}")
             return {}
@@ -167,7 +204,10 @@ class ColumnsView(DerivedView):
         return entries
 
     def cached(self, key, offset, size):
-        entry = self._entries.get(key)
+        try:
+            entry = self._entry(key)
+        except FileNotFoundError:
+            return False
         if isinstance(entry, _ColumnNpy):
             return entry.held(offset, size)
         return isinstance(entry, bytes) or (isinstance(entry, _Bytes) and
@@ -189,7 +229,8 @@ class ColumnsView(DerivedView):
             return [f"{name}.offsets.npy", f"{name}.data"]
         shape = col.cell_shape if col.cell_shape is not None else self._uniform_shape(name)
         if shape is not None:
-            entries[f"{name}.npy"] = _ColumnNpy(self.table, name, shape, col.dtype)
+            entries[f"{name}.npy"] = self._single.get(name) or _ColumnNpy(self.table, name,
+                                                                         shape, col.dtype)
             return [f"{name}.npy"]
         whole = _Bytes(lambda: self.table.read_column(name))
         ndim = max(col.ndim, 0)
