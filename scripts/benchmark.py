@@ -33,6 +33,11 @@ the targets of the read-only milestone:
     serving the object by the raw botocore or obstore GETs, or from memory) and the CPU
     each pays per GiB;
     every column of a MeasurementSet through an s3:// mount / a local mount
+  columns: every tiled column of a ~120 MB MeasurementSet (--columns-ms-mib) as NumPy:
+    numpy.load of columns/NAME.npy through a fresh -o columns mount / python-casacore
+    getcol of the same files >= 1 (medians of alternated rounds); the same through fsspec
+    from SeaweedFS by 2 Dask worker processes / getcol from local disk; the bytes a
+    100-row read of DATA fetches beyond its rows
   optional part "bcolz" (only when named in --parts): a float64 carray (lz4, shuffle,
     --bcolz-mib) by np.load of array.npy through a fresh mount, cache dropped / bcolz.open()[:]
     >= 1, and random 1000-item slices through numpy.load(mmap_mode="r") within 1.5x of
@@ -45,7 +50,7 @@ the targets of the read-only milestone:
 
 Needs root (drop_caches, mounting). Usage:
   python3 scripts/benchmark.py [--size-mib 1024] [--block-size 65536] [--dir DIR] [--quick]
-                               [--parts read,write,many,legacy,toolbox,small,remote[,bcolz,tiledb]]
+                               [--parts read,write,many,legacy,toolbox,small,remote,columns[,bcolz,tiledb]]
 """
 
 import argparse
@@ -58,6 +63,7 @@ import numpy as np
 
 import ctdsfs
 from benchmark_bcolz import bcolz_figures
+from benchmark_columns import columns_figures
 from benchmark_legacy import RANDOM_RANGES, legacy_view_ratio
 from benchmark_many import many_files_figures
 from benchmark_read import read_figures, serve_passthrough
@@ -76,7 +82,7 @@ def print_rows(rows):
         print(f"{name:<56} {value:6.2f} {ratio:>6} {goal:>7}")
 
 
-PARTS = ("read", "write", "many", "legacy", "toolbox", "small", "remote")
+PARTS = ("read", "write", "many", "legacy", "toolbox", "small", "remote", "columns")
 
 OPTIONAL_PARTS = ("bcolz", "tiledb")  # run only when --parts names them
 
@@ -89,6 +95,10 @@ def main():
     parser.add_argument("--dir", default=None, help="scratch directory (default: /var/tmp)")
     parser.add_argument("--ms-mib", type=int, default=512,
                         help="MeasurementSet size for the legacy view measurement (MiB)")
+    parser.add_argument("--columns-ms-mib", type=int, default=120,
+                        help="MeasurementSet size for the columns part (MiB)")
+    parser.add_argument("--columns-rounds", type=int, default=5,
+                        help="alternated rounds of each reader in the columns part")
     parser.add_argument("--tree-mib", type=int, default=1100,
                         help="directory tree size for pack/unpack (MiB)")
     parser.add_argument("--parts", default=",".join(PARTS),
@@ -153,6 +163,8 @@ def main():
             remote_rows, remote_lines = remote_figures(tmp, pool, size, args.ms_mib)
             rows += remote_rows
             lines += remote_lines
+        if "columns" in parts:
+            lines += columns_figures(tmp, args.columns_ms_mib, args.columns_rounds)
         if "bcolz" in parts:
             more_rows, more_lines = bcolz_figures(tmp, args.bcolz_mib << 20, args.rounds)
             rows += more_rows

@@ -103,3 +103,17 @@ def test_multifile_table(made):  # noqa: F811 (the fixture)
                 np.testing.assert_array_equal(load(view, f"{name}.npy"), ref.getcol(name))
     finally:
         container.close()
+
+
+def test_one_column_read_without_listing_the_view(made):  # noqa: F811 (the fixture)
+    """A reader that opens DATA.npy by name (a Dask worker) reads nothing of the other
+    columns: not the indirect arrays of WEIGHT and SIGMA (table.f3i), not FLAG's tiles;
+    the listing that follows shows the same file."""
+    path = made("ms", "3000")
+    source = CountingSource(path)
+    view = ColumnsView(source, path)
+    data = load(view, "DATA.npy")
+    assert set(source.bytes_read) <= {"table.dat", "table.lock", "table.f0", "table.f0_TSM1"}
+    with ct.table(path, ack=False) as ref:
+        np.testing.assert_array_equal(data, ref.getcol("DATA"))
+    assert "DATA.npy" in view.names() and "table.f3i" in source.bytes_read

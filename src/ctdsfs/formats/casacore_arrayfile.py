@@ -26,6 +26,8 @@ from .casacore_base import (
 
 MAX_NDIM = 32
 WINDOW = 256 << 10  # bytes of the file read at once for the small reads of cells
+PASS_BYTES = 8 << 20  # bytes of the file read at once by a vectorised pass over many cells
+PASS_CELLS = 1 << 18  # cells gathered at once by such a pass (bounds its index arrays)
 
 
 class _Windowed:
@@ -79,6 +81,55 @@ class ArrayFile:
             raise FormatError(f"{self.name}: array shape {list(shape)} at offset {offset} "
                               "does not fit the file")
         return shape, pos + 4 + 4 * ndim
+
+    def _gathered(self, starts, length):
+        """Rows of ``length`` bytes from each of ``starts`` (sorted), as uint8 matrices
+        ``(cells, length)``, each pass reading one span of the file of at most PASS_BYTES
+        (or one cell) and gathering at most PASS_CELLS cells."""
+        if len(starts) and (starts[0] < 0 or starts[-1] + length > self.size):
+            raise FormatError(f"{self.name}: an array offset lies outside the file "
+                              f"({self.size} bytes)")
+        columns = np.arange(length, dtype=np.int64)
+        i = 0
+        while i < len(starts):
+            lo = int(starts[i])
+            j = int(np.searchsorted(starts, lo + max(PASS_BYTES - length, 0), "right"))
+            j = min(max(j, i + 1), i + PASS_CELLS)
+            hi = int(starts[j - 1]) + length
+            data = np.frombuffer(read_exact(self.source.source, self.name, lo, hi - lo,
+                                            "arrays"), np.uint8)
+            yield i, j, data[(starts[i:j] - lo)[:, None] + columns]
+            i = j
+
+    def common_shape(self, offsets):
+        """The casacore shape of every array at ``offsets`` (int64, none 0) when they all
+        have the same one, else None: their rank and shape words compared with the first's
+        in vectorised passes, not cell by cell."""
+        shape, _ = self.shape_at(int(offsets[0]))
+        head = np.frombuffer(struct.pack(f"{self.order}I{len(shape)}i", len(shape), *shape),
+                             np.uint8)
+        starts = np.unique(offsets) + (4 if self.version > 0 else 0)
+        for _, _, rows in self._gathered(starts, len(head)):
+            if not (rows == head).all():
+                return None
+        return shape
+
+    def arrays_of_shape(self, offsets, shape, data_type):
+        """The arrays at ``offsets`` (all of casacore shape ``shape``, see common_shape) as
+        one ndarray ``(len(offsets), *shape[::-1])`` of the values' native dtype."""
+        count = math.prod(shape)
+        skip = (4 if self.version > 0 else 0) + 4 + 4 * len(shape)
+        size = (count + 7) // 8 if data_type == TP_BOOL else count * NUMERIC_TYPES[data_type][1]
+        order = np.argsort(offsets, kind="stable")
+        starts = offsets[order] + skip
+        out = np.empty((len(offsets), size), np.uint8)
+        for i, j, rows in self._gathered(starts, size):
+            out[order[i:j]] = rows
+        if data_type == TP_BOOL:
+            values = np.unpackbits(out, axis=1, bitorder="little")[:, :count].astype(bool)
+        else:
+            values = out.view(disk_dtype(data_type, self.big_endian))
+        return values.reshape((len(offsets),) + tuple(shape[::-1]))
 
     def array_at(self, offset, data_type):
         """(Python-order shape, flat values) of the array at ``offset``: values in C order of

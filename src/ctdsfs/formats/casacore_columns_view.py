@@ -11,7 +11,13 @@ For a table read through a source (see :mod:`.casacore_base`) the view shows:
   and ``NAME.values.npy`` (all cells' elements, each cell in C order), from which
   ``values[offsets[i]:offsets[i+1]].reshape(shapes[i])`` is ``getvarcol``'s row i;
 * ``table.json``: the table's and every column's keywords, type, shape and data manager,
-  and which files show the column (none: a manager not decoded, or String arrays).
+  and which files show the column (none: a manager not decoded, or String arrays; or a
+  column that does not decode, with its ``error``).
+
+The files of String and variable-shape columns are decoded when the view is first listed
+(their sizes are known only from their values): a column that fails then is left out,
+and the rest of the listing stands. ``NAME.npy`` files are decoded as they are read: a
+failure there is EIO for the read.
 """
 
 import json
@@ -21,7 +27,7 @@ import threading
 import numpy as np
 
 from ..container import DerivedView
-from ..errors import FormatError
+from ..errors import BlockError, FormatError
 from .casacore_base import TP_STRING
 from .casacore_columns import StringColumn, VarShapeColumn, open_table
 from .npy import npy_header
@@ -62,8 +68,12 @@ class _ColumnNpy:
         self.dtype = np.dtype(dtype)
         self.header = npy_header(self.dtype.str, (table.nrow,) + tuple(cell_shape))
         self.row_bytes = int(np.prod(cell_shape, dtype=np.int64)) * self.dtype.itemsize
-        self.rows_per_block = max(1, BLOCK_BYTES // max(1, self.row_bytes))
-        self._decoded = (0, 0, b"")  # (first row, end row, their bytes)
+        # a power of two, blocks ending at its multiples: tiles hold a power of two rows
+        # in practice, and a block that ends where a tile ends is cut from its tiles
+        # without a copy
+        rows = max(1, BLOCK_BYTES // max(1, self.row_bytes))
+        self.rows_per_block = 1 << (rows.bit_length() - 1)
+        self._decoded = (0, 0, memoryview(b""))  # (first row, end row, their bytes)
         self._lock = threading.Lock()
 
     def size(self):
@@ -77,13 +87,25 @@ class _ColumnNpy:
                 return held_first, data
             stop = end
             if held_first <= first <= held_end and held_end > 0:  # carrying on: a block
-                stop = min(self.table.nrow, max(end, first + self.rows_per_block))
+                block = self.rows_per_block
+                stop = min(self.table.nrow, ((end - 1) // block + 1) * block)
             values = self.table.read_column(self.name, first, stop)
             if not isinstance(values, np.ndarray) or values.dtype != self.dtype or \
                     values.shape != (stop - first,) + self.cell_shape:
                 raise FormatError(f"column {self.name}: rows {first}..{stop} changed shape")
-            self._decoded = (first, stop, values.tobytes())
-            return first, self._decoded[2]
+            # kept as the array's own bytes: reads hand out slices of them, not copies
+            data = memoryview(np.ascontiguousarray(values)).cast("B").toreadonly()
+            self._decoded = (first, stop, data)
+            return first, data
+
+    def held(self, offset, size):
+        """Whether the bytes ``offset..offset+size`` are decoded already (a read of them
+        is a slice: the mount answers it without a worker thread's hop)."""
+        first, end, _ = self._decoded
+        head = len(self.header)
+        stop = min(offset + size, self.size()) - head
+        return offset >= head and first * self.row_bytes <= offset - head and \
+            stop <= end * self.row_bytes
 
     def read(self, offset, size):
         head = len(self.header)
@@ -95,7 +117,8 @@ class _ColumnNpy:
         first_row = at // self.row_bytes
         held_first, data = self._rows(first_row, -(-stop // self.row_bytes))
         inner = at - held_first * self.row_bytes
-        return out + data[inner:inner + stop - at]
+        values = data[inner:inner + stop - at]
+        return out + values if out else values
 
 
 def _npy_bytes(array):
@@ -110,24 +133,67 @@ class ColumnsView(DerivedView):
     def __init__(self, source, label, table_label=None):
         super().__init__(label)
         self.source, self.table_label = source, table_label or label
-        self.table = None  # table.dat is read when the view is first listed, not when shown
+        self.table = None  # table.dat is read when the view is first used, not when shown
+        self._single = {}  # column name -> its NAME.npy made before the view was listed
+
+    def _open_table(self):
+        if self.table is None:
+            self.table = open_table(self.source, self.table_label)
+        return self.table
+
+    def _entry(self, key):
+        if self._built is None and isinstance(key, str) and key.endswith(".npy"):
+            single = self._single_npy(key[:-len(".npy")])
+            if single is not None:
+                return single
+        return super()._entry(key)
+
+    def _single_npy(self, name):
+        """``NAME.npy`` of a column whose one cell shape is known without reading a value
+        (a fixed shape, or the tiled managers' hypercubes), made without listing the
+        whole view: a reader of one column (a Dask worker) pays for that column only.
+        None when the listing has to tell (it then shows the same file)."""
+        with self._lock:
+            if name in self._single:
+                return self._single[name]
+            try:
+                table = self._open_table()
+                col = table.columns.get(name)
+                if col is None or not col.decoded or col.data_type == TP_STRING:
+                    return None
+                shape = col.cell_shape
+                if shape is None and col.manager.startswith("Tiled"):
+                    known, shape = table.uniform_shape(name)
+                    shape = shape if known else None
+            except (FormatError, BlockError, OSError):
+                return None  # the listing says why
+            if shape is None:
+                return None
+            single = self._single[name] = _ColumnNpy(table, name, shape, col.dtype)
+            return single
 
     def _build(self):
         """Say what you show: a table that does not decode gives an empty view, a column
         that does not decode no files; either with the reason in the log and
         ``problems`` (and a column's in table.json)."""
         try:
-            self.table = open_table(self.source, self.table_label)
+            self._open_table()
         except (FormatError, OSError) as exc:
             self._problem(f"no columns shown: {exc}")
             return {}
         entries, shown, failed = {}, {}, {}
         for name, col in self.table.columns.items():
+            files = {}
             try:
-                shown[name] = self._column_entries(entries, name, col)
-            except FormatError as exc:
+                shown[name] = self._column_entries(files, name, col)
+                for entry in files.values():  # a size only the values tell: decoded now,
+                    if isinstance(entry, _Bytes):  # so a failure leaves out this column,
+                        entry.data()  # not the whole listing that asks the sizes
+            except (FormatError, BlockError) as exc:
                 shown[name], failed[name] = [], str(exc)
                 self._problem(f"column {name} not shown: {exc}")
+                continue
+            entries.update(files)
         described = self.table.describe()
         for name, files in shown.items():
             described["columns"][name]["files"] = files
@@ -136,6 +202,16 @@ class ColumnsView(DerivedView):
         entries["table.json"] = (json.dumps(described, indent=2, ensure_ascii=False,
                                             default=str) + "\n").encode()
         return entries
+
+    def cached(self, key, offset, size):
+        try:
+            entry = self._entry(key)
+        except FileNotFoundError:
+            return False
+        if isinstance(entry, _ColumnNpy):
+            return entry.held(offset, size)
+        return isinstance(entry, bytes) or (isinstance(entry, _Bytes) and
+                                            entry._data is not None)
 
     def _problem(self, text):
         self.problems.append(text)
@@ -153,16 +229,17 @@ class ColumnsView(DerivedView):
             return [f"{name}.offsets.npy", f"{name}.data"]
         shape = col.cell_shape if col.cell_shape is not None else self._uniform_shape(name)
         if shape is not None:
-            entries[f"{name}.npy"] = _ColumnNpy(self.table, name, shape, col.dtype)
+            entries[f"{name}.npy"] = self._single.get(name) or _ColumnNpy(self.table, name,
+                                                                         shape, col.dtype)
             return [f"{name}.npy"]
         whole = _Bytes(lambda: self.table.read_column(name))
         ndim = max(col.ndim, 0)
 
         def shapes():
             out = np.full((self.table.nrow, ndim), -1, np.int64)
-            for i, s in enumerate(whole.data().shapes):
-                if s is not None:
-                    out[i, :len(s)] = s
+            column = whole.data()
+            for i in np.flatnonzero(column.defined).tolist():
+                out[i, :len(column.shapes[i])] = column.shapes[i]
             return _npy_bytes(out)
         entries[f"{name}.shapes.npy"] = _Bytes(shapes)
         entries[f"{name}.offsets.npy"] = _Bytes(lambda: _npy_bytes(whole.data().offsets))

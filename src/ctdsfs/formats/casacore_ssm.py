@@ -33,6 +33,7 @@ from .casacore_base import (
 HEADER_SIZE = 512
 HEAP_HEADER = 16
 MAX_BUCKET = 1 << 30
+RUN_BYTES = 8 << 20  # buckets read at once when they follow each other
 
 
 class SSMIndex:
@@ -163,42 +164,64 @@ class SSMReader:
         table (the caller decodes to find out)."""
         if not col.is_array or col.direct or col.data_type == TP_STRING or self.nrow == 0:
             return col.cell_shape if self.nrow else NotImplemented
-        offset, group = self.place[col.name]
-        bits = self._external_size(col)
-        if bits * self.indexes[group].rows_per_bucket + 8 * offset > 8 * self.bucket_size:
-            raise FormatError(f"{self.name}: the column does not fit its buckets")
+        offsets = self._cell_offsets(col, 0, self.nrow)
+        if (offsets == 0).any():
+            return None
+        shape = self._array_file().common_shape(offsets)
+        return None if shape is None else tuple(shape[::-1])
+
+    def _array_file(self):
         if self.ifile is None:
             self.ifile = ArrayFile(self.source, self.arrays_name, self.big_endian)
-        shapes = set()
-        for bucket, b_first, a, b in self.indexes[group].spans(0, self.nrow):
-            raw = self.bucket(bucket, offset + (a - b_first) * 8, (b - a) * 8)
-            for cell in np.frombuffer(raw, self._order + "i8").tolist():
-                if cell == 0:
-                    return None
-                shapes.add(self.ifile.shape_at(int(cell))[0])
-                if len(shapes) > 1:
-                    return None
-        return tuple(shapes.pop()[::-1])
+        return self.ifile
 
-    def read(self, col, start, stop):
+    def _cell_offsets(self, col, start, stop):
+        pieces = self._pieces(col, start, stop)
+        return np.concatenate([np.frombuffer(raw, self._order + "i8") for raw, _, _ in
+                               pieces]).astype(np.int64) if pieces else np.zeros(0, np.int64)
+
+    def _pieces(self, col, start, stop):
+        """(bytes, first bit, rows) of the column's rows ``start..stop`` in each bucket
+        holding them; buckets that follow each other in the file are read at once (up to
+        RUN_BYTES), not one read per bucket."""
         offset, group = self.place[col.name]
         index = self.indexes[group]
         bits = self._external_size(col)
         if bits * index.rows_per_bucket + 8 * offset > 8 * self.bucket_size:
             raise FormatError(f"{self.name}: the column does not fit its buckets")
-        pieces = []
-        for bucket, b_first, a, b in index.spans(start, stop):
-            first_bit = (a - b_first) * bits
-            byte0 = first_bit // 8
-            raw = self.bucket(bucket, offset + byte0, ((b - a) * bits + first_bit % 8 + 7) // 8)
-            pieces.append((raw, first_bit % 8, b - a))
-        return self._decode(col, pieces, stop - start)
+        spans = list(index.spans(start, stop))
+        pieces, i = [], 0
+        per_run = max(1, RUN_BYTES // self.bucket_size)
+        while i < len(spans):
+            j = i + 1
+            while j < len(spans) and j - i < per_run and spans[j][0] == spans[j - 1][0] + 1:
+                j += 1
+            first = spans[i][0]
+            run = memoryview(self.buckets(first, j - i))
+            for bucket, b_first, a, b in spans[i:j]:
+                first_bit = (a - b_first) * bits
+                at = (bucket - first) * self.bucket_size + offset + first_bit // 8
+                pieces.append((run[at:at + ((b - a) * bits + first_bit % 8 + 7) // 8],
+                               first_bit % 8, b - a))
+            i = j
+        return pieces
+
+    def buckets(self, first, count):
+        """``count`` whole buckets from bucket number ``first``, in one read."""
+        if not (0 <= first and first + count <= self.n_buckets):
+            raise FormatError(f"{self.name}: buckets {first}..{first + count} are not among "
+                              f"{self.n_buckets}")
+        return read_exact(self.source, self.name, HEADER_SIZE + first * self.bucket_size,
+                          count * self.bucket_size, "buckets")
+
+    def read(self, col, start, stop):
+        return self._decode(col, self._pieces(col, start, stop), stop - start)
 
     def _decode(self, col, pieces, nrow):
         dt = col.data_type
         if col.is_array and not col.direct and dt != TP_STRING:
             offsets = np.concatenate([np.frombuffer(raw, self._order + "i8") for raw, _, _ in
-                                      pieces]) if pieces else np.zeros(0, np.int64)
+                                      pieces]).astype(np.int64) if pieces else np.zeros(0, np.int64)
             return self._indirect_cells(col, offsets)
         if dt == TP_STRING:
             raw = b"".join(bytes(p[0]) for p in pieces)
@@ -222,9 +245,14 @@ class SSMReader:
         return ">" if self.big_endian else "<"
 
     def _indirect_cells(self, col, offsets):
-        if self.ifile is None:
-            self.ifile = ArrayFile(self.source, self.arrays_name, self.big_endian)
-        return [None if off == 0 else self.ifile.array_at(int(off), col.data_type)
+        """The cells at ``offsets`` of the array file: one ndarray when all are defined with
+        one shape (read in vectorised passes), else a list of (shape, values) or None."""
+        ifile = self._array_file()
+        if len(offsets) and not (offsets == 0).any():
+            shape = ifile.common_shape(offsets)
+            if shape is not None:
+                return ifile.arrays_of_shape(offsets, shape, col.data_type).astype(col.dtype)
+        return [None if off == 0 else ifile.array_at(int(off), col.data_type)
                 for off in offsets.tolist()]
 
     def _strings(self, col, refs, raw):

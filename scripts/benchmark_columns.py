@@ -1,0 +1,188 @@
+"""The benchmark's "columns" part: every tiled column of a MeasurementSet as NumPy arrays.
+
+The MS is the tests' (tests/casacore_column_tables.py ``ms``): DATA (64 channels x 4
+correlations, complex64) and FLAG in two TiledShapeStMan hypercolumns, UVW in
+TiledColumnStMan, the rest in StandardStMan. Each figure is a median of alternated
+rounds (the machine is shared: its load moves every reader) with the best beside it:
+
+* local: ``numpy.load(columns/NAME.npy)`` of every tiled column through a fresh
+  ``mount.ctdsfs -o columns`` of the MS directory (from the first lookup on, the mount's
+  own start apart), against python-casacore's ``getcol`` of the same columns from the
+  same files (from opening the table on), each in a fresh process, page cache warm;
+* remote: the same columns of the MS packed by ``ctdsfs pack`` and put on a SeaweedFS on
+  loopback, read through the fsspec filesystem (``columns=True``) as ``dask.array``s by
+  the two worker processes of a ``distributed.LocalCluster`` (a new one each round:
+  nothing cached; the modules a task needs imported before the clock starts;
+  the clock runs from making the arrays, which lists the view, to their values in the
+  client), against ``getcol`` from local disk;
+* the bytes a range of 100 rows of DATA fetches from SeaweedFS, with the remote reader's
+  defaults and with 64 KiB chunks, beside the size of one tile row (the tiles across a
+  cell that hold a band of rows).
+"""
+
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+from benchmark_common import Mounted
+
+HERE = Path(__file__).resolve().parent
+ROW_BYTES = 2163  # of the MS's files per row (DATA 2 KiB, FLAG, UVW, scalars, WEIGHT, SIGMA)
+
+GETCOL = """
+import sys, time, casacore.tables as ct
+start = time.perf_counter()
+table = ct.table(sys.argv[1], ack=False)
+for name in sys.argv[2:]:
+    table.getcol(name)
+print(time.perf_counter() - start)
+"""
+
+NPY_LOAD = """
+import sys, time, numpy as np
+start = time.perf_counter()
+for name in sys.argv[2:]:
+    np.load(f"{sys.argv[1]}/columns/{name}.npy")
+print(time.perf_counter() - start)
+"""
+
+DASK_READ = """
+import sys, time, json
+from distributed import Client
+from ctdsfs.dask_columns import column_array
+address, url, options = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+def ready():  # what every task needs, imported before the clock starts
+    import ctdsfs.dask_columns, ctdsfs.formats.casacore_columns_view, s3fs  # noqa: F401
+with Client(address) as client:
+    client.run(ready)
+    start = time.perf_counter()
+    arrays = [column_array(url, name, **options) for name in sys.argv[4:]]
+    client.compute(arrays, sync=True)  # one graph: both workers busy from the start
+    print(time.perf_counter() - start)
+"""
+
+
+def seconds(script, *args, env=None):
+    return float(subprocess.run([sys.executable, "-c", script, *map(str, args)], check=True,
+                                capture_output=True, text=True, env=env).stdout)
+
+
+def summary(values):
+    return f"median {statistics.median(values):.3f} s (best {min(values):.3f})"
+
+
+def tiled_columns(path):
+    from ctdsfs.formats.casacore_base import DirectorySource
+    from ctdsfs.formats.casacore_columns import open_table
+
+    table = open_table(DirectorySource(path))
+    return table, [name for name, col in table.columns.items() if col.manager.startswith("Tiled")]
+
+
+def local_figures(tmp, ms, names, rounds):
+    """(getcol seconds, mount seconds), ``rounds`` each, alternated."""
+    mountpoint = tmp / "columns-mnt"
+    ours, theirs = [], []
+    for _ in range(rounds):
+        theirs.append(seconds(GETCOL, ms, *names))
+        with Mounted(["mount.ctdsfs", "-f", "-o", "columns", str(ms), str(mountpoint)],
+                     str(mountpoint)):
+            ours.append(seconds(NPY_LOAD, mountpoint, *names))
+    return theirs, ours
+
+
+def extra_bytes(url, s3, table, nrow, options):
+    """(bytes fetched for rows ``nrow // 2 .. + 100`` of DATA.npy, those rows' bytes)."""
+    import fsspec
+
+    from ctdsfs.formats import remote
+
+    fetched = []
+    original = remote.RemoteStore._get
+
+    def counted(self, start, end, version):
+        fetched.append(end - start)
+        return original(self, start, end, version)
+    remote.RemoteStore._get = counted
+    try:
+        fs = fsspec.filesystem("ctdsfs", fo=url, columns=True, skip_instance_cache=True,
+                               target_options=dict(s3, **options))
+        path = "columns/DATA.npy"
+        row = table.columns["DATA"].dtype.itemsize * 64 * 4
+        header = fs.size(path) - nrow * row
+        fs.cat_file(path, 0, header)  # the view listed: table.dat, the managers' headers
+        fetched.clear()
+        first = nrow // 2
+        rows = min(100, nrow - first)
+        fs.cat_file(path, header + first * row, header + (first + rows) * row)
+        return sum(fetched), rows * row
+    finally:
+        remote.RemoteStore._get = original
+
+
+def remote_figures(tmp, ms, table, names, rounds):
+    """(dask seconds per round, extra bytes with the defaults, with 64 KiB chunks)."""
+    import json
+
+    from distributed import LocalCluster
+
+    sys.path.insert(0, str(HERE.parent))
+    from tests.servers import CREDENTIALS, Seaweed
+
+    packed = tmp / "columns-ms.mf"
+    subprocess.run(["ctdsfs", "pack", "--quiet", str(ms), str(packed)], check=True)
+    (tmp / "columns-weed").mkdir()
+    server = Seaweed(tmp / "columns-weed")
+    try:
+        client = server.make_bucket("columns")
+        with open(packed, "rb") as f:
+            client.put_object(Bucket="columns", Key="ms.mf", Body=f)
+        url = "s3://columns/ms.mf"
+        s3 = {"endpoint_url": server.endpoint, "key": CREDENTIALS["AWS_ACCESS_KEY_ID"],
+              "secret": CREDENTIALS["AWS_SECRET_ACCESS_KEY"]}
+        env = dict(os.environ, **CREDENTIALS)
+        dask = []
+        for _ in range(rounds):  # a new cluster each round: nothing cached in its workers
+            with LocalCluster(n_workers=2, processes=True, threads_per_worker=1,
+                              dashboard_address=None, host="127.0.0.1") as cluster:
+                dask.append(seconds(DASK_READ, cluster.scheduler_address, url,
+                                    json.dumps(s3), *names, env=env))
+        cube = table._reader(table.columns["DATA"].seqnr).cubes[-1]
+        tile_row = cube.n_tiles // cube.grid[-1] * cube.tile_bytes
+        extras = [extra_bytes(url, s3, table, table.nrow, options)
+                  for options in ({}, {"chunk_size": 64 << 10, "readahead": 1})]
+        return dask, extras, tile_row
+    finally:
+        server.close()
+
+
+def columns_figures(tmp, ms_mib, rounds=5):
+    """The lines of the part (see the module docstring)."""
+    ms = tmp / "columns.ms"
+    nrow = max(256, ms_mib * 2 ** 20 // ROW_BYTES)
+    print(f"columns: a {ms_mib} MiB MeasurementSet ({nrow} rows) as NumPy arrays ...",
+          flush=True)
+    subprocess.run([sys.executable, str(HERE.parent / "tests" / "casacore_column_tables.py"),
+                    "ms", str(ms), str(nrow)], check=True)
+    table, names = tiled_columns(ms)
+    size = sum(f.stat().st_size for f in ms.iterdir() if f.is_file()) / 2 ** 20
+    getcol, mounted = local_figures(tmp, ms, names, rounds)
+    dask, ((moved, wanted), (moved_small, _)), tile_row = remote_figures(tmp, ms, table,
+                                                                        names, rounds)
+    ratio = statistics.median(getcol) / statistics.median(mounted)
+    dask_ratio = statistics.median(getcol) / statistics.median(dask)
+    return [
+        f"columns: every tiled column ({', '.join(names)}) of a {size:.0f} MiB MeasurementSet, "
+        f"{rounds} alternated rounds, page cache warm: python-casacore getcol {summary(getcol)}, "
+        f"numpy.load through a fresh -o columns mount {summary(mounted)}, ratio of medians "
+        f"{ratio:.2f} (target >= 1)",
+        f"columns: the same through fsspec from SeaweedFS, dask.array on 2 worker processes "
+        f"(a new cluster each round) {summary(dask)}, ratio to getcol from local disk "
+        f"{dask_ratio:.2f}",
+        f"columns: 100 rows of DATA ({wanted / 1024:.0f} KiB) through fsspec from SeaweedFS, "
+        f"the view listed: {moved / 1024:.0f} KiB fetched with the default chunks (what "
+        f"the listing fetched is not fetched again), {moved_small / 1024:.0f} KiB with "
+        f"64 KiB chunks; a tile row of DATA is {tile_row / 1024:.0f} KiB",
+    ]

@@ -1,0 +1,122 @@
+"""Hostile table files through ``columns/`` itself (the view and the VFS over it): a column
+that does not decode costs its own files only, each bad case ends in EIO for one file or
+a one-line refusal, with bounded memory and no traceback."""
+
+import json
+import os
+import resource
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ctdsfs.formats.casacore_base import DirectorySource
+from ctdsfs.formats.casacore_columns import open_table
+from ctdsfs.vfs import ROOT_INO, ContainerFS
+from ctdsfs.vfs.columns import with_columns
+from ctdsfs.vfs.directory import directory_or_table
+from ctdsfs.vfs.filesystem import FSError
+
+from .test_columns import _patch, made  # noqa: F401  (the module's table fixture)
+
+
+def listing(fs, ino):
+    """Every entry's (name, size) of directory ``ino``, as ``ls -l`` asks them."""
+    return {name: attr.size for name, attr, _ in fs.readdir(fs.opendir(ino))
+            if name not in (".", "..")}
+
+
+def columns_fs(path):
+    fs = ContainerFS(with_columns(directory_or_table(path, source=True)), path)
+    return fs, fs.lookup(ROOT_INO, "columns").ino
+
+
+def test_a_string_column_that_does_not_decode_leaves_the_others_listed(made):  # noqa: F811
+    """A string length in SSM's 12-byte reference pointing past everything: before, the
+    listing of columns/ asked the string files' sizes and failed whole with EIO."""
+    path = made("fixed", "StandardStMan")
+    table = open_table(DirectorySource(path))
+    ssm = table._reader(0)
+    offset, group = ssm.place["s_string"]
+    bucket = int(ssm.indexes[group].bucket[0])
+    row = next(i for i, s in enumerate(table.read_column("s_string").tolist())
+               if len(s.encode()) > 8)
+    _patch(path, "table.f0", 512 + bucket * ssm.bucket_size + offset + 12 * row + 8,
+           (0x7FFFFFF0).to_bytes(4, "little"))
+    fs, columns = columns_fs(path)
+    sizes = listing(fs, columns)
+    assert "s_string.data" not in sizes and "s_string.offsets.npy" not in sizes
+    assert sizes["s_double.npy"] > 0 and "table.json" in sizes
+    fh = fs.open(fs.lookup(columns, "table.json").ino, os.O_RDONLY)
+    described = json.loads(fs.read(fh, 0, 1 << 20))
+    assert described["columns"]["s_string"]["files"] == []
+    assert "string length" in described["columns"]["s_string"]["error"]
+    with pytest.raises(FSError):
+        fs.lookup(columns, "s_string.data")
+
+
+def _everything_through_the_vfs(path):
+    """columns/ listed with sizes and every file read whole, over the VFS; the failures
+    (FSError: EIO or another errno with a one-line message; a column left out, with its
+    error in table.json; a table not shown), counted."""
+    try:
+        fs, columns = columns_fs(path)
+        sizes = listing(fs, columns)
+    except FSError as exc:
+        assert "\n" not in str(exc)
+        return 1
+    if "table.json" not in sizes:
+        return 1
+    fh = fs.open(fs.lookup(columns, "table.json").ino, os.O_RDONLY)
+    described = json.loads(fs.read(fh, 0, sizes["table.json"]))
+    fs.release(fh)
+    failures = sum("error" in c for c in described["columns"].values())
+    for name, size in sizes.items():
+        try:
+            fh = fs.open(fs.lookup(columns, name).ino, os.O_RDONLY)
+            try:
+                for at in range(0, size, 1 << 20):
+                    fs.read(fh, at, 1 << 20)
+            finally:
+                fs.release(fh)
+        except FSError as exc:
+            assert "\n" not in str(exc), exc
+            failures += 1
+    return failures
+
+
+@pytest.mark.parametrize("manager,what", [("StandardStMan", "fixed"),
+                                          ("StandardStMan", "var"),
+                                          ("IncrementalStMan", "fixed"),
+                                          ("StManAipsIO", "var"),
+                                          ("TiledShapeStMan", "var"),
+                                          ("TiledColumnStMan", "fixed")])
+def test_hostile_table_files_through_the_columns_view(made, manager, what):  # noqa: F811
+    """Bytes of the storage managers' files (headers, bucket indexes, tile counts, string
+    lengths and references, hypercube shapes, array shapes) overwritten, then columns/
+    listed and read through the VFS: values, EIO or a one-line refusal for the file
+    touched, never another exception, within 4 GiB of address space."""
+    path = made(what, manager)
+    files = [f for f in sorted(os.listdir(path)) if f.startswith("table.f") and
+             "_TSM" not in f]
+    rng = np.random.default_rng(11)
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    resource.setrlimit(resource.RLIMIT_AS, (4 << 30, hard))  # a huge allocation would fail
+    failed = 0
+    try:
+        for name in files:
+            original = Path(path, name).read_bytes()
+            size = len(original)
+            spots = sorted(set(rng.integers(0, min(size, 1024), 4).tolist()) |
+                           set(rng.integers(0, size, 2).tolist()))
+            for at in spots:
+                for value in (b"\xff\xff\xff\x7f", b"\x00\x00\x00\x00"):
+                    data = bytearray(original)
+                    data[at:at + len(value)] = value[:size - at]
+                    Path(path, name).write_bytes(bytes(data))
+                    failed += _everything_through_the_vfs(path)
+            Path(path, name).write_bytes(original)
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+    assert failed > 0  # some mutations hit a checked field
+    assert _everything_through_the_vfs(path) == 0
