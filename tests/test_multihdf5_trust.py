@@ -232,20 +232,20 @@ def test_a_file_that_spins_hdf5_costs_its_cpu_budget_not_the_wall_clock(tmp_path
 
 def test_a_large_file_gets_the_cpu_budget_again_at_each_step(tmp_path, monkeypatch):
     """The budget bounds the CPU time between two steps forward, not the whole read: a valid
-    file of 2,500 entries, which takes several times the budget in all, is accepted."""
+    file of 4,000 entries, which takes several times the budget in all, is accepted."""
     path = tmp_path / "many.mfh5"
     with h5py.File(path, "w", libver=multihdf5.LIBVER) as f:  # (much faster than 2,500 creates)
-        for i in range(2500):
+        for i in range(4000):
             f.create_dataset(f"f{i}/FileData", shape=(1, 512), dtype="u1", chunks=(1, 512))
         header = f.create_group(HEADER).attrs
         header["blockSize"], header["hdrCounter"] = np.int64(512), np.int64(1)
-        header.create("names", [f"f{i}" for i in range(2500)], dtype=multihdf5.NAMES_TYPE)
-        header["sizes"] = np.full(2500, 512, np.int64)
+        header.create("names", [f"f{i}" for i in range(4000)], dtype=multihdf5.NAMES_TYPE)
+        header["sizes"] = np.full(4000, 512, np.int64)
     monkeypatch.setenv(hdf5_probe.CPU_LIMIT_ENV, "0.5")
     before = children_cpu()
     assert hdf5_probe.probe(path) == []
     # One limit for the whole read would have ended it at ceil(start + 0.5) <= 2 s.
-    assert children_cpu() - before > 2.5
+    assert children_cpu() - before > 2.2  # (2,500 entries took 2.5 s on a quiet machine)
 
 
 def test_a_directory_source_shows_a_crashing_file_as_a_file(tmp_path):

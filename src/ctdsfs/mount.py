@@ -23,7 +23,6 @@ from .formats import (
     open_container,
     open_from_store,
 )
-from .formats.tiledb_time import parse_timestamp
 
 log = logging.getLogger("ctdsfs")
 
@@ -153,6 +152,8 @@ def parse_options(text):
         elif item == "no_default_permissions":
             continue  # only keeps allow_other from adding default_permissions
         elif item.split("=", 1)[0] == "timestamp":
+            from .formats.tiledb_time import parse_timestamp  # (numpy: only when asked)
+
             opts.timestamp = parse_timestamp(item.partition("=")[2])
             if opts.timestamp is None:
                 raise UsageError(f"mount option {item!r} needs T or T1:T2 (ms since the "
