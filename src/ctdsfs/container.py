@@ -93,12 +93,6 @@ class Container(ABC):
         False when unsure."""
         return False
 
-    def read_now(self, key, offset, size):
-        """``read(key, offset, size)``, or None if it is known to wait for the disk (its
-        bytes are not in the page cache): a mount then serves it in a worker thread, so
-        that cold reads of many readers overlap. Read at once when unsure."""
-        return self.read(key, offset, size)
-
     def nested(self, name):
         """The container stored in virtual file ``name``, or None if it is a plain file.
 

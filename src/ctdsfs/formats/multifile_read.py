@@ -54,19 +54,6 @@ class MultiFileReading:
             return e, first, end, e.blocks[first:(end - 1) // self.block_size + 1]
 
     def read(self, key, offset, size):
-        return self._read(key, offset, size, self.store.view)
-
-    def read_now(self, key, offset, size):
-        if self.verify_crc and self.header.use_crc:
-            return None  # (CRCs are CPU work, kept off the mount's loop)
-        view_now = getattr(self.store, "view_now", None)  # (a remote store's reads wait)
-        if self.writable or view_now is None:
-            return self.read(key, offset, size)
-        return self._read(key, offset, size, view_now)
-
-    def _read(self, key, offset, size, view):
-        """The bytes, each block run by ``view(at, size)`` (None from it: would wait for
-        the disk, returned as is)."""
         located = self._located(key, offset, size)
         if located is None:
             return b""
@@ -79,9 +66,7 @@ class MultiFileReading:
             return data[skip:skip + end - offset]
         chunks = []
         for index, at, want in _spans(blocks, first, bs, offset, end):
-            data = view(at, want)
-            if data is None:
-                return None
+            data = self.store.view(at, want)
             if len(data) < want:
                 raise self._block_error(name, index, "lies past the end of the container")
             chunks.append(data)
@@ -95,14 +80,6 @@ class MultiFileReading:
             return True
         _, first, end, blocks = located
         return all(self.store.cached(at, want)
-                   for _, at, want in _spans(blocks, first, self.block_size, offset, end))
-
-    def waits(self, key, offset, size):
-        located = self._located(key, offset, size)
-        if located is None or self.writable:
-            return False
-        _, first, end, blocks = located
-        return any(self.store.waits(at, want)
                    for _, at, want in _spans(blocks, first, self.block_size, offset, end))
 
     def _block_error(self, name, index, why):

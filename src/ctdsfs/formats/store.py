@@ -219,10 +219,6 @@ def open_store(path, *, writable=False, create=False, lock=False):
     return store
 
 
-# The largest read FileStore.view_now probes (the FUSE adapter sends larger ones to threads).
-WAIT_PROBE_MAX = 128 << 10
-
-
 class FileStore:
     """A real file, read and written with ``pread``/``pwrite`` (no shared file position)."""
 
@@ -255,23 +251,6 @@ class FileStore:
         """Unknown (the page cache may have them or not): a read may wait for the disk."""
         return False
 
-    def view_now(self, offset, size):
-        """``view(offset, size)``, or None if it would wait for the disk (some page is not
-        in the page cache), by a read that never blocks (``RWF_NOWAIT``): its bytes are the
-        answer, so a warm read costs one read, not a probe and a read. Sizes above
-        WAIT_PROBE_MAX are read at once (such reads run in threads anyway)."""
-        if size > WAIT_PROBE_MAX or self._direct:
-            return self.view(offset, size)
-        buffer = bytearray(size)
-        try:
-            got = os.preadv(self.fd, [buffer], offset, os.RWF_NOWAIT)
-        except BlockingIOError:
-            return None
-        except OSError:  # (no RWF_NOWAIT here: EOPNOTSUPP): unknown, the old way
-            return self.view(offset, size)
-        if got < size and offset + got < os.fstat(self.fd).st_size:
-            return None  # (some pages cached, the next one not)
-        return memoryview(buffer).toreadonly()[:got]
 
     def pwrite(self, offset, data):
         self._settle()
@@ -378,9 +357,6 @@ class VirtualFileStore:
 
     def cached(self, offset, size):
         return self.parent.cached(self.name, offset, size)
-
-    def view_now(self, offset, size):
-        return self.parent.read_now(self.name, offset, size)
 
     def pwrite(self, offset, data):
         self.parent.write(self.name, offset, data)

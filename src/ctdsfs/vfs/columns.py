@@ -99,9 +99,6 @@ class WithColumns:
     def cached(self, key, offset, size):
         return False if self._is_view(key) else self.inner.cached(key, offset, size)
 
-    def waits(self, key, offset, size):
-        return False if self._is_view(key) else self.inner.waits(key, offset, size)
-
     def symlink_target(self, name):
         return None if self._is_view(name) else self.inner.symlink_target(name)
 

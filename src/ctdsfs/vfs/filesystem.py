@@ -497,23 +497,17 @@ class ContainerFS:
 
     def read(self, fh, offset, size):
         node = self._handle(fh).node
-        return self._call(self._read_logged, node.owner.read, node, offset, size)
-
-    def read_now(self, fh, offset, size):
-        """That read, or None if it is known to wait for the disk (``Container.read_now``)."""
-        node = self._handle(fh).node
-        return self._call(self._read_logged, node.owner.read_now, node, offset, size)
+        return self._call(self._read_logged, node, offset, size)
 
     def read_at_once(self, fh, offset, size):
         """Whether that read is answered from memory, without waiting (``Container.cached``)."""
         node = self._handle(fh).node
         return self._call(node.owner.cached, node.key, offset, size)
 
-    def _read_logged(self, read, node, offset, size):
-        """Read by ``read`` (the node's container's); a bad block is logged once per mount,
-        with the file's path in the mount."""
+    def _read_logged(self, node, offset, size):
+        """Read; a bad block is logged once per mount, with the file's path in the mount."""
         try:
-            return read(node.key, offset, size)
+            return node.owner.read(node.key, offset, size)
         except BlockError as exc:
             self._log_once(f"{self.source_path}: {self._path(node)}: {exc.detail}")
             raise
