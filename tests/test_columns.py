@@ -3,6 +3,7 @@ on tables it writes here: every type in every decoded storage manager, both byte
 MultiFile storage, a MeasurementSet, and hostile table files."""
 
 import os
+import resource
 import subprocess
 import sys
 from pathlib import Path
@@ -192,6 +193,32 @@ def _read_everything(path):
         table.read_column(name)
 
 
+def mutated(path, files, rng, counts, values):
+    """Overwrite ``values`` at spots of each file in turn (``counts``: how many among the
+    first KiB, where headers and indexes are, and how many anywhere), yielding after each
+    change and restoring the file after; within 4 GiB of address space, so a huge
+    allocation fails instead of swapping."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    resource.setrlimit(resource.RLIMIT_AS, (4 << 30, hard))
+    try:
+        for name in files:
+            original = Path(path, name).read_bytes()
+            size = len(original)
+            spots = sorted(set(rng.integers(0, min(size, 1024), counts[0]).tolist()) |
+                           set(rng.integers(0, size, counts[1]).tolist()))
+            try:
+                for at in spots:
+                    for value in values:
+                        data = bytearray(original)
+                        data[at:at + len(value)] = value[:size - at]
+                        Path(path, name).write_bytes(bytes(data))
+                        yield name, at
+            finally:
+                Path(path, name).write_bytes(original)
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+
+
 @pytest.mark.parametrize("manager,what", [("StandardStMan", "fixed"),
                                           ("IncrementalStMan", "fixed"),
                                           ("StManAipsIO", "var"),
@@ -201,33 +228,17 @@ def test_hostile_storage_manager_files(made, manager, what):
     """Bytes of the storage-manager files overwritten (header fields, index entries,
     bucket numbers, tile counts, string lengths): each read gives the right values or a
     one-line FormatError, never another exception."""
-    import resource
     path = made(what, manager)
     files = [f for f in sorted(os.listdir(path)) if f.startswith("table.f") and
              "_TSM" not in f][:2]  # headers, indexes, buckets (tile data is only values)
-    rng = np.random.default_rng(7)
-    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
-    resource.setrlimit(resource.RLIMIT_AS, (4 << 30, hard))  # a huge allocation would fail
     refused = 0
-    try:
-        for name in files:
-            original = Path(path, name).read_bytes()
-            size = len(original)
-            spots = sorted(set(rng.integers(0, min(size, 1024), 9).tolist()) |
-                           set(rng.integers(0, size, 4).tolist()))
-            for at in spots:
-                for value in (b"\xff\xff\xff\x7f", b"\x00\x00\x00\x00", b"\x80"):
-                    data = bytearray(original)
-                    data[at:at + len(value)] = value[:size - at]
-                    Path(path, name).write_bytes(bytes(data))
-                    try:
-                        _read_everything(path)
-                    except FormatError as exc:
-                        assert "\n" not in str(exc)
-                        refused += 1
-            Path(path, name).write_bytes(original)
-    finally:
-        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+    for _ in mutated(path, files, np.random.default_rng(7), (9, 4),
+                     (b"\xff\xff\xff\x7f", b"\x00\x00\x00\x00", b"\x80")):
+        try:
+            _read_everything(path)
+        except FormatError as exc:
+            assert "\n" not in str(exc)
+            refused += 1
     assert refused > 0  # some mutations hit a checked field
     _read_everything(path)
 

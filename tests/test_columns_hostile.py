@@ -4,8 +4,6 @@ a one-line refusal, with bounded memory and no traceback."""
 
 import json
 import os
-import resource
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -17,7 +15,7 @@ from ctdsfs.vfs.columns import with_columns
 from ctdsfs.vfs.directory import directory_or_table
 from ctdsfs.vfs.filesystem import FSError
 
-from .test_columns import _patch, made  # noqa: F401  (the module's table fixture)
+from .test_columns import _patch, made, mutated  # noqa: F401  (made: the table fixture)
 
 
 def listing(fs, ino):
@@ -99,24 +97,9 @@ def test_hostile_table_files_through_the_columns_view(made, manager, what):  # n
     path = made(what, manager)
     files = [f for f in sorted(os.listdir(path)) if f.startswith("table.f") and
              "_TSM" not in f]
-    rng = np.random.default_rng(11)
-    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
-    resource.setrlimit(resource.RLIMIT_AS, (4 << 30, hard))  # a huge allocation would fail
     failed = 0
-    try:
-        for name in files:
-            original = Path(path, name).read_bytes()
-            size = len(original)
-            spots = sorted(set(rng.integers(0, min(size, 1024), 4).tolist()) |
-                           set(rng.integers(0, size, 2).tolist()))
-            for at in spots:
-                for value in (b"\xff\xff\xff\x7f", b"\x00\x00\x00\x00"):
-                    data = bytearray(original)
-                    data[at:at + len(value)] = value[:size - at]
-                    Path(path, name).write_bytes(bytes(data))
-                    failed += _everything_through_the_vfs(path)
-            Path(path, name).write_bytes(original)
-    finally:
-        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+    for _ in mutated(path, files, np.random.default_rng(11), (4, 2),
+                     (b"\xff\xff\xff\x7f", b"\x00\x00\x00\x00")):
+        failed += _everything_through_the_vfs(path)
     assert failed > 0  # some mutations hit a checked field
     assert _everything_through_the_vfs(path) == 0

@@ -215,15 +215,40 @@ def _alarm(signum, frame):
     raise CaseTimeout()
 
 
-def run_cases(seed, seed_files, cases, workdir, only=None):
-    """In the child: every case of every seed file; one JSON line per failure."""
+def limit_fuzz_child():
+    """In a fuzz child: ADDRESS_SPACE of memory, and SIGPROF ends a case (CPU time: a
+    loaded machine is no timeout)."""
+    import signal
+    limit_memory()
+    signal.signal(signal.SIGPROF, _alarm)
+
+
+def run_case(key, case):
+    """One case within CASE_SECONDS of CPU: ``case(note)`` mutates and exercises, telling
+    ``note`` what it changed. ctdsfs's own errors are a clean end; anything else,
+    a timeout included, is printed as one JSON failure line."""
     import signal
     import traceback
 
     from ctdsfs.errors import CtdsfsError
 
-    resource.setrlimit(resource.RLIMIT_AS, (ADDRESS_SPACE, ADDRESS_SPACE))
-    signal.signal(signal.SIGPROF, _alarm)  # CPU time: a loaded machine is no timeout
+    what = []
+    signal.setitimer(signal.ITIMER_PROF, CASE_SECONDS)
+    try:
+        case(what.append)
+    except CtdsfsError:
+        pass
+    except (Exception, CaseTimeout) as exc:
+        print(json.dumps({"failed": key, "mutation": "; ".join(what),
+                          "error": "".join(traceback.format_exception(exc))[-3000:]}),
+              flush=True)
+    finally:
+        signal.setitimer(signal.ITIMER_PROF, 0)
+
+
+def run_cases(seed, seed_files, cases, workdir, only=None):
+    """In the child: every case of every seed file; one JSON line per failure."""
+    limit_fuzz_child()
     workdir = Path(workdir)
     for source, kind in seed_files:
         raw = Path(source).read_bytes()
@@ -235,29 +260,24 @@ def run_cases(seed, seed_files, cases, workdir, only=None):
             if hdrext.exists():  # v1: mutate the _hdrext file in some cases instead
                 shutil.copy(hdrext, str(target) + "_hdrext")
             print(json.dumps({"started": [name, case]}), flush=True)
-            what = ""
-            signal.setitimer(signal.ITIMER_PROF, CASE_SECONDS)
-            try:
+
+            def exercise(note, kind=kind, source=source, raw=raw, hdrext=hdrext,
+                         target=target, rng=rng):
                 if hdrext.exists() and rng.random() < 0.3:
                     data, what = mutate("table.dat", source, hdrext.read_bytes(), rng)
+                    note("_hdrext: " + what)
                     Path(str(target) + "_hdrext").write_bytes(data)
                     target.write_bytes(raw)
-                    what = "_hdrext: " + what
                 else:
                     data, what = mutate(kind, source, raw, rng)
+                    note(what)
                     target.write_bytes(data)
                 if kind == "table.dat":
                     exercise_table_dat(target)
                 else:
                     exercise_container(target)
-            except CtdsfsError:
-                pass
-            except (Exception, CaseTimeout) as exc:
-                print(json.dumps({"failed": [name, case], "mutation": what,
-                                  "error": "".join(traceback.format_exception(exc))[-3000:]}),
-                      flush=True)
-            finally:
-                signal.setitimer(signal.ITIMER_PROF, 0)
+
+            run_case([name, case], exercise)
             if case % max(1, cases // CLI_SAMPLE) == 0:  # kept for the CLI sample
                 keep = workdir / "cli" / f"{case}-{name}"
                 if kind == "table.dat":  # a table directory holding it
@@ -313,7 +333,8 @@ def test_mutated_containers_fail_cleanly(tmp_path):
     _run_cli_sample([p for p in sample if not p.name.endswith("_hdrext")])
 
 
-def _limit_child():
+def limit_memory():
+    """In a child: at most ADDRESS_SPACE of memory."""
     resource.setrlimit(resource.RLIMIT_AS, (ADDRESS_SPACE, ADDRESS_SPACE))
 
 
@@ -323,7 +344,7 @@ def _run_cli_sample(paths):
         for command in CLI_COMMANDS if path.is_file() else (["tableinfo"],):
             args = ["ctdsfs", command[0], str(path), *command[1:]]
             result = subprocess.run(args, capture_output=True, text=True, env=env,
-                                    timeout=60, preexec_fn=_limit_child)
+                                    timeout=60, preexec_fn=limit_memory)
             where = f"seed {SEED}: {' '.join(args)}"
             assert result.returncode in (0, 1), (where, result.returncode, result.stderr)
             assert not any(bad in result.stderr for bad in
@@ -550,14 +571,9 @@ def _assert_no_outside_byte(data):
 def run_tiledb_cases(seed, seeds, cases, workdir):
     """In the child: every case of every seed array; one JSON line per failure, then the
     peak memory."""
-    import signal
-    import traceback
-
-    from ctdsfs.errors import CtdsfsError
     from ctdsfs.formats import open_container
 
-    resource.setrlimit(resource.RLIMIT_AS, (ADDRESS_SPACE, ADDRESS_SPACE))
-    signal.signal(signal.SIGPROF, _alarm)  # CPU time: a loaded machine is no timeout
+    limit_fuzz_child()
     workdir = Path(workdir)
     for ftype in (1, 2):  # (made before the cases: their time limit is for ctdsfs)
         _bomb_payload(ftype)
@@ -568,23 +584,16 @@ def run_tiledb_cases(seed, seeds, cases, workdir):
             target = workdir / f"{case}-{source.name}"
             shutil.copytree(source, target, symlinks=True)
             print(json.dumps({"started": [source.name, case]}), flush=True)
-            what = ""
-            signal.setitimer(signal.ITIMER_PROF, CASE_SECONDS)
-            try:
-                what = mutate_tiledb(target, outside, rng)
+
+            def exercise(note, target=target, outside=outside, rng=rng):
+                note(mutate_tiledb(target, outside, rng))
                 array = open_container(str(target))
                 _walk_read_all(array, _assert_no_outside_byte)
                 _assert_no_outside_byte(json.dumps(array.describe()).encode())
                 problems, notes = array.check()
                 _assert_no_outside_byte("\n".join(problems + notes).encode())
-            except CtdsfsError:
-                pass
-            except (Exception, CaseTimeout) as exc:
-                print(json.dumps({"failed": [source.name, case], "mutation": what,
-                                  "error": "".join(traceback.format_exception(exc))[-3000:]}),
-                      flush=True)
-            finally:
-                signal.setitimer(signal.ITIMER_PROF, 0)
+
+            run_case([source.name, case], exercise)
             if case % max(1, cases // CLI_SAMPLE) == 0:
                 shutil.copytree(target, workdir / "cli" / target.name, symlinks=True)
             shutil.rmtree(target)
@@ -617,7 +626,7 @@ def test_mutated_tiledb_arrays_fail_cleanly(tmp_path):
         for command in (("info", "check")[index % 2],):
             args = ["ctdsfs", command, str(path)]
             result = subprocess.run(args, capture_output=True, text=True, env=env,
-                                    timeout=60, preexec_fn=_limit_child)
+                                    timeout=60, preexec_fn=limit_memory)
             where = f"seed {SEED}: {' '.join(args)}"
             assert result.returncode in (0, 1), (where, result.returncode, result.stderr)
             assert "Traceback" not in result.stderr and "MemoryError" not in result.stderr, \

@@ -12,24 +12,23 @@ case runs open, walk (read every file), describe, info and check read-only, and 
 read-write overwrite and append, in a child with an address-space and a time limit. Only
 ctdsfs's own errors may come out, no read may return the marker, and the outside files
 keep their bytes. A sample goes through the real CLI (``info``, ``check``).
-``python3 tests/test_fuzz_bcolz.py SEED CASE`` replays one case.
+``python3 -m tests.test_fuzz_bcolz SEED CASE`` replays one case.
 """
 
 import hashlib
 import json
 import os
 import random
-import resource
 import shutil
 import struct
 import subprocess
 import sys
 from pathlib import Path
 
+from .test_fuzz import limit_fuzz_child, limit_memory, run_case
+
 SEED = int(os.environ.get("CTDSFS_FUZZ_SEED", "20261125"))
 CASES = int(os.environ.get("CTDSFS_FUZZ_BCOLZ_CASES", "90"))
-CASE_SECONDS = 10
-ADDRESS_SPACE = 2 << 30
 SPECIALS = (0, -1, 2 ** 31, 2 ** 62, 2 ** 63 - 1, 2 ** 31 - 1)
 MARKER = struct.pack("<d", 987654321.125)  # what the outside copies hold, and no seed
 CLI_SAMPLE = 2
@@ -218,14 +217,6 @@ def exercise(path, writes, hard_linked):
 
 # ---------------------------------------------------------------- the child process
 
-class CaseTimeout(BaseException):
-    """A case used more than CASE_SECONDS of CPU (BaseException: no handler swallows it)."""
-
-
-def _alarm(signum, frame):
-    raise CaseTimeout()
-
-
 def _digest(folder):
     return {p.name: hashlib.sha256(p.read_bytes()).hexdigest()
             for p in _files(folder) if p.name == "secret" or p.suffix == ".blp"}
@@ -233,13 +224,7 @@ def _digest(folder):
 
 def run_cases(seed, workdir, cases, only=None):
     """In the child: every case; one JSON line per failure."""
-    import signal
-    import traceback
-
-    from ctdsfs.errors import CtdsfsError
-
-    resource.setrlimit(resource.RLIMIT_AS, (ADDRESS_SPACE, ADDRESS_SPACE))
-    signal.signal(signal.SIGPROF, _alarm)  # CPU time: a loaded machine is no timeout
+    limit_fuzz_child()
     workdir = Path(workdir)
     seeds, outside = workdir / "seeds", workdir / "outside"
     before = _digest(outside)
@@ -250,21 +235,15 @@ def run_cases(seed, workdir, cases, only=None):
         target = workdir / "cases" / f"{case}-{name}"
         target.parent.mkdir(exist_ok=True)
         print(json.dumps({"started": case}), flush=True)
-        what = ""
-        signal.setitimer(signal.ITIMER_PROF, CASE_SECONDS)
-        try:
+
+        def exercise_case(note, name=name, target=target, rng=rng):
             what, linked = mutate(seeds, outside, name, target, rng)
+            note(what)
             exercise(target, writes=linked or rng.random() < 0.3,
                      hard_linked="hard link" in what)
             assert _digest(outside) == before, "a file outside the source was written"
-        except CtdsfsError:
-            pass
-        except (Exception, CaseTimeout) as exc:
-            print(json.dumps({"failed": case, "mutation": what,
-                              "error": "".join(traceback.format_exception(exc))[-3000:]}),
-                  flush=True)
-        finally:
-            signal.setitimer(signal.ITIMER_PROF, 0)
+
+        run_case(case, exercise_case)
         if case % max(1, cases // CLI_SAMPLE) == 0:
             continue  # kept for the CLI sample
         if target.is_dir():
@@ -275,16 +254,13 @@ def run_cases(seed, workdir, cases, only=None):
 
 def run_child(seed, workdir, cases, only=None):
     args = json.dumps({"seed": seed, "workdir": str(workdir), "cases": cases, "only": only})
-    proc = subprocess.run([sys.executable, __file__, "--child", args], capture_output=True,
-                          text=True, timeout=600, env=dict(os.environ, PYTHONHASHSEED="0"))
+    proc = subprocess.run([sys.executable, "-m", "tests.test_fuzz_bcolz", "--child", args],
+                          capture_output=True, text=True, timeout=600, cwd=Path(__file__).parent.parent,
+                          env=dict(os.environ, PYTHONHASHSEED="0"))
     lines = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
     return ([line for line in lines if "failed" in line],
             [line["started"] for line in lines if "started" in line],
             proc.returncode, proc.stderr)
-
-
-def _limit_child():
-    resource.setrlimit(resource.RLIMIT_AS, (ADDRESS_SPACE, ADDRESS_SPACE))
 
 
 # ---------------------------------------------------------------- the test
@@ -305,7 +281,7 @@ def test_mutated_rootdirs_fail_cleanly(tmp_path):
         for command in (["info"], ["check"]):
             args = ["ctdsfs", command[0], str(path), *command[1:]]
             result = subprocess.run(args, capture_output=True, text=True, env=env, timeout=60,
-                                    preexec_fn=_limit_child)
+                                    preexec_fn=limit_memory)
             where = f"seed {SEED}: {' '.join(args)}"
             assert result.returncode in (0, 1), (where, result.returncode, result.stderr)
             assert not any(bad in result.stderr for bad in

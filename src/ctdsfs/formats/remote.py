@@ -60,16 +60,16 @@ from .remote_wire import (
     ANSWER_BYTES,
     DEADLINES,
     LIST_PAGE_MOST,
+    ObjectMissing,
+    ObjectReplaced,
+    ObjectVersion,
     RemoteError,
-    _length,
-    _Missing,
-    _Replaced,
-    _Transient,
-    _Version,
+    TransientFailure,
     answer_bytes,
     check_body,
     check_range,
     deadline,
+    parsed_size,
 )
 from .schemes import REMOTE_SCHEMES
 from .store import create_exclusive
@@ -258,22 +258,22 @@ class _S3:
             code = str(exc.response.get("Error", {}).get("Code", ""))
             status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
             if status == 404 or code in ("404", "NoSuchKey", "NoSuchBucket", "NotFound"):
-                raise _Missing() from None
+                raise ObjectMissing() from None
             if status == 412 or code == "PreconditionFailed":
-                raise _Replaced() from None
+                raise ObjectReplaced() from None
             if status >= 500 or status == 429 or code in ("SlowDown", "RequestTimeout"):
-                raise _Transient(f"{code or status}") from None
+                raise TransientFailure(f"{code or status}") from None
             detail = f"{code or status}: {exc.response.get('Error', {}).get('Message', '')}"
             raise RemoteError(f"{self.url}: {detail}", detail) from None
         except self._exc.HTTPClientError as exc:  # (an answer too long, as botocore wraps it)
             failure = exc.kwargs.get("error")
-            raise (failure if isinstance(failure, _Transient) else _Transient(str(exc))) \
+            raise (failure if isinstance(failure, TransientFailure) else TransientFailure(str(exc))) \
                 from None
         except (self._exc.NoCredentialsError, self._exc.PartialCredentialsError) as exc:
             raise CtdsfsError(f"{self.url}: {exc} (set AWS_ACCESS_KEY_ID and "
                               "AWS_SECRET_ACCESS_KEY, a profile, or -o anon)") from None
         except (self._exc.BotoCoreError, OSError) as exc:  # timeouts, resets, refusals
-            raise _Transient(str(exc) or type(exc).__name__) from None
+            raise TransientFailure(str(exc) or type(exc).__name__) from None
 
     def head(self):
         with DEADLINES.watching(deadline(self.options, 0), ANSWER_BYTES):
@@ -282,7 +282,7 @@ class _S3:
             raise RemoteError(f"{self.url}: the server sends no ETag, so a replaced object "
                               "could serve mixed bytes: refused")
         modified = r.get("LastModified")
-        return _Version(_length(r.get("ContentLength"), self.url), r.get("ETag"),
+        return ObjectVersion(parsed_size(r.get("ContentLength"), self.url), r.get("ETag"),
                         modified.timestamp() if modified else 0.0)
 
     def get(self, start, end, version):
@@ -296,19 +296,19 @@ class _S3:
             r = self._call(self._client.get_object, Key=self.key, **kwargs)
             try:
                 if version.etag and r.get("ETag") not in (None, version.etag):
-                    raise _Replaced()
+                    raise ObjectReplaced()
                 headers = r.get("ResponseMetadata", {}).get("HTTPHeaders", {})
                 check_range(r.get("ResponseMetadata", {}).get("HTTPStatusCode"),
                             lambda name: headers.get(name.lower()), start, end, version.size)
                 body = r["Body"].read(end - start + 1)  # botocore hands urllib3's buffer over
             except (self._exc.BotoCoreError, OSError, ValueError) as exc:
-                raise _Transient(str(exc) or type(exc).__name__) from None
+                raise TransientFailure(str(exc) or type(exc).__name__) from None
             finally:
                 r["Body"].close()
         return check_body(body, start, end)
 
     def list(self, prefix, limit):
-        """``({name: _Version}, {subdirectory names})`` directly under ``prefix`` (one
+        """``({name: ObjectVersion}, {subdirectory names})`` directly under ``prefix`` (one
         level, as S3's "/" delimiter shows it); at most ``limit`` entries (True if cut
         there). Pages that bring no new name while saying more follow (a server going
         round in circles) fail the listing after LIST_IDLE_PAGES of them."""
@@ -322,8 +322,8 @@ class _S3:
                                MaxKeys=1000, **more)
             for item in r.get("Contents", []):
                 modified = item.get("LastModified")
-                objects[item["Key"][len(prefix):]] = _Version(
-                    _length(item.get("Size"), self.url), item.get("ETag"),
+                objects[item["Key"][len(prefix):]] = ObjectVersion(
+                    parsed_size(item.get("Size"), self.url), item.get("ETag"),
                     modified.timestamp() if modified else 0.0)
             for item in r.get("CommonPrefixes", []):
                 prefixes.add(item["Prefix"][len(prefix):].rstrip("/"))
@@ -334,7 +334,7 @@ class _S3:
                 return objects, prefixes, False
             idle = 0 if len(objects) + len(prefixes) > known else idle + 1
             if idle >= LIST_IDLE_PAGES:
-                raise _Transient(f"{idle} pages of the listing brought no new name")
+                raise TransientFailure(f"{idle} pages of the listing brought no new name")
 
     def close(self):
         self._client.close()
@@ -363,9 +363,9 @@ def retried(label, options, what, request, *args):
     for attempt in range(tries):
         try:
             return request(*args)
-        except _Transient as exc:
+        except TransientFailure as exc:
             reason = str(exc)
-        except _Missing:
+        except ObjectMissing:
             raise RemoteError(f"{label}: no such object", f"{what}: no such object") from None
         if attempt + 1 < tries:
             time.sleep(delay)
@@ -414,7 +414,7 @@ class Revalidation:
         found = None
         try:
             found = self._check()
-        except (_Transient, _Missing, CtdsfsError) as exc:
+        except (TransientFailure, ObjectMissing, CtdsfsError) as exc:
             if not self.unreachable:
                 log.warning("%s: cannot %s (%s)", self.label, self.what,
                             str(exc) or "no such object")
@@ -541,7 +541,7 @@ class RemoteStore:
     def _get(self, start, end, version):
         try:
             data = self._backend.get(start, end, version)
-        except _Replaced:
+        except ObjectReplaced:
             self._stale = True
             raise RemoteError(f"{self.label}: replaced on the server while being read "
                               "(reloaded at the next access)",

@@ -7,17 +7,17 @@ from email.utils import parsedate_to_datetime
 from .remote_wire import (
     DATE_PIN,
     DEADLINES,
+    ObjectMissing,
+    ObjectReplaced,
+    ObjectVersion,
     RemoteError,
-    _length,
-    _Missing,
-    _Replaced,
-    _Transient,
-    _Version,
+    TransientFailure,
     answer_bytes,
     capped_response_class,
     check_body,
     check_range,
     deadline,
+    parsed_size,
 )
 
 
@@ -78,13 +78,13 @@ class HTTPObject:
             except self._tls_errors as exc:
                 raise RemoteError(f"{self.url}: TLS: {exc}", f"TLS: {exc}") from None
             except self._errors as exc:
-                raise _Transient(str(exc)[:200] or type(exc).__name__) from None
+                raise TransientFailure(str(exc)[:200] or type(exc).__name__) from None
         if r.status in (404, 410):
-            raise _Missing()
+            raise ObjectMissing()
         if r.status == 412:
-            raise _Replaced()
+            raise ObjectReplaced()
         if r.status >= 500 or r.status == 429:
-            raise _Transient(f"HTTP {r.status}")
+            raise TransientFailure(f"HTTP {r.status}")
         if r.status not in (200, 206):
             raise RemoteError(f"{self.url}: HTTP {r.status} {r.reason}", f"HTTP {r.status}")
         return r, body
@@ -102,7 +102,7 @@ class HTTPObject:
         if not etag:
             raise RemoteError(f"{self.url}: the server sends neither ETag nor Last-Modified, "
                               "so a replaced object could serve mixed bytes: refused")
-        return _Version(_length(r.headers.get("Content-Length"), self.url), etag, mtime)
+        return ObjectVersion(parsed_size(r.headers.get("Content-Length"), self.url), etag, mtime)
 
     def get(self, start, end, version):
         """Bytes ``start`` to ``end`` of ``version``: asked for under its ETag (If-Match)
@@ -120,9 +120,9 @@ class HTTPObject:
             total = r.headers.get("Content-Range", "").rpartition("/")[2]
             if r.headers.get("Last-Modified") != version.etag[len(DATE_PIN):] \
                     or total not in ("", "*", str(version.size)):
-                raise _Replaced()
+                raise ObjectReplaced()
         elif r.headers.get("ETag") not in (None, version.etag):
-            raise _Replaced()
+            raise ObjectReplaced()
         check_range(r.status, r.headers.get, start, end, version.size)
         return check_body(body, start, end)
 

@@ -33,30 +33,32 @@ class RemoteError(BlockError):
     """A remote read failed after its retries (or found the object replaced)."""
 
 
-class _Transient(Exception):
+class TransientFailure(Exception):
     """A failure worth another attempt (5xx, 429, reset, timeout, a wrong answer)."""
 
 
-class AnswerTooLong(_Transient):
+class AnswerTooLong(TransientFailure):
     """An answer brought more bytes than its request allows (``answer_bytes``)."""
 
 
-class _Replaced(Exception):
+class ObjectReplaced(Exception):
     """The server holds another version than the one pinned (412, or another ETag)."""
 
 
-class _Missing(Exception):
+class ObjectMissing(Exception):
     """No such object (404)."""
 
 
 @dataclasses.dataclass(frozen=True)
-class _Version:
+class ObjectVersion:
     size: int
     etag: str  # what pins this version: its ETag, or DATE_PIN + its Last-Modified date
     mtime: float
 
 
-def _length(text, url):
+def parsed_size(text, url):
+    """A size header or listing field, checked: a one-line error naming ``url`` if it is
+    not a non-negative integer."""
     try:
         size = int(text)
     except (TypeError, ValueError):
@@ -130,30 +132,30 @@ def capped_response_class(response_class, most):
 
 
 def check_range(status, header, start, end, size):
-    """Raise _Transient unless an answer (``status``, ``header(name)``) is exactly bytes
+    """Raise TransientFailure unless an answer (``status``, ``header(name)``) is exactly bytes
     ``start`` to ``end`` of an object of ``size`` bytes, unencoded: any other range, total,
     length or a compressed body would be served as the bytes asked for."""
     asked = f"bytes {start}-{end - 1}/{size}"
     encoding = (header("Content-Encoding") or "identity").strip().lower()
     if encoding != "identity":
-        raise _Transient(f"a {encoding}-encoded answer for {asked}")
+        raise TransientFailure(f"a {encoding}-encoded answer for {asked}")
     if status == 206:
         given = (header("Content-Range") or "").strip()
         match = CONTENT_RANGE.fullmatch(given)
         if not match or tuple(map(int, match.groups())) != (start, end - 1, size):
-            raise _Transient(f"Content-Range {given[:80]!r} for {asked}")
+            raise TransientFailure(f"Content-Range {given[:80]!r} for {asked}")
     elif (start, end) != (0, size):
-        raise _Transient(f"HTTP {status} instead of the range asked for")
+        raise TransientFailure(f"HTTP {status} instead of the range asked for")
     length = header("Content-Length")
     if length is not None and length.strip() != str(end - start):
-        raise _Transient(f"Content-Length {length[:40]!r} for {asked}")
+        raise TransientFailure(f"Content-Length {length[:40]!r} for {asked}")
 
 
 def check_body(body, start, end):
     """The body read (at most one byte more than asked for) must be exactly as long."""
     if len(body) != end - start:
         more = "more" if len(body) > end - start else f"{len(body)}"
-        raise _Transient(f"{more} bytes where {end - start} were asked for")
+        raise TransientFailure(f"{more} bytes where {end - start} were asked for")
     return body
 
 
@@ -180,7 +182,7 @@ class Deadlines:
     A client's connection class calls ``attach(self)`` when it sends a request, and
     caps the answer's bytes at ``most_bytes()``; the request's thread runs it inside
     ``watching(seconds, most)``. A cut request fails (a reset connection) and
-    ``watching`` raises _Transient for it."""
+    ``watching`` raises TransientFailure for it."""
 
     def __init__(self):
         self._local = threading.local()
@@ -231,7 +233,7 @@ class Deadlines:
             with self._cond:  # (no cut after this: the connection goes back to its pool)
                 watch.done = True
         if watch.expired:
-            raise _Transient(f"no complete answer within {seconds:.3g} s")
+            raise TransientFailure(f"no complete answer within {seconds:.3g} s")
         if failure is not None:
             raise failure
 
