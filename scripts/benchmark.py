@@ -35,7 +35,9 @@ the targets of the read-only milestone:
     every column of a MeasurementSet through an s3:// mount / a local mount
   columns: every tiled column of a ~120 MB MeasurementSet (--columns-ms-mib) as NumPy:
     numpy.load of columns/NAME.npy through a fresh -o columns mount / python-casacore
-    getcol of the same files >= 1 (medians of alternated rounds); the same through fsspec
+    getcol of the same files >= 1 (medians of alternated rounds), beside them the pyfuse3
+    floor: the same columns' .npy (saved from getcol) served from memory by the thinnest
+    pyfuse3+trio file system, numpy.load through it / getcol; the same through fsspec
     from SeaweedFS by 2 Dask worker processes / getcol from local disk; the bytes a
     100-row read of DATA fetches beyond its rows
   optional part "bcolz" (only when named in --parts): a float64 carray (lz4, shuffle,
@@ -44,9 +46,10 @@ the targets of the read-only milestone:
     carr[i:j] (medians of --rounds alternated rounds)
   optional part "tiledb": a BYTESHUFFLE+ZSTD float64 dense TileDB array of one fragment
     (--tiledb-mib) by np.load of dense/v.npy and of the fragment's v.npy through a fresh
-    mount, cache dropped / tiledb-py A[:] >= 1, random 1000-item slices through
-    numpy.load(mmap_mode="r") within 1.5x of A[i:j] (medians of --rounds alternated
-    rounds); listing an array of 1,000 fragments < 1 s
+    mount, cache dropped / tiledb-py A[:] >= 1, beside them the pyfuse3 floor (A[:] saved
+    as .npy, served from memory by the thinnest pyfuse3+trio file system); random
+    1000-item slices through numpy.load(mmap_mode="r") within 1.5x of A[i:j] (medians of
+    --rounds alternated rounds); listing an array of 1,000 fragments < 1 s
 
 Needs root (drop_caches, mounting). Usage:
   python3 scripts/benchmark.py [--size-mib 1024] [--block-size 65536] [--dir DIR] [--quick]

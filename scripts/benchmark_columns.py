@@ -9,6 +9,10 @@ rounds (the machine is shared: its load moves every reader) with the best beside
   ``mount.ctdsfs -o columns`` of the MS directory (from the first lookup on, the mount's
   own start apart), against python-casacore's ``getcol`` of the same columns from the
   same files (from opening the table on), each in a fresh process, page cache warm;
+  beside them the pyfuse3 floor: ``numpy.load`` of the same columns' .npy files (saved
+  from ``getcol`` once) served from memory by pyfuse3_floor.py ``files`` (a fresh mount
+  each round, timed as the mount is): what any pyfuse3+trio file system pays to hand
+  NumPy the decoded columns;
 * remote: the same columns of the MS packed by ``ctdsfs pack`` and put on a SeaweedFS on
   loopback, read through the fsspec filesystem (``columns=True``) as ``dask.array``s by
   the two worker processes of a ``distributed.LocalCluster`` (a new one each round:
@@ -26,7 +30,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from benchmark_common import Mounted
+from benchmark_common import Mounted, floor_of_files
 
 HERE = Path(__file__).resolve().parent
 ROW_BYTES = 2163  # of the MS's files per row (DATA 2 KiB, FLAG, UVW, scalars, WEIGHT, SIGMA)
@@ -44,8 +48,15 @@ NPY_LOAD = """
 import sys, time, numpy as np
 start = time.perf_counter()
 for name in sys.argv[2:]:
-    np.load(f"{sys.argv[1]}/columns/{name}.npy")
+    np.load(f"{sys.argv[1]}/{name}.npy")
 print(time.perf_counter() - start)
+"""
+
+SAVE_NPY = """
+import sys, numpy as np, casacore.tables as ct
+table = ct.table(sys.argv[1], ack=False)
+for name in sys.argv[3:]:
+    np.save(f"{sys.argv[2]}/{name}.npy", table.getcol(name))
 """
 
 DASK_READ = """
@@ -82,15 +93,23 @@ def tiled_columns(path):
 
 
 def local_figures(tmp, ms, names, rounds):
-    """(getcol seconds, mount seconds), ``rounds`` each, alternated."""
+    """(getcol seconds, mount seconds, floor seconds), ``rounds`` each, alternated."""
     mountpoint = tmp / "columns-mnt"
-    ours, theirs = [], []
+    decoded = tmp / "columns-npy"  # what the floor serves
+    decoded.mkdir()
+    subprocess.run([sys.executable, "-c", SAVE_NPY, ms, decoded, *names], check=True)
+    npy_files = {f"{name}.npy": decoded / f"{name}.npy" for name in names}
+    ours, theirs, floor = [], [], []
     for _ in range(rounds):
         theirs.append(seconds(GETCOL, ms, *names))
         with Mounted(["mount.ctdsfs", "-f", "-o", "columns", str(ms), str(mountpoint)],
                      str(mountpoint)):
-            ours.append(seconds(NPY_LOAD, mountpoint, *names))
-    return theirs, ours
+            ours.append(seconds(NPY_LOAD, mountpoint / "columns", *names))
+        with floor_of_files(npy_files, mountpoint):
+            floor.append(seconds(NPY_LOAD, mountpoint, *names))
+    for path in npy_files.values():
+        path.unlink()
+    return theirs, ours, floor
 
 
 def extra_bytes(url, s3, table, nrow, options):
@@ -168,7 +187,7 @@ def columns_figures(tmp, ms_mib, rounds=5):
                     "ms", str(ms), str(nrow)], check=True)
     table, names = tiled_columns(ms)
     size = sum(f.stat().st_size for f in ms.iterdir() if f.is_file()) / 2 ** 20
-    getcol, mounted = local_figures(tmp, ms, names, rounds)
+    getcol, mounted, floor = local_figures(tmp, ms, names, rounds)
     dask, ((moved, wanted), (moved_small, _)), tile_row = remote_figures(tmp, ms, table,
                                                                         names, rounds)
     ratio = statistics.median(getcol) / statistics.median(mounted)
@@ -177,7 +196,9 @@ def columns_figures(tmp, ms_mib, rounds=5):
         f"columns: every tiled column ({', '.join(names)}) of a {size:.0f} MiB MeasurementSet, "
         f"{rounds} alternated rounds, page cache warm: python-casacore getcol {summary(getcol)}, "
         f"numpy.load through a fresh -o columns mount {summary(mounted)}, ratio of medians "
-        f"{ratio:.2f} (target >= 1)",
+        f"{ratio:.2f} (target >= 1); the pyfuse3 floor (the same columns' .npy from memory, "
+        f"numpy.load through a fresh mount) {summary(floor)}, ratio of medians to getcol "
+        f"{statistics.median(getcol) / statistics.median(floor):.2f}",
         f"columns: the same through fsspec from SeaweedFS, dask.array on 2 worker processes "
         f"(a new cluster each round) {summary(dask)}, ratio to getcol from local disk "
         f"{dask_ratio:.2f}",

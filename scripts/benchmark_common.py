@@ -1,16 +1,20 @@
 """What every part of scripts/benchmark.py shares: containers built for it, the page cache
-dropped, timed reads, mounts that are always unmounted, a process's memory and CPU, and
-the MeasurementSet the legacy and remote parts write and read."""
+dropped, timed reads, mounts that are always unmounted (the pyfuse3 floor of decoded
+files among them), a process's memory and CPU, and the MeasurementSet the legacy and
+remote parts write and read."""
 
 import os
 import struct
 import subprocess
+import sys
 import time
 
 import numpy as np
 
+import pyfuse3_floor  # (beside this script)
 from ctdsfs.formats.crc import crc32_bzip2
 from ctdsfs.formats.multifile_header import Entry, Header, encode_header_v2
+from ctdsfs.fuse_adapter import READAHEAD_KB
 
 # ---------------------------------------------------------------- container building
 
@@ -154,6 +158,27 @@ class Mounted:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+
+
+def set_readahead(mountpoint, kb=READAHEAD_KB):
+    """The kernel's readahead for the file system mounted at ``mountpoint`` (its bdi)."""
+    device = os.stat(mountpoint).st_dev
+    with open(f"/sys/class/bdi/{os.major(device)}:{os.minor(device)}/read_ahead_kb", "w") as f:
+        f.write(f"{kb}\n")
+
+
+def floor_of_files(files, mountpoint):
+    """A ``Mounted`` pyfuse3 floor (pyfuse3_floor.py ``files``) serving ``files`` {name:
+    path} from memory, read before the mount; its readahead raised as ctdsfs raises its
+    own, so from the first lookup on the two differ only by what they do per request."""
+    mounted = Mounted([sys.executable, pyfuse3_floor.__file__, "files", str(mountpoint),
+                       *(f"{name}={path}" for name, path in files.items())], str(mountpoint))
+    try:
+        set_readahead(mountpoint)
+    except BaseException:
+        mounted.__exit__(None, None, None)
+        raise
+    return mounted
 
 
 def process_memory_mb(pid, field="VmRSS"):

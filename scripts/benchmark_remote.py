@@ -17,20 +17,13 @@ from benchmark_common import (
     filler,
     process_cpu_seconds,
     read_through,
+    set_readahead,
     write_container,
 )
-from ctdsfs.fuse_adapter import READAHEAD_KB
 
 REMOTE_CONCURRENCY = 8  # GETs in flight: the mount's default, and the baselines'
 
 REMOTE_CHUNK = 8 << 20
-
-
-def set_readahead(mountpoint, kb=READAHEAD_KB):
-    """The kernel's readahead for the file system mounted at ``mountpoint`` (its bdi)."""
-    device = os.stat(mountpoint).st_dev
-    with open(f"/sys/class/bdi/{os.major(device)}:{os.minor(device)}/read_ahead_kb", "w") as f:
-        f.write(f"{kb}\n")
 
 
 def raw_get_figures(client, bucket, key, size):

@@ -1,6 +1,6 @@
 """The benchmark's optional "tiledb" part: a BYTESHUFFLE+ZSTD float64 dense array read
-whole through dense/ATTR.npy and a fragment's ATTR.npy, beside tiledb-py's ``A[:]``, and
-by random slices through ``numpy.load(mmap_mode="r")`` beside ``A[i:j]``; and the
+whole through dense/ATTR.npy and a fragment's ATTR.npy, beside tiledb-py's ``A[:]`` and
+the pyfuse3 floor serving the decoded .npy from memory, and by random slices through ``numpy.load(mmap_mode="r")`` beside ``A[i:j]``; and the
 listing of an array of many fragments."""
 
 import os
@@ -9,13 +9,15 @@ import time
 
 import numpy as np
 
-from benchmark_common import Mounted, drop_caches, seconds, slice_seconds
+from benchmark_common import Mounted, drop_caches, floor_of_files, seconds, slice_seconds
 
 
 def tiledb_figures(tmp, mib, rounds=3, slices=200, width=1000, fragment_count=1000):
     """``rounds`` alternated rounds, page cache dropped before every read and a fresh mount
-    for every ctdsfs read: tiledb-py ``A[:]``, ``np.load`` of dense/v.npy, ``np.load`` of
-    the fragment's v.npy; then ``slices`` random ``width``-item slices (cache dropped once)
+    for every ctdsfs or floor read: tiledb-py ``A[:]``, ``np.load`` of dense/v.npy, ``np.load``
+    of the fragment's v.npy, ``np.load`` of v.npy through the pyfuse3 floor (pyfuse3_floor.py
+    ``files``: ``A[:]`` saved once, served from memory: what any pyfuse3+trio file system
+    pays to hand NumPy the decoded bytes); then ``slices`` random ``width``-item slices (cache dropped once)
     through a mapped dense/v.npy and by ``A[i:i+width]``. Medians and their ratios."""
     import tiledb
 
@@ -35,7 +37,10 @@ def tiledb_figures(tmp, mib, rounds=3, slices=200, width=1000, fragment_count=10
     fragment, = os.listdir(os.path.join(uri, "__fragments"))
     mnt = tmp / "mt"
     files = {"dense": mnt / "dense" / "v.npy", "fragment": mnt / "fragments" / fragment / "v.npy"}
-    times = {"tiledb-py": [], "dense": [], "fragment": []}
+    decoded = tmp / "tiledb-v.npy"  # what the floor serves
+    with tiledb.open(uri) as A:
+        np.save(decoded, A[:]["v"])
+    times = {"tiledb-py": [], "dense": [], "fragment": [], "floor": []}
     for _ in range(rounds):
         drop_caches()
         with tiledb.open(uri) as A:
@@ -44,7 +49,12 @@ def tiledb_figures(tmp, mib, rounds=3, slices=200, width=1000, fragment_count=10
             with Mounted(["mount.ctdsfs", "-f", uri, str(mnt)], str(mnt)):
                 drop_caches()
                 times[name].append(seconds(lambda: np.load(path)))
-    native = statistics.median(times["tiledb-py"])
+        with floor_of_files({"v.npy": decoded}, mnt):
+            drop_caches()
+            times["floor"].append(seconds(lambda: np.load(mnt / "v.npy")))
+    decoded.unlink()
+    median = {name: statistics.median(values) for name, values in times.items()}
+    native = median["tiledb-py"]
     starts = np.random.default_rng(24).integers(0, cells - width, slices)
     with Mounted(["mount.ctdsfs", "-f", uri, str(mnt)], str(mnt)):
         drop_caches()
@@ -56,16 +66,19 @@ def tiledb_figures(tmp, mib, rounds=3, slices=200, width=1000, fragment_count=10
         theirs = slice_seconds(lambda i, j: A[i:j]["v"], starts, width)
     gb = cells * 8 / 1e9
     rows = [("tiledb-py A[:], cold (median)", gb / native, None, None),
-            ("ctdsfs np.load(dense/v.npy), cold (vs A[:])",
-             gb / statistics.median(times["dense"]), gb / native, 1.0),
-            ("ctdsfs np.load(fragment v.npy), cold (vs A[:])",
-             gb / statistics.median(times["fragment"]), gb / native, 1.0)]
+            ("ctdsfs np.load(dense/v.npy), cold (vs A[:])", gb / median["dense"], gb / native,
+             1.0),
+            ("ctdsfs np.load(fragment v.npy), cold (vs A[:])", gb / median["fragment"],
+             gb / native, 1.0),
+            ("pyfuse3 floor np.load(v.npy), cold (vs A[:])", gb / median["floor"], gb / native,
+             None)]
     lines = [f"TileDB {mib} MiB dense float64 (BYTESHUFFLE+ZSTD, one fragment), median of "
              f"{rounds} alternated rounds, cache dropped, fresh mount: tiledb-py A[:] "
-             f"{native:.2f} s, np.load dense/v.npy {statistics.median(times['dense']):.2f} s "
-             f"({statistics.median(times['dense']) / native:.2f}x), fragment v.npy "
-             f"{statistics.median(times['fragment']):.2f} s "
-             f"({statistics.median(times['fragment']) / native:.2f}x); all rounds (s): "
+             f"{native:.2f} s, np.load dense/v.npy {median['dense']:.2f} s "
+             f"({median['dense'] / native:.2f}x), fragment v.npy {median['fragment']:.2f} s "
+             f"({median['fragment'] / native:.2f}x), pyfuse3 floor v.npy (the decoded bytes "
+             f"from memory) {median['floor']:.2f} s ({median['floor'] / native:.2f}x); "
+             "all rounds (s): "
              + "; ".join(f"{k} " + " ".join(f"{t:.2f}" for t in v) for k, v in times.items()),
              f"TileDB {slices} random {width}-item slices, cache dropped once: "
              f"{ours * 1e3:.2f} ms each through a mapped dense/v.npy, {theirs * 1e3:.2f} ms "

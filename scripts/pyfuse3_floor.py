@@ -1,4 +1,5 @@
-"""The floor of the pyfuse3+trio stack, for the benchmark's small-files and remote parts.
+"""The floor of the pyfuse3+trio stack, for the benchmark's small-files, remote, TileDB and
+columns parts.
 
 The thinnest pyfuse3+trio file systems doing what ctdsfs does, so what they cost is
 the least any pyfuse3+trio file system (ctdsfs among them) pays here:
@@ -10,9 +11,14 @@ the least any pyfuse3+trio file system (ctdsfs among them) pays here:
   benchmark's raw baselines (8 MiB, 8 in flight, sequential readahead; botocore or
   obstore), each reply a view of the fetched bytes; or, with ``memory``, fetched
   whole before the mount and served from memory: what the FUSE path alone costs.
+- ``serve_files``: local files read whole into memory before the mount and served
+  under new names, for the TileDB and columns parts: given the decoded .npy files
+  (saved from the native library), ``np.load`` through it costs what any
+  pyfuse3+trio file system pays to hand NumPy those bytes, nothing decoded.
 
     python3 scripts/pyfuse3_floor.py LISTING ROOT MOUNTPOINT        # serves until unmounted
     python3 scripts/pyfuse3_floor.py s3 botocore|obstore|memory ENDPOINT BUCKET KEY MOUNTPOINT
+    python3 scripts/pyfuse3_floor.py files MOUNTPOINT NAME=PATH ...
 """
 
 import errno
@@ -20,6 +26,7 @@ import os
 import pickle
 import stat
 import sys
+import time
 
 
 def save_listing(root, out):
@@ -210,7 +217,74 @@ def serve_object(library, endpoint, bucket, key, mountpoint, concurrency=8, chun
         pool.shutdown(cancel_futures=True)
 
 
+def serve_files(mountpoint, *specs):
+    """The floor of the stack for the decoded views: each ``NAME=PATH`` of ``specs`` read
+    whole into memory before the mount, then served as the file NAME at the root, each
+    read reply a view of those bytes (no copy, no check, kernel timeouts of a day,
+    keep_cache). Whatever a view decodes, any pyfuse3+trio file system handing the
+    decoded bytes to a reader pays at least this."""
+    import pyfuse3
+    import trio
+
+    names, data = {}, {}  # name -> inode; inode -> its bytes
+    for spec in specs:
+        name, sep, path = spec.partition("=")
+        if not sep or not name or "/" in name or name in names:
+            sys.exit(f"pyfuse3_floor.py files: NAME=PATH expected, one per NAME: {spec!r}")
+        with open(path, "rb") as f:
+            data[len(names) + 2] = memoryview(f.read())
+        names[name] = len(names) + 2
+    mtime_ns = time.time_ns()
+
+    def attr(ino):
+        size = 0 if ino == pyfuse3.ROOT_INODE else len(data[ino])
+        a = pyfuse3.EntryAttributes()
+        a.st_ino = ino
+        a.st_mode = (stat.S_IFDIR | 0o555) if ino == pyfuse3.ROOT_INODE else (stat.S_IFREG | 0o444)
+        a.st_nlink = 1
+        a.st_size = size
+        a.st_blksize = 4096
+        a.st_blocks = (size + 511) // 512
+        a.st_mtime_ns = a.st_ctime_ns = a.st_atime_ns = mtime_ns
+        a.entry_timeout = a.attr_timeout = 86400
+        return a
+
+    class FilesFloor(pyfuse3.Operations):
+        async def lookup(self, parent, name, ctx=None):
+            ino = names.get(os.fsdecode(name)) if parent == pyfuse3.ROOT_INODE else None
+            if ino is None:
+                raise pyfuse3.FUSEError(errno.ENOENT)
+            return attr(ino)
+
+        async def getattr(self, ino, ctx=None):
+            return attr(ino)
+
+        async def opendir(self, ino, ctx):
+            return ino
+
+        async def readdir(self, fh, start, token):
+            items = list(names.items())
+            for i in range(start, len(items)):
+                name, ino = items[i]
+                if not pyfuse3.readdir_reply(token, os.fsencode(name), attr(ino), i + 1):
+                    return
+
+        async def open(self, ino, flags, ctx):
+            return pyfuse3.FileInfo(fh=ino, keep_cache=True)
+
+        async def read(self, fh, off, size):
+            return data[fh][off:off + size]
+
+    pyfuse3.init(FilesFloor(), mountpoint, {"ro", "fsname=floor"})
+    try:
+        trio.run(pyfuse3.main)
+    finally:
+        pyfuse3.close(unmount=False)
+
+
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["files"]:
+        sys.exit(serve_files(*sys.argv[2:]))
     if sys.argv[1:2] == ["s3"]:
         sys.exit(serve_object(*sys.argv[2:7]))
     sys.exit(serve(*sys.argv[1:4]))

@@ -3,7 +3,10 @@
 of it is shown (``cp -r`` copies the table's own files only)."""
 
 import json
+import os
 import shutil
+import sys
+from pathlib import Path
 
 import casacore.tables as ct
 import numpy as np
@@ -14,6 +17,7 @@ from ctdsfs.toolbox import pack
 from .test_columns import write_table
 
 COLUMNS = ("DATA", "FLAG", "UVW", "TIME", "ANTENNA1", "WEIGHT")
+FLOOR = Path(__file__).resolve().parent.parent / "scripts" / "pyfuse3_floor.py"
 
 
 @pytest.fixture(scope="module")
@@ -97,3 +101,34 @@ def test_a_table_that_does_not_decode_shows_an_empty_columns(mount, tmp_path):
     log = m.log_text()
     assert f"{table}/table.dat: " in log and "no columns shown" in log
     assert "Traceback" not in log
+
+
+def test_benchmark_floor_serves_the_files_byte_for_byte(mount, tables, tmp_path):
+    """The benchmark's floor for the decoded views (scripts/pyfuse3_floor.py ``files``) is
+    only a floor if it serves the files' own bytes: the tiled columns' .npy saved from
+    getcol, read whole, across reads, at the end; an empty file; nothing else."""
+    decoded = tmp_path / "decoded"
+    decoded.mkdir()
+    with ct.table(tables["plain"], ack=False) as ref:
+        columns = {name: ref.getcol(name) for name in ("DATA", "FLAG", "UVW")}
+    for name, values in columns.items():
+        np.save(decoded / f"{name}.npy", values)
+    (decoded / "odd.bin").write_bytes(os.urandom((1 << 20) + 12345))
+    (decoded / "empty").write_bytes(b"")
+    files = {f"{name}.npy": decoded / f"{name}.npy" for name in columns}
+    files.update({"odd": decoded / "odd.bin", "empty": decoded / "empty"})
+    m = mount(None, command=lambda mountpoint: [
+        sys.executable, str(FLOOR), "files", str(mountpoint),
+        *(f"{name}={path}" for name, path in files.items())])
+    assert sorted(p.name for p in m.mountpoint.iterdir()) == sorted(files)
+    for name, path in files.items():
+        assert (m.mountpoint / name).read_bytes() == path.read_bytes(), name
+    data = files["odd"].read_bytes()
+    with open(m.mountpoint / "odd", "rb") as f:
+        f.seek((1 << 20) - 100)
+        assert f.read(300) == data[(1 << 20) - 100:(1 << 20) + 200]
+        f.seek(len(data) - 10)
+        assert f.read(100) == data[-10:] and f.read(100) == b""
+    for name, values in columns.items():
+        np.testing.assert_array_equal(np.load(m.mountpoint / f"{name}.npy"), values)
+    assert not (m.mountpoint / "odd.bin").exists()
