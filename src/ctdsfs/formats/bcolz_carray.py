@@ -7,8 +7,6 @@ import json
 import mmap
 import os
 import stat
-import threading
-from concurrent.futures import ThreadPoolExecutor
 
 import blosc
 import numpy as np
@@ -34,27 +32,13 @@ from .bcolz_view import (
 )
 from .beneath import kind_beneath, listdir_beneath, lstat_beneath, open_regular_beneath
 from .blosc_chunk import Chunk, file_identity
-from .decoded_cache import DecodedCache
+from .decoded_cache import DecodedCache, shared_pool
 from .npy import npy_header
 
 CHUNKS_AHEAD = 3  # chunks decoded ahead of a sequential reader
 PENDING_BYTES_MAX = 16 << 20  # appended bytes held back until they end on an item boundary
 PAGE_BYTES = mmap.PAGESIZE
 KERNEL_PIECE_MAX = 256 * PAGE_BYTES  # libfuse 3's max_write: the longest piece of a write
-
-_AHEAD = None
-_AHEAD_LOCK = threading.Lock()
-
-
-def _ahead_threads():
-    """The threads that decode chunks ahead of sequential readers (shared by all carrays)."""
-    global _AHEAD
-    with _AHEAD_LOCK:
-        if _AHEAD is None:
-            _AHEAD = ThreadPoolExecutor(max_workers=min(CHUNKS_AHEAD, os.cpu_count() or 2),
-                                        thread_name_prefix="bcolz-ahead")
-        return _AHEAD
-
 
 def _maybe_continued(on_page_end, length):
     """Whether the kernel may send more of the same user write after a piece of ``length``
@@ -243,7 +227,7 @@ class Carray(View):
         room = max(0, self.cache.limit // self.chunk_bytes - 2)
         last = min(number + min(CHUNKS_AHEAD, room), self.chunk_count() - 1)
         for ahead in range(max(number, self._ahead_until) + 1, last + 1):
-            _ahead_threads().submit(self._decode_quietly, ahead)
+            shared_pool("bcolz-ahead", CHUNKS_AHEAD).submit(self._decode_quietly, ahead)
         self._ahead_until = max(self._ahead_until, last)
 
     def _decode_quietly(self, number):
