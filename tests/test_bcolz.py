@@ -707,16 +707,21 @@ def test_second_writer_is_refused(damaged, name):
 
 
 def test_write_edges_through_the_api(damaged):
-    """Pending bytes of an item read back; refused writes change nothing at all."""
+    """A short write ending inside an item is refused; a page-long one is held, its
+    pending bytes read back; refused writes change nothing at all."""
     root = damaged("trimmed")  # 27 int32 items, chunklen 8
     c = open_container(root, writable=True)
-    header = c.entry_size("array.npy") - 27 * 4
-    c.write("array.npy", header + 27 * 4, b"\x05\x00")  # half an item: pending
-    assert c.read("array.npy", header + 26 * 4, 6) == struct.pack("<i", 26) + b"\x05\x00"
+    end = c.entry_size("array.npy")
+    with pytest.raises(NotPermitted, match="ends inside an item"):
+        c.write("array.npy", end, b"\x05\x00")  # half an item, in a short write
+    assert c.entry_size("array.npy") == end and len(bcolz.open(str(root))) == 27
+    page = np.arange(27, 27 + 1024, dtype="<i4").tobytes()
+    c.write("array.npy", end, page + b"\x05\x00")  # a page and half an item: held
+    assert c.read("array.npy", end + 4092, 6) == struct.pack("<i", 1050) + b"\x05\x00"
     with pytest.raises(NotPermitted, match="appends continue at the end"):
-        c.write("array.npy", header + 29 * 4, bytes(4))  # (a gap)
-    c.write("array.npy", header + 27 * 4 + 2, b"\x00\x00" + struct.pack("<i", 6))
-    assert list(bcolz.open(str(root))[:]) == list(range(27)) + [5, 6]
+        c.write("array.npy", end + 4096 + 8, bytes(4))  # (a gap)
+    c.write("array.npy", end + 4096 + 2, b"\x00\x00" + struct.pack("<i", 6))
+    assert list(bcolz.open(str(root))[:]) == list(range(1051)) + [5, 6]
     c.close()
     table = damaged("table")
     before = (table / "price" / "data" / "__4.blp").read_bytes()

@@ -4,10 +4,9 @@
 
 import contextlib
 import json
+import mmap
 import os
 import stat
-import threading
-from concurrent.futures import ThreadPoolExecutor
 
 import blosc
 import numpy as np
@@ -33,24 +32,20 @@ from .bcolz_view import (
 )
 from .beneath import kind_beneath, listdir_beneath, lstat_beneath, open_regular_beneath
 from .blosc_chunk import Chunk, file_identity
-from .decoded_cache import DecodedCache
+from .decoded_cache import DecodedCache, shared_pool
 from .npy import npy_header
 
 CHUNKS_AHEAD = 3  # chunks decoded ahead of a sequential reader
 PENDING_BYTES_MAX = 16 << 20  # appended bytes held back until they end on an item boundary
+PAGE_BYTES = mmap.PAGESIZE
+KERNEL_PIECE_MAX = 256 * PAGE_BYTES  # libfuse 3's max_write: the longest piece of a write
 
-_AHEAD = None
-_AHEAD_LOCK = threading.Lock()
-
-
-def _ahead_threads():
-    """The threads that decode chunks ahead of sequential readers (shared by all carrays)."""
-    global _AHEAD
-    with _AHEAD_LOCK:
-        if _AHEAD is None:
-            _AHEAD = ThreadPoolExecutor(max_workers=min(CHUNKS_AHEAD, os.cpu_count() or 2),
-                                        thread_name_prefix="bcolz-ahead")
-        return _AHEAD
+def _maybe_continued(on_page_end, length):
+    """Whether the kernel may send more of the same user write after a piece of ``length``
+    bytes. Without its writeback cache it copies a write into page-cache folios and sends
+    a piece when the write ends, when max_write bytes are gathered, or at a folio's end
+    (so on a page boundary of the file offset); the next piece continues where it ended."""
+    return on_page_end or length >= KERNEL_PIECE_MAX
 
 
 class Carray(View):
@@ -67,6 +62,9 @@ class Carray(View):
         self.cache = cache or DecodedCache()
         self.appendable = column is None  # (a ctable's columns grow together: not one alone)
         self._partial = bytearray()  # appended bytes not yet ending on an item boundary
+        # where the last piece of a write the kernel may continue ended (else None), and
+        # the bytes of that write so far
+        self._run_end, self._run_bytes = None, 0
         # counts reloads, appends and stored chunks (what derives from them follows it),
         # bumped after each change, so nothing made from a half-done change is kept
         self.version = 0
@@ -229,7 +227,7 @@ class Carray(View):
         room = max(0, self.cache.limit // self.chunk_bytes - 2)
         last = min(number + min(CHUNKS_AHEAD, room), self.chunk_count() - 1)
         for ahead in range(max(number, self._ahead_until) + 1, last + 1):
-            _ahead_threads().submit(self._decode_quietly, ahead)
+            shared_pool("bcolz-ahead", CHUNKS_AHEAD).submit(self._decode_quietly, ahead)
         self._ahead_until = max(self._ahead_until, last)
 
     def _decode_quietly(self, number):
@@ -259,12 +257,17 @@ class Carray(View):
 
     # -- writing
 
-    def write_data(self, start, data):
-        """Overwrite items, or append them. Appended bytes wait until what is pending ends on
-        an item boundary (a later write may complete an item: the kernel splits a large write
-        anywhere), so a write that leaves a part of an item commits nothing of itself; if
-        it is never completed, closing fails (EPERM) and nothing was changed. Only a
-        stream of PENDING_BYTES_MAX pending bytes commits its whole items (bounded memory)."""
+    def write_data(self, start, data, header_bytes):
+        """Overwrite items, or append them (``header_bytes``: where the items start in the
+        file). bcolz stores whole items, and the kernel hands one user write over in pieces
+        (see ``_maybe_continued``): an append that leaves part of an item is held for a
+        later piece or write to complete only if it ends on a page boundary (where the
+        kernel cuts a longer write) or ends a write of at least a page (copy tools and
+        buffered writers write blocks that end anywhere); otherwise it is refused here and
+        changes nothing. Held bytes never completed are refused at close (``commit``).
+        Only a stream of PENDING_BYTES_MAX pending bytes commits its whole items."""
+        run = len(data) + (self._run_bytes if start == self._run_end else 0)
+        self._run_end = None  # (until this piece is stored: a refused piece ends a write)
         if self.cparams is None:
             raise refuse(self.label, "meta/storage has no usable cparams to compress with")
         stored = self.shape[0] * self.item_bytes
@@ -274,6 +277,12 @@ class Carray(View):
         if end > stored and at != stored + len(self._partial):
             raise refuse(self.label, f"appends continue at the end ({stored} bytes, "
                                      f"{len(self._partial)} pending), not at {at}")
+        on_page_end = (header_bytes + end) % PAGE_BYTES == 0
+        if end > stored and (len(self._partial) + end - at) % self.item_bytes \
+                and not on_page_end and run < PAGE_BYTES:
+            raise refuse(self.label, f"a write of {run} bytes ends inside an item (items of "
+                                     f"{self.item_bytes} bytes; one shorter than "
+                                     f"{PAGE_BYTES} bytes must end on an item boundary)")
         if start < stored:
             self._overwrite(start, data[:min(end, stored) - start])
         if end > stored:
@@ -284,6 +293,8 @@ class Carray(View):
                 if whole:
                     self._append(bytes(self._partial[:whole]))
                     del self._partial[:whole]
+        if _maybe_continued(on_page_end, len(data)):
+            self._run_end, self._run_bytes = end, run
 
     def _overwrite(self, start, data):
         """Each touched chunk recompressed and its superchunk replaced."""

@@ -125,7 +125,7 @@ class Ctable(View):
         skip = start - first * row_bytes
         return rows.tobytes()[skip:skip + end - start]
 
-    def write_data(self, start, data):
+    def write_data(self, start, data, header_bytes):
         raise refuse(f"{self.label}/table.npy", "write a column's COLUMN.npy instead")
 
     def info_lines(self, info):

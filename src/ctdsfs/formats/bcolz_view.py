@@ -148,7 +148,7 @@ class NpyFile:
         if data[:skip] != header[offset:offset + skip]:
             raise refuse(self.source.label, "the .npy header cannot be changed")
         if skip < len(data):
-            self.source.write_data(offset + skip - len(header), data[skip:])
+            self.source.write_data(offset + skip - len(header), data[skip:], len(header))
         return len(data)
 
 

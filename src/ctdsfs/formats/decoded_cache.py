@@ -6,12 +6,29 @@ keeps recently decoded pieces, lets parallel readers of one piece wait for a
 single decoding, and has pieces nobody has asked for yet decoded ahead.
 """
 
+import os
 import threading
 from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
 
 from ..errors import CtdsfsError
 
 CACHE_BYTES = 64 << 20  # decoded pieces kept per cache
+
+_POOLS = {}  # name -> the ThreadPoolExecutor of that name
+_POOLS_LOCK = threading.Lock()
+
+
+def shared_pool(name, workers):
+    """The process's one pool of threads called ``name`` (``workers`` of them, at most one
+    per core), made on first use: the containers of one kind share it to decode pieces
+    ahead of their readers, and a mount that never reads ahead starts no thread."""
+    with _POOLS_LOCK:
+        pool = _POOLS.get(name)
+        if pool is None:
+            pool = _POOLS[name] = ThreadPoolExecutor(
+                max_workers=min(workers, os.cpu_count() or 2), thread_name_prefix=name)
+        return pool
 
 
 class DecodedCache:

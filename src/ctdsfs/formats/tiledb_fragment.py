@@ -10,7 +10,6 @@ import logging
 import os
 import threading
 from collections import OrderedDict
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -18,7 +17,7 @@ from ..container import DerivedView, name_problem
 from ..errors import BlockError, CtdsfsError, FormatError
 from . import tiledb_filters as tf
 from .beneath import lstat_beneath
-from .decoded_cache import DecodedCache
+from .decoded_cache import DecodedCache, shared_pool
 from .npy import npy_header
 from .tiledb_fragment_meta import ArrayFile, LegacyFragmentMetadata, fragment_metadata, timestamps
 from .tiledb_schema import MAX_TILE_BYTES, json_bytes, sums
@@ -27,21 +26,6 @@ log = logging.getLogger(__name__)
 
 TILES = DecodedCache(128 << 20)  # decoded tiles of every fragment, bounded by bytes
 TILES_AHEAD = 3  # a read of tile i has tiles i+1.. decoded ahead, while the cache holds them
-
-
-_AHEAD = None
-_AHEAD_LOCK = threading.Lock()
-
-
-def _ahead():
-    """Threads that decode, ahead of the readers, the tiles after one they read: a
-    tile each, so one waits for the disk while another decodes."""
-    global _AHEAD
-    with _AHEAD_LOCK:
-        if _AHEAD is None:
-            _AHEAD = ThreadPoolExecutor(max_workers=min(TILES_AHEAD, os.cpu_count() or 2),
-                                        thread_name_prefix="tiledb-ahead")
-        return _AHEAD
 
 
 class TileDBDirectory(DerivedView):
@@ -317,7 +301,7 @@ class Fragment(TileDBDirectory):
             # (its chunks one after another: the other threads have the other cores)
             TILES.load_ahead((self.path, index, kind, ahead), self,
                              lambda ahead=ahead: self._decoded(index, kind, ahead, False),
-                             _ahead().submit)
+                             shared_pool("tiledb-ahead", TILES_AHEAD).submit)
         return data
 
     def _decoded(self, index, kind, i, parallel):
