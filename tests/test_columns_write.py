@@ -5,6 +5,7 @@ the write call and changes nothing."""
 
 import errno
 import os
+import random
 import shutil
 import subprocess
 import sys
@@ -15,6 +16,9 @@ import numpy as np
 import pytest
 
 from ctdsfs.formats import open_container
+from ctdsfs.toolbox import pack, unpack
+
+from .conftest import Mount, require_fuse
 
 HERE = Path(__file__).parent
 NROW = 300
@@ -26,7 +30,7 @@ def written(tmp_path_factory):
     .casarc): a MeasurementSet (FLAG in TiledShapeStMan, UVW in TiledColumnStMan, the
     rest in StandardStMan), its big-endian copy, every type in StandardStMan and in
     IncrementalStMan, variable-shape arrays; and every type in StandardStMan stored in
-    separate files (a plain directory)."""
+    separate files (a plain directory), and that table packed by ``ctdsfs pack``."""
     where = tmp_path_factory.mktemp("tables")
     for name, multifile in (("home-mf", True), ("home-plain", False)):
         (where / name).mkdir()
@@ -47,13 +51,24 @@ def written(tmp_path_factory):
                     "import casacore_column_tables as c; c.scalar_and_fixed(sys.argv[2], "
                     "'StandardStMan')", str(HERE), str(where / "plain")], check=True,
                    env=dict(os.environ, HOME=str(where / "home-plain")))
+    pack(str(where / "plain"), str(where / "packed.mf"), quiet=True)
     return where
+
+
+def as_casacore_opens(path):
+    """``path``, or for a container packed by ``ctdsfs pack`` its tree unpacked beside it."""
+    if not path.is_file():
+        return path
+    unpacked = path.with_name(path.name + ".unpacked")
+    shutil.rmtree(unpacked, ignore_errors=True)
+    unpack(str(path), str(unpacked), quiet=True)
+    return unpacked
 
 
 def every_column(path):
     """{name: getcol} of every column whose cells are all defined."""
     out = {}
-    with ct.table(str(path), ack=False) as t:
+    with ct.table(str(as_casacore_opens(path)), ack=False) as t:
         for name in t.colnames():
             try:
                 out[name] = t.getcol(name)
@@ -63,8 +78,11 @@ def every_column(path):
 
 
 def stored_files(path):
-    """{name: bytes} of the storage-manager files inside a MultiFile table's table.mf."""
-    container = open_container(str(path / "table.mf"))
+    """{name: bytes} of a table's storage-manager files (in its table.mf, in a packed
+    container, or in the directory)."""
+    if not path.is_file() and not (path / "table.mf").exists():
+        return {p.name: p.read_bytes() for p in path.iterdir() if p.name.startswith("table.f")}
+    container = open_container(str(path if path.is_file() else path / "table.mf"))
     try:
         return {n: bytes(container.read(n, 0, container.entry_size(n)))
                 for n in container.names() if n.startswith("table.f")}
@@ -99,8 +117,9 @@ def check_edits(mount, written, tmp_path, edits):
     data files come out identical)."""
     tree = tmp_path / "tree"
     for name in edits:
-        shutil.copytree(written / name, tree / name)
-        shutil.copytree(written / name, tmp_path / "by-casacore" / name)
+        copy = shutil.copy if name.endswith(".mf") else shutil.copytree
+        copy(written / name, tree / name)
+        shutil.copytree(as_casacore_opens(written / name), tmp_path / "by-casacore" / name)
     before = {name: every_column(tree / name) for name in edits}
     original = {name: stored_files(tree / name) for name in edits}
     m = mount(tree, ["rw", "columns"])
@@ -205,10 +224,10 @@ edit_ssm.columns = ("s_double", "s_bool", "s_int", "s_uchar", "a_bool", "a_dcomp
 def test_cells_written_through_numpy(mount, written, tmp_path):
     """FLAG (Bool bits in TiledShapeStMan tiles) and UVW (TiledColumnStMan) of a MultiFile
     MeasurementSet, little- and big-endian; scalars and arrays kept in StandardStMan's
-    buckets (Bools as bits, uChar widened to uint16 in the file): memmap r+ and os.pwrite
-    at unaligned offsets."""
-    check_edits(mount, written, tmp_path, {"ms": edit_flag_and_uvw,
-                                           "big.ms": edit_flag_and_uvw, "ssm": edit_ssm})
+    buckets (Bools as bits, uChar widened to uint16 in the file) of a MultiFile table
+    and of a table packed into a .mf: memmap r+ and os.pwrite at unaligned offsets."""
+    check_edits(mount, written, tmp_path, {"ms": edit_flag_and_uvw, "big.ms": edit_flag_and_uvw,
+                                           "ssm": edit_ssm, "packed.mf": edit_ssm})
 
 
 def refused(path, offset, data):
@@ -261,3 +280,43 @@ def test_other_writes_refused_with_eperm_changing_nothing(mount, written, tmp_pa
     m.close()
     assert {p: p.read_bytes() for p in tree.rglob("*") if p.is_file()} == originals
     assert "Traceback" not in m.log.read_text()
+
+
+COLUMN_CRASH_POINTS = int(os.environ.get("CTDSFS_COLUMN_CRASH_POINTS", "2"))
+
+
+def test_kill_9_leaves_the_last_or_the_next_commit(written, tmp_path):
+    """kill -9 the daemon while FLAG is written (unaligned runs of Bool bytes over rows and
+    tiles, each committed by fsync): python-casacore then reads the values of the last
+    commit or of the one in flight, never a mix."""
+    require_fuse()
+    rng = random.Random(25)
+    path = tmp_path / "ms"
+    shutil.copytree(written / "ms", path)
+    with ct.table(str(path), ack=False) as t:
+        state = t.getcol("FLAG")
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    for point in range(COLUMN_CRASH_POINTS):
+        m = Mount(path, mnt, options=["rw", "columns", "commit=3600"], log=tmp_path / "crash.log")
+        flag = mnt / "columns" / "FLAG.npy"
+        head = header_size(flag)
+        expected = state
+        m.kill_after(rng.uniform(0.05, 0.4))
+        try:
+            fd = os.open(flag, os.O_RDWR)
+            while True:
+                at = rng.randrange(0, state.size - 1)
+                data = bytes(rng.choices((0, 1), k=rng.randrange(1, min(3000, state.size - at))))
+                expected = state.copy()
+                expected.reshape(-1)[at:at + len(data)] = np.frombuffer(data, bool)
+                os.pwrite(fd, data, head + at)
+                os.fsync(fd)  # the commit
+                state = expected
+        except OSError:
+            pass  # the daemon is gone
+        m.reap_killed()
+        with ct.table(str(path), ack=False) as t:
+            got = t.getcol("FLAG")
+        assert np.array_equal(got, state) or np.array_equal(got, expected), point
+        state = got

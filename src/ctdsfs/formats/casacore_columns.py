@@ -226,6 +226,11 @@ class CasacoreTable:
             raise FormatError(f"{self.label}: column {name}: {exc}") from None
         return (False, None) if shape is NotImplemented else (True, shape)
 
+    def manager_files(self, name):
+        """The files that hold the cells of column ``name`` (its manager's data files)."""
+        reader = self._reader(self.columns[name].seqnr)
+        return list(getattr(reader, "files", {}).values()) or [reader.name]
+
     def cell_places(self, name, start, stop):
         """Where rows ``start..stop`` of column ``name`` lie in its manager's files: the
         manager's own geometry (``places`` of the SSM and tiled readers), for writes."""

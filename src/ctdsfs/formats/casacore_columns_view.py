@@ -143,7 +143,7 @@ class _ColumnNpy:
         col = self.table.columns[self.name]
         why = why_not_written(self.table, col)
         if why is None and not all(commits_atomically(self.table.source, file)
-                                   for file in self._files(col)):
+                                   for file in self.table.manager_files(self.name)):
             why = ("the table's files are written in place, not by an atomic commit (only a "
                    "MultiFile table's cells are written)")
         if why:
@@ -169,11 +169,6 @@ class _ColumnNpy:
                 finally:
                     self._decoded = (0, 0, memoryview(b""))  # (the lock is held)
         return len(data)
-
-    def _files(self, col):
-        """The files the column's cells are kept in (those its manager names)."""
-        reader = self.table._reader(col.seqnr)
-        return list(getattr(reader, "files", {}).values()) or [reader.name]
 
     def _check_storable(self, col, raw, values):
         if col.data_type == TP_BOOL and (raw > 1).any():
