@@ -28,8 +28,9 @@ NROW = 300
 def written(tmp_path_factory):
     """Tables python-casacore writes once (one process, MultiFile storage through its
     .casarc): a MeasurementSet (FLAG in TiledShapeStMan, UVW in TiledColumnStMan, the
-    rest in StandardStMan), its big-endian copy, every type in StandardStMan and in
-    IncrementalStMan, variable-shape arrays; and every type in StandardStMan stored in
+    rest in StandardStMan), its big-endian copy, every type in StandardStMan (and its
+    big-endian copy), in IncrementalStMan and (fixed-shape arrays) in each tiled
+    manager, variable-shape arrays; and every type in StandardStMan stored in
     separate files (a plain directory), and that table packed by ``ctdsfs pack``."""
     where = tmp_path_factory.mktemp("tables")
     for name, multifile in (("home-mf", True), ("home-plain", False)):
@@ -44,7 +45,10 @@ def written(tmp_path_factory):
         "ct.table(w + '/ms', ack=False).copy(w + '/big.ms', deep=True, endian='big')\n"
         "c.scalar_and_fixed(w + '/ssm', 'StandardStMan')\n"
         "c.scalar_and_fixed(w + '/ism', 'IncrementalStMan')\n"
-        "c.varshape(w + '/var', 'StandardStMan')\n")
+        "c.varshape(w + '/var', 'StandardStMan')\n"
+        "ct.table(w + '/ssm', ack=False).copy(w + '/big-ssm', deep=True, endian='big')\n"
+        "for m in ('TiledColumnStMan', 'TiledShapeStMan', 'TiledCellStMan'):\n"
+        "    c.scalar_and_fixed(w + '/' + m, m)\n")
     subprocess.run([sys.executable, "-c", script, str(HERE), str(where)], check=True,
                    env=dict(os.environ, HOME=str(where / "home-mf")))
     subprocess.run([sys.executable, "-c", "import sys; sys.path.insert(0, sys.argv[1]); "
@@ -224,10 +228,11 @@ edit_ssm.columns = ("s_double", "s_bool", "s_int", "s_uchar", "a_bool", "a_dcomp
 def test_cells_written_through_numpy(mount, written, tmp_path):
     """FLAG (Bool bits in TiledShapeStMan tiles) and UVW (TiledColumnStMan) of a MultiFile
     MeasurementSet, little- and big-endian; scalars and arrays kept in StandardStMan's
-    buckets (Bools as bits, uChar widened to uint16 in the file) of a MultiFile table
-    and of a table packed into a .mf: memmap r+ and os.pwrite at unaligned offsets."""
+    buckets (Bools as bits, uChar widened to uint16 in the file) of a table packed into a
+    .mf (the MS: table directories whose files are in table.mf): memmap r+ and os.pwrite
+    at unaligned offsets."""
     check_edits(mount, written, tmp_path, {"ms": edit_flag_and_uvw, "big.ms": edit_flag_and_uvw,
-                                           "ssm": edit_ssm, "packed.mf": edit_ssm})
+                                           "packed.mf": edit_ssm})
 
 
 def refused(path, offset, data):
@@ -320,3 +325,46 @@ def test_kill_9_leaves_the_last_or_the_next_commit(written, tmp_path):
             got = t.getcol("FLAG")
         assert np.array_equal(got, state) or np.array_equal(got, expected), point
         state = got
+
+
+@pytest.mark.parametrize("name", ["TiledColumnStMan", "TiledShapeStMan", "TiledCellStMan",
+                                  "big-ssm"])
+def test_every_type_written_by_the_view(written, tmp_path, name):
+    """The view's write (without a mount) into every type's fixed-shape array column (and
+    scalar column, in StandardStMan) of each tiled manager and of a big-endian
+    StandardStMan table: a run of new values from a random element (Bool bits mid-byte),
+    committed; python-casacore reads them, the other columns as they were."""
+    from ctdsfs.formats.casacore_columns_view import ColumnsView
+    from ctdsfs.vfs.directory import TableView
+
+    from .casacore_column_tables import TYPES, values
+
+    path = tmp_path / "t"
+    shutil.copytree(written / name, path)
+    before = every_column(path)
+    rng = np.random.default_rng(7)
+    source = TableView(str(path), writable=True)
+    view = ColumnsView(source, "t/columns")
+    expected = {}
+    for i, column in enumerate(c for v in TYPES for c in (f"a_{v}", f"s_{v}") if c in before):
+        vtype = column[2:]
+        flat = before[column].copy().reshape(-1)
+        first = int(rng.integers(0, flat.size - 20))
+        new = values(vtype, 20, 1000 + i).astype(flat.dtype)
+        flat[first:first + 20] = new
+        head = header_size_of(view.read(f"{column}.npy", 0, 4096))
+        assert view.write(f"{column}.npy", head + first * flat.itemsize, new.tobytes()) == \
+            new.nbytes
+        expected[column] = flat.reshape(before[column].shape)
+        np.testing.assert_array_equal(  # the view reads back what it wrote
+            np.frombuffer(view.read(f"{column}.npy", head, 1 << 20), flat.dtype), flat)
+    assert len(expected) == (20 if name == "big-ssm" else 10)
+    source.commit()
+    source.close()
+    after = every_column(path)
+    for column, got in after.items():
+        np.testing.assert_equal(got, expected.get(column, before[column]), err_msg=column)
+
+
+def header_size_of(data):
+    return 10 + int.from_bytes(bytes(data[8:10]), "little")

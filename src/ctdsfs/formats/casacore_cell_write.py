@@ -15,7 +15,7 @@ commits are atomic. A failure part-way through a write puts back what it had wri
 
 import numpy as np
 
-from ..errors import BlockError, FormatError
+from ..errors import BlockError, CtdsfsError, FormatError
 from .casacore_base import TP_BOOL, TP_STRING, disk_dtype
 
 WRITTEN_MANAGERS = ("StandardStMan", "TiledColumnStMan", "TiledShapeStMan", "TiledCellStMan")
@@ -67,8 +67,11 @@ def write_cells(table, col, start, values, changed):
             table.source.write(file, offset, new)
             done.append((file, offset, old))
     except BaseException:
-        for file, offset, old in reversed(done):  # (into blocks this change copied already)
-            table.source.write(file, offset, old)
+        try:
+            for file, offset, old in reversed(done):  # (into blocks copied for this change)
+                table.source.write(file, offset, old)
+        except (CtdsfsError, OSError):
+            pass  # the container went read-only: nothing of this is committed
         raise
 
 
