@@ -197,7 +197,19 @@ def edit_flag_and_uvw(columns, expected):
     npy_edit(expected["UVW"], uvw, head + 8 * (3 * 20 + 2) + 3, bytes(range(40, 61)))
 
 
-edit_flag_and_uvw.columns = ("FLAG", "UVW")
+    weight = columns / "WEIGHT.npy"  # arrays StandardStMan keeps in its array file
+    head = header_size(weight)
+    npy_edit(expected["WEIGHT"], weight, head + 4 * (4 * 7 + 3) + 1, bytes(range(7, 14)))
+    w = np.load(weight, mmap_mode="r+")
+    w[100:103] = [[1, 2, 3, 4]] * 3
+    w.flush()
+    del w
+    shown = np.frombuffer(expected["WEIGHT"], "<f4", offset=head).reshape(NROW, 4).copy()
+    shown[100:103] = [[1, 2, 3, 4]] * 3
+    expected["WEIGHT"][head:] = shown.tobytes()
+
+
+edit_flag_and_uvw.columns = ("FLAG", "UVW", "WEIGHT")
 
 
 def edit_ssm(columns, expected):
@@ -226,8 +238,8 @@ edit_ssm.columns = ("s_double", "s_bool", "s_int", "s_uchar", "a_bool", "a_dcomp
 
 
 def test_cells_written_through_numpy(mount, written, tmp_path):
-    """FLAG (Bool bits in TiledShapeStMan tiles) and UVW (TiledColumnStMan) of a MultiFile
-    MeasurementSet, little- and big-endian; scalars and arrays kept in StandardStMan's
+    """FLAG (Bool bits in TiledShapeStMan tiles), UVW (TiledColumnStMan) and WEIGHT
+    (StandardStMan's array file) of a MultiFile MeasurementSet, little- and big-endian; scalars and arrays kept in StandardStMan's
     buckets (Bools as bits, uChar widened to uint16 in the file) of a table packed into a
     .mf (the MS: table directories whose files are in table.mf): memmap r+ and os.pwrite
     at unaligned offsets."""
@@ -246,7 +258,7 @@ def refused(path, offset, data):
 
 
 def test_other_writes_refused_with_eperm_changing_nothing(mount, written, tmp_path):
-    """Strings, IncrementalStMan, variable-shape and indirect arrays, table.json, the .npy
+    """Strings, IncrementalStMan, variable-shape arrays, table.json, the .npy
     header, a write past the end, a Bool byte of 2, a uChar above 255, a resize, a new
     file; any cell of a table in separate files (written in place, a crash could leave
     half a write): EPERM in the write call; every file of the tables is byte for byte as
@@ -268,7 +280,6 @@ def test_other_writes_refused_with_eperm_changing_nothing(mount, written, tmp_pa
              (ssm / "s_uchar.npy", header_size(ssm / "s_uchar.npy"), b"\x2c\x01"),
              (cols["ism"] / "s_int.npy", head, b"\1\2\3\4"),
              (cols["var"] / "v_int.values.npy", 200, b"\1"),
-             (cols["ms"] / "WEIGHT.npy", header_size(cols["ms"] / "WEIGHT.npy"), b"\1\2\3\4"),
              (cols["plain"] / "s_int.npy", head, b"\1\2\3\4")]
     for path, offset, data in cases:
         assert refused(path, offset, data) == errno.EPERM, (path, offset)

@@ -32,9 +32,6 @@ def why_not_written(table, col):
     if col.manager not in WRITTEN_MANAGERS:
         return (f"{col.manager} columns are not written (their cells have no fixed place "
                 "in the file)")
-    if col.manager == "StandardStMan" and col.is_array and not col.direct:
-        return ("arrays StandardStMan keeps in its array file (table.f<N>i) are not "
-                "written; only cells kept in its buckets are")
     return None
 
 
@@ -55,6 +52,9 @@ def write_cells(table, col, start, values, changed):
     edits, row = [], 0
     for file, places in segments:
         n = len(places)
+        if places.shape[1:] != values.shape[1:]:
+            raise BlockError(f"{table.label}: column {col.name}: cells of shape "
+                             f"{places.shape[1:]} in {file}, {values.shape[1:]} shown")
         chosen = changed[row:row + n]
         edits += _file_edits(table, col, file, places[chosen], values[row:row + n][chosen])
         row += n
@@ -67,12 +67,14 @@ def write_cells(table, col, start, values, changed):
             table.source.write(file, offset, new)
             done.append((file, offset, old))
     except BaseException:
+        table.forget_cached()
         try:
             for file, offset, old in reversed(done):  # (into blocks copied for this change)
                 table.source.write(file, offset, old)
         except (CtdsfsError, OSError):
             pass  # the container went read-only: nothing of this is committed
         raise
+    table.forget_cached()
 
 
 def _file_edits(table, col, file, places, values):

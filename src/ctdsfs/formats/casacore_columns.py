@@ -229,7 +229,16 @@ class CasacoreTable:
     def manager_files(self, name):
         """The files that hold the cells of column ``name`` (its manager's data files)."""
         reader = self._reader(self.columns[name].seqnr)
-        return list(getattr(reader, "files", {}).values()) or [reader.name]
+        names = list(getattr(reader, "files", {}).values()) or [reader.name]
+        col = self.columns[name]
+        return names + ([reader.arrays_name] if col.manager == "StandardStMan" and
+                        col.is_array and not col.direct else [])
+
+    def forget_cached(self):
+        """Drop bytes the managers' readers keep (the table's files were written)."""
+        for reader in self._readers.values():
+            if hasattr(reader, "forget_cached"):
+                reader.forget_cached()
 
     def cell_places(self, name, start, stop):
         """Where rows ``start..stop`` of column ``name`` lie in its manager's files: the

@@ -234,6 +234,8 @@ class ColumnsView(DerivedView):
                                                    if isinstance(e, _ColumnNpy)]
         for entry in files:
             entry.forget_decoded()
+        if self.table is not None:
+            self.table.forget_cached()
 
     def _open_table(self):
         if self.table is None:

@@ -170,6 +170,11 @@ class SSMReader:
         shape = self._array_file().common_shape(offsets)
         return None if shape is None else tuple(shape[::-1])
 
+    def forget_cached(self):
+        """Drop what was read ahead of the array file: it was written."""
+        if self.ifile is not None:
+            self.ifile.forget_window()
+
     def _array_file(self):
         if self.ifile is None:
             self.ifile = ArrayFile(self.source, self.arrays_name, self.big_endian)
@@ -216,12 +221,16 @@ class SSMReader:
         return offset, bits, list(index.spans(start, stop))
 
     def places(self, col, start, stop):
-        """Where the cells of rows ``start..stop`` of a column stored in the buckets (a
-        scalar, or a fixed-shape array kept directly) lie: [(file, places)], ``places`` of
+        """Where the cells of rows ``start..stop`` lie: [(file, places)], ``places`` of
         shape (rows, *cell_shape): each value's first byte in the file, or for Bools its
-        bit (byte * 8 + bit, lowest bit first). The same spans as ``_pieces`` reads."""
-        if col.data_type == TP_STRING or (col.is_array and not col.direct):
-            raise FormatError(f"{self.name}: column {col.name} is not kept in the buckets")
+        bit (byte * 8 + bit, lowest bit first). Cells kept in the buckets (scalars, arrays
+        kept directly): the same spans as ``_pieces`` reads; indirect arrays: where the
+        array file holds their values (see ``ArrayFile.value_places``)."""
+        if col.data_type == TP_STRING:
+            raise FormatError(f"{self.name}: column {col.name} holds Strings")
+        if col.is_array and not col.direct:  # arrays in the array file, at offsets kept here
+            offsets = self._cell_offsets(col, start, stop)
+            return [(self.arrays_name, self._array_file().value_places(offsets, col.data_type))]
         offset, bits, spans = self._checked_spans(col, start, stop)
         shape = tuple(col.cell_shape)
         per_row = int(np.prod(shape, dtype=np.int64))
