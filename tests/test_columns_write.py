@@ -264,12 +264,11 @@ def test_other_writes_refused_with_eperm_changing_nothing(mount, written, tmp_pa
     half a write): EPERM in the write call; every file of the tables is byte for byte as
     it was (MultiFile tables in a directory tree: each its own table view)."""
     tree = tmp_path / "tree"
-    for name in ("ssm", "ism", "var", "ms", "plain"):
+    for name in ("ssm", "ism", "var", "plain"):
         shutil.copytree(written / name, tree / name)
     originals = {p: p.read_bytes() for p in tree.rglob("*") if p.is_file()}
     m = mount(tree, ["rw", "columns"])
-    cols = {name: m.mountpoint / name / "columns"
-            for name in ("ssm", "ism", "var", "ms", "plain")}
+    cols = {name: m.mountpoint / name / "columns" for name in ("ssm", "ism", "var", "plain")}
     ssm = cols["ssm"]
     size = (ssm / "s_int.npy").stat().st_size
     head = header_size(ssm / "s_int.npy")
@@ -296,6 +295,27 @@ def test_other_writes_refused_with_eperm_changing_nothing(mount, written, tmp_pa
     m.close()
     assert {p: p.read_bytes() for p in tree.rglob("*") if p.is_file()} == originals
     assert "Traceback" not in m.log.read_text()
+
+
+def test_numpy_and_casacore_through_one_mount_see_each_other(mount, written, tmp_path):
+    """casacore writing the table through the mount changes what columns/ reads (rows
+    decoded before included), and a NumPy write into columns/ is what casacore then
+    reads through the mount."""
+    shutil.copytree(written / "ms", tmp_path / "ms")
+    m = mount(tmp_path / "ms", ["rw", "columns"])
+    uvw = m.mountpoint / "columns" / "UVW.npy"
+    expected = np.load(uvw)  # (decoded and kept by the view)
+    with ct.table(str(m.mountpoint), readonly=False, ack=False) as t:
+        t.putcol("UVW", np.full((5, 3), 7.0), startrow=2, nrow=5)
+    expected[2:7] = 7.0
+    np.testing.assert_array_equal(np.load(uvw), expected)
+    a = np.load(uvw, mmap_mode="r+")
+    a[0] = [9, -9, 0.5]
+    a.flush()
+    del a
+    expected[0] = [9, -9, 0.5]
+    with ct.table(str(m.mountpoint), ack=False) as t:
+        np.testing.assert_array_equal(t.getcol("UVW"), expected)
 
 
 COLUMN_CRASH_POINTS = int(os.environ.get("CTDSFS_COLUMN_CRASH_POINTS", "2"))
