@@ -52,6 +52,9 @@ class _Windowed:
         self._window = (offset, data)
         return data[:size]
 
+    def forget(self):
+        self._window = (0, b"")
+
 
 class ArrayFile:
     """Reads arrays out of one ``table.f<N>i`` file of ``source``."""
@@ -163,7 +166,7 @@ class ArrayFile:
 
     def forget_window(self):
         """Drop the bytes read ahead: the file was written."""
-        self.source._window = (0, b"")
+        self.source.forget()
 
     def array_at(self, offset, data_type):
         """(Python-order shape, flat values) of the array at ``offset``: values in C order of

@@ -228,9 +228,9 @@ class CasacoreTable:
 
     def manager_files(self, name):
         """The files that hold the cells of column ``name`` (its manager's data files)."""
-        reader = self._reader(self.columns[name].seqnr)
-        names = list(getattr(reader, "files", {}).values()) or [reader.name]
         col = self.columns[name]
+        reader = self._reader(col.seqnr)
+        names = list(getattr(reader, "files", {}).values()) or [reader.name]
         return names + ([reader.arrays_name] if col.manager == "StandardStMan" and
                         col.is_array and not col.direct else [])
 

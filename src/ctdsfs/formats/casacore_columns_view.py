@@ -18,6 +18,10 @@ The files of String and variable-shape columns are decoded when the view is firs
 (their sizes are known only from their values): a column that fails then is left out,
 and the rest of the listing stands. ``NAME.npy`` files are decoded as they are read: a
 failure there is EIO for the read.
+
+When the table's source is writable (``-o rw,columns``), a write into ``NAME.npy``
+stores the cells it changes (see :mod:`.casacore_cell_write`); every other change here
+is refused (EPERM) before anything changes.
 """
 
 import json
@@ -126,7 +130,6 @@ class _ColumnNpy:
         values = data[inner:inner + stop - at]
         return out + values if out else values
 
-
     # -- writing (``-o rw,columns``): see casacore_cell_write
 
     def write(self, offset, data):
@@ -153,13 +156,17 @@ class _ColumnNpy:
             return len(data)
         first, last = at // self.row_bytes, -(-stop // self.row_bytes)
         with self._lock:
-            current = np.ascontiguousarray(self.table.read_column(self.name, first, last))
+            try:
+                current = np.ascontiguousarray(self.table.read_column(self.name, first, last))
+            except FormatError as exc:
+                raise BlockError(str(exc)) from None
             if current.dtype != self.dtype or current.shape != (last - first,) + self.cell_shape:
                 raise BlockError(f"{self.label}: rows {first}..{last} changed shape")
             old = current.view(np.uint8).reshape(-1)
             new = old.copy()
             skip = first * self.row_bytes
-            new[at - skip:stop - skip] = np.frombuffer(data, np.uint8, stop - at, max(head - offset, 0))
+            new[at - skip:stop - skip] = np.frombuffer(data, np.uint8, stop - at,
+                                                       max(head - offset, 0))
             values = new.view(self.dtype).reshape(current.shape)
             self._check_storable(col, new, values)
             changed = (new != old).reshape(-1, self.dtype.itemsize).any(axis=1)

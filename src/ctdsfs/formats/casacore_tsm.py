@@ -204,7 +204,10 @@ class TiledReader:
     def _slab_places(self, col, cube, first, stop):
         """(file, each pixel's place) of the slab ``_slab`` decodes: its first byte in the
         file, or for a Bool column its bit (byte * 8 + bit, lowest bit first)."""
-        file, offset, _, count, arrange = self._slab_plan(col, cube, first, stop)
+        plan = self._slab_plan(col, cube, first, stop)
+        if plan is None:
+            raise FormatError(f"{self.name}: no stored cells at positions {first}..{stop}")
+        file, offset, _, count, arrange = plan
         at, _ = cube.layout[col.name]
         tile_starts = offset + at + np.arange(count, dtype=np.int64) * cube.tile_bytes
         pixels = np.arange(cube.tile_pixels, dtype=np.int64)
