@@ -4,6 +4,7 @@ byte-identical storage-manager files); every other write there is refused with E
 the write call and changes nothing."""
 
 import errno
+import mmap
 import os
 import random
 import shutil
@@ -259,8 +260,8 @@ def refused(path, offset, data):
 
 def test_other_writes_refused_with_eperm_changing_nothing(mount, written, tmp_path):
     """Strings, IncrementalStMan, variable-shape arrays, table.json, the .npy
-    header, a write past the end, a Bool byte of 2, a uChar above 255, a resize, a new
-    file; any cell of a table in separate files (written in place, a crash could leave
+    header, a write past the end, a Bool byte of 2 (also through a memory map: its
+    flush fails), a uChar above 255, a resize, a new file; any cell of a table in separate files (written in place, a crash could leave
     half a write): EPERM in the write call; every file of the tables is byte for byte as
     it was (MultiFile tables in a directory tree: each its own table view)."""
     tree = tmp_path / "tree"
@@ -288,6 +289,11 @@ def test_other_writes_refused_with_eperm_changing_nothing(mount, written, tmp_pa
     with pytest.raises(OSError) as caught:
         (ssm / "new.npy").write_bytes(b"")
     assert caught.value.errno == errno.EPERM
+    with open(ssm / "a_bool.npy", "r+b") as f, mmap.mmap(f.fileno(), 0) as mapped:
+        mapped[header_size(ssm / "a_bool.npy") + 7] = 2  # a Bool byte of 2, through a map
+        with pytest.raises(OSError) as caught:
+            mapped.flush()
+        assert caught.value.errno == errno.EPERM
     # a header written as it is (a page the kernel writes back whole) is no change
     fd = os.open(ssm / "s_int.npy", os.O_RDWR)
     os.pwrite(fd, (ssm / "s_int.npy").read_bytes()[:head + 4], 0)
