@@ -54,7 +54,7 @@ class WithColumns:
     @property
     def kernel_keeps_pages(self):
         """Not on a read-write mount: a write into columns/ changes the table's files."""
-        return self.inner.kernel_keeps_pages and not self.inner.writable
+        return self.inner.kernel_keeps_pages and not getattr(self.inner, "writable", False)
 
     def _shows_columns(self):
         """Whether ``columns`` is this wrapper's own entry (a table without one of its own)."""
