@@ -79,8 +79,9 @@ mount options (-o, comma separated):
   nocrc                do not verify block CRCs on read (faster; corruption
                        then goes unnoticed)
   norecurse            directory sources: show container files as files
-  columns              a read-only columns/ in every casacore table directory:
-                       its columns as NAME.npy (see docs/casacore.md)
+  columns              a columns/ in every casacore table directory: its
+                       columns as NAME.npy (see docs/casacore.md); with rw,
+                       writes into NAME.npy change a MultiFile table's cells
   no_index             do not keep or use the index of which files in a
                        MultiFile are plain (${XDG_CACHE_HOME:-~/.cache}/ctdsfs/
                        index): without it the first listing of each mount

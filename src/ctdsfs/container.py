@@ -54,6 +54,11 @@ class Container(ABC):
     # so the kernel must drop a file's cached pages when it is opened again
     holds_links = False  # some names may be symbolic links (``symlink_target`` says which)
 
+    def commits_atomically(self, name):
+        """Whether writes to file ``name`` wait for a commit that makes them durable all at
+        once (False: they go into the file in place as they come)."""
+        return False
+
     # -- reading
 
     @abstractmethod

@@ -70,7 +70,7 @@ class MountOptions:
     commit_seconds: float = DEFAULT_COMMIT_SECONDS
     verify_crc: bool = True
     recurse: bool = True  # directory sources: container files shown as directories
-    columns: bool = False  # a read-only columns/ (casacore columns as NumPy) in every table
+    columns: bool = False  # columns/ (casacore columns as NumPy) in every table
     index: bool = True  # keep and use the persistent index of plain files (multifile_index)
     logfile: str = None
     debug: bool = False

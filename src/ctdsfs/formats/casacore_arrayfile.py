@@ -52,6 +52,9 @@ class _Windowed:
         self._window = (offset, data)
         return data[:size]
 
+    def forget(self):
+        self._window = (0, b"")
+
 
 class ArrayFile:
     """Reads arrays out of one ``table.f<N>i`` file of ``source``."""
@@ -130,6 +133,40 @@ class ArrayFile:
         else:
             values = out.view(disk_dtype(data_type, self.big_endian))
         return values.reshape((len(offsets),) + tuple(shape[::-1]))
+
+    def value_places(self, offsets, data_type):
+        """Where the values of the arrays at ``offsets`` (int64, all of one shape) lie:
+        shape (len(offsets), *Python shape), each value's first byte in the file, or for
+        Bools its bit (byte * 8 + bit). Refused (FormatError) for an undefined cell, for
+        cells that share an array (a write would change them all), and for a shared one
+        (its reference count, in files of version > 0, is not 1)."""
+        if (offsets == 0).any():
+            raise FormatError(f"{self.name}: an undefined cell has no array")
+        if len(np.unique(offsets)) != len(offsets):
+            raise FormatError(f"{self.name}: cells share an array")
+        shape = self.common_shape(offsets)
+        if shape is None:
+            raise FormatError(f"{self.name}: the cells do not have one shape")
+        if self.version > 0:
+            ones = np.frombuffer(struct.pack(self.order + "I", 1), np.uint8)
+            for _, _, rows in self._gathered(np.sort(offsets), 4):
+                if not (rows == ones).all():
+                    raise FormatError(f"{self.name}: an array is shared by several cells")
+        count = math.prod(shape)
+        starts = offsets.astype(np.int64) + (4 if self.version > 0 else 0) + 4 + 4 * len(shape)
+        items = np.arange(count, dtype=np.int64)
+        if data_type == TP_BOOL:
+            places = starts[:, None] * 8 + items
+        else:
+            places = starts[:, None] + items * NUMERIC_TYPES[data_type][1]
+        end = int(places.max(initial=0)) // (8 if data_type == TP_BOOL else 1)
+        if end >= self.size:
+            raise FormatError(f"{self.name}: an array runs past the end of the file")
+        return places.reshape((len(offsets),) + tuple(shape[::-1]))
+
+    def forget_window(self):
+        """Drop the bytes read ahead: the file was written."""
+        self.source.forget()
 
     def array_at(self, offset, data_type):
         """(Python-order shape, flat values) of the array at ``offset``: values in C order of

@@ -226,6 +226,33 @@ class CasacoreTable:
             raise FormatError(f"{self.label}: column {name}: {exc}") from None
         return (False, None) if shape is NotImplemented else (True, shape)
 
+    def manager_files(self, name):
+        """The files that hold the cells of column ``name`` (its manager's data files)."""
+        col = self.columns[name]
+        reader = self._reader(col.seqnr)
+        names = list(getattr(reader, "files", {}).values()) or [reader.name]
+        return names + ([reader.arrays_name] if col.manager == "StandardStMan" and
+                        col.is_array and not col.direct else [])
+
+    def forget_cached(self):
+        """Drop bytes the managers' readers keep (the table's files were written)."""
+        for reader in self._readers.values():
+            if hasattr(reader, "forget_cached"):
+                reader.forget_cached()
+
+    def cell_places(self, name, start, stop):
+        """Where rows ``start..stop`` of column ``name`` lie in its manager's files: the
+        manager's own geometry (``places`` of the SSM and tiled readers), for writes."""
+        col = self.columns[name]
+        reader = self._reader(col.seqnr)
+        if not hasattr(reader, "places"):
+            raise NotDecoded(f"{self.label}: column {name} is bound to {col.manager}, "
+                             "whose cells are not written")
+        try:
+            return reader.places(col, start, stop)
+        except FormatError as exc:
+            raise FormatError(f"{self.label}: column {name}: {exc}") from None
+
     def read_column(self, name, start=0, stop=None):
         """Rows ``start..stop`` of column ``name`` (see the module docstring for the forms)."""
         col = self.columns[name]

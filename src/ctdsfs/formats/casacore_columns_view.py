@@ -18,6 +18,10 @@ The files of String and variable-shape columns are decoded when the view is firs
 (their sizes are known only from their values): a column that fails then is left out,
 and the rest of the listing stands. ``NAME.npy`` files are decoded as they are read: a
 failure there is EIO for the read.
+
+When the table's source is writable (``-o rw,columns``), a write into ``NAME.npy``
+stores the cells it changes (see :mod:`.casacore_cell_write`); every other change here
+is refused (EPERM) before anything changes.
 """
 
 import json
@@ -27,8 +31,9 @@ import threading
 import numpy as np
 
 from ..container import DerivedView
-from ..errors import BlockError, FormatError
-from .casacore_base import TP_STRING
+from ..errors import BlockError, FormatError, NotPermitted, ReadOnlyError
+from .casacore_base import TP_BOOL, TP_STRING, TP_UCHAR
+from .casacore_cell_write import commits_atomically, why_not_written, write_cells
 from .casacore_columns import StringColumn, VarShapeColumn, open_table
 from .npy import npy_header
 
@@ -63,8 +68,9 @@ class _ColumnNpy:
     rows decoded last (a reader going through the file) decodes a block of about
     BLOCK_BYTES ahead instead, kept for the reads that follow."""
 
-    def __init__(self, table, name, cell_shape, dtype):
+    def __init__(self, table, name, cell_shape, dtype, label=None):
         self.table, self.name, self.cell_shape = table, name, tuple(cell_shape)
+        self.label = label or name
         self.dtype = np.dtype(dtype)
         self.header = npy_header(self.dtype.str, (table.nrow,) + tuple(cell_shape))
         self.row_bytes = int(np.prod(cell_shape, dtype=np.int64)) * self.dtype.itemsize
@@ -98,6 +104,10 @@ class _ColumnNpy:
             self._decoded = (first, stop, data)
             return first, data
 
+    def forget_decoded(self):
+        with self._lock:
+            self._decoded = (0, 0, memoryview(b""))
+
     def held(self, offset, size):
         """Whether the bytes ``offset..offset+size`` are decoded already (a read of them
         is a slice: the mount answers it without a worker thread's hop)."""
@@ -120,6 +130,59 @@ class _ColumnNpy:
         values = data[inner:inner + stop - at]
         return out + values if out else values
 
+    # -- writing (``-o rw,columns``): see casacore_cell_write
+
+    def write(self, offset, data):
+        """Store the cells ``data`` covers; the header and bytes past the end stay as they
+        are (a write that would change them is refused, as is one of a column not written,
+        before anything changes). Only elements whose bytes change are written."""
+        data = bytes(data)
+        end, head = offset + len(data), len(self.header)
+        if offset < 0 or end > self.size():
+            raise NotPermitted(f"{self.label}: a write past the end ({self.size()} bytes): "
+                               "a column is not resized")
+        if offset < head and data[:head - offset] != self.header[offset:min(end, head)]:
+            raise NotPermitted(f"{self.label}: the .npy header is not written")
+        col = self.table.columns[self.name]
+        why = why_not_written(self.table, col)
+        if why is None and not all(commits_atomically(self.table.source, file)
+                                   for file in self.table.manager_files(self.name)):
+            why = ("the table's files are written in place, not by an atomic commit (only a "
+                   "MultiFile table's cells are written)")
+        if why:
+            raise NotPermitted(f"{self.label}: {why}")
+        at, stop = max(offset, head) - head, end - head
+        if at >= stop or self.row_bytes == 0:
+            return len(data)
+        first, last = at // self.row_bytes, -(-stop // self.row_bytes)
+        with self._lock:
+            try:
+                current = np.ascontiguousarray(self.table.read_column(self.name, first, last))
+            except FormatError as exc:
+                raise BlockError(str(exc)) from None
+            if current.dtype != self.dtype or current.shape != (last - first,) + self.cell_shape:
+                raise BlockError(f"{self.label}: rows {first}..{last} changed shape")
+            old = current.view(np.uint8).reshape(-1)
+            new = old.copy()
+            skip = first * self.row_bytes
+            new[at - skip:stop - skip] = np.frombuffer(data, np.uint8, stop - at,
+                                                       max(head - offset, 0))
+            values = new.view(self.dtype).reshape(current.shape)
+            self._check_storable(col, new, values)
+            changed = (new != old).reshape(-1, self.dtype.itemsize).any(axis=1)
+            if changed.any():
+                try:
+                    write_cells(self.table, col, first, values, changed.reshape(current.shape))
+                finally:
+                    self._decoded = (0, 0, memoryview(b""))  # (the lock is held)
+        return len(data)
+
+    def _check_storable(self, col, raw, values):
+        if col.data_type == TP_BOOL and (raw > 1).any():
+            raise NotPermitted(f"{self.label}: a Bool byte other than 0 or 1")
+        if col.data_type == TP_UCHAR and (values > 255).any():
+            raise NotPermitted(f"{self.label}: a uChar value above 255")
+
 
 def _npy_bytes(array):
     array = np.ascontiguousarray(array)
@@ -128,13 +191,58 @@ def _npy_bytes(array):
 
 class ColumnsView(DerivedView):
     format_name = "casacore columns"
-    read_only_note = " (columns/ shows the table's columns; it is not written)"
+    read_only_note = " (columns/ is written only on a read-write mount)"
 
     def __init__(self, source, label, table_label=None):
         super().__init__(label)
         self.source, self.table_label = source, table_label or label
         self.table = None  # table.dat is read when the view is first used, not when shown
         self._single = {}  # column name -> its NAME.npy made before the view was listed
+
+    # -- writing: only into NAME.npy (see _ColumnNpy.write); nothing is made, removed,
+    # renamed or resized
+
+    @property
+    def _source_writable(self):
+        return bool(getattr(self.source, "writable", False))
+
+    @property
+    def kernel_keeps_pages(self):
+        """Not on a read-write mount: writes into the table's own files change the values."""
+        return not self._source_writable
+
+    def _refuse(self, *args, **kwargs):
+        if not self._source_writable:
+            raise ReadOnlyError(f"{self.label} is read-only{self.read_only_note}")
+        raise NotPermitted(f"{self.label}: files here are not made, removed, renamed or "
+                           "resized; only the cells of NAME.npy are written")
+
+    create = remove = rename = make_nested = _refuse
+
+    def write(self, key, offset, data):
+        entry = self._entry(key)
+        if not self._source_writable:
+            self._refuse()
+        if not isinstance(entry, _ColumnNpy):
+            raise NotPermitted(f"{self.label}/{key}: only NAME.npy of numeric and Bool "
+                               "columns is written")
+        return entry.write(offset, data)
+
+    def truncate(self, key, size):
+        entry = self._entry(key)
+        if self._source_writable and isinstance(entry, _ColumnNpy) and size == entry.size():
+            return None
+        self._refuse()
+
+    def forget_decoded(self):
+        """Drop the decoded rows kept for reads: the table's files were written."""
+        with self._lock:
+            files = list(self._single.values()) + [e for e in (self._built or {}).values()
+                                                   if isinstance(e, _ColumnNpy)]
+        for entry in files:
+            entry.forget_decoded()
+        if self.table is not None:
+            self.table.forget_cached()
 
     def _open_table(self):
         if self.table is None:
@@ -169,7 +277,8 @@ class ColumnsView(DerivedView):
                 return None  # the listing says why
             if shape is None:
                 return None
-            single = self._single[name] = _ColumnNpy(table, name, shape, col.dtype)
+            single = self._single[name] = _ColumnNpy(table, name, shape, col.dtype,
+                                                      f"{self.label}/{name}.npy")
             return single
 
     def _build(self):
@@ -229,8 +338,8 @@ class ColumnsView(DerivedView):
             return [f"{name}.offsets.npy", f"{name}.data"]
         shape = col.cell_shape if col.cell_shape is not None else self._uniform_shape(name)
         if shape is not None:
-            entries[f"{name}.npy"] = self._single.get(name) or _ColumnNpy(self.table, name,
-                                                                         shape, col.dtype)
+            entries[f"{name}.npy"] = self._single.get(name) or _ColumnNpy(
+                self.table, name, shape, col.dtype, f"{self.label}/{name}.npy")
             return [f"{name}.npy"]
         whole = _Bytes(lambda: self.table.read_column(name))
         ndim = max(col.ndim, 0)

@@ -170,6 +170,11 @@ class SSMReader:
         shape = self._array_file().common_shape(offsets)
         return None if shape is None else tuple(shape[::-1])
 
+    def forget_cached(self):
+        """Drop what was read ahead of the array file: it was written."""
+        if self.ifile is not None:
+            self.ifile.forget_window()
+
     def _array_file(self):
         if self.ifile is None:
             self.ifile = ArrayFile(self.source, self.arrays_name, self.big_endian)
@@ -184,12 +189,7 @@ class SSMReader:
         """(bytes, first bit, rows) of the column's rows ``start..stop`` in each bucket
         holding them; buckets that follow each other in the file are read at once (up to
         RUN_BYTES), not one read per bucket."""
-        offset, group = self.place[col.name]
-        index = self.indexes[group]
-        bits = self._external_size(col)
-        if bits * index.rows_per_bucket + 8 * offset > 8 * self.bucket_size:
-            raise FormatError(f"{self.name}: the column does not fit its buckets")
-        spans = list(index.spans(start, stop))
+        offset, bits, spans = self._checked_spans(col, start, stop)
         pieces, i = [], 0
         per_run = max(1, RUN_BYTES // self.bucket_size)
         while i < len(spans):
@@ -199,12 +199,51 @@ class SSMReader:
             first = spans[i][0]
             run = memoryview(self.buckets(first, j - i))
             for bucket, b_first, a, b in spans[i:j]:
-                first_bit = (a - b_first) * bits
-                at = (bucket - first) * self.bucket_size + offset + first_bit // 8
-                pieces.append((run[at:at + ((b - a) * bits + first_bit % 8 + 7) // 8],
-                               first_bit % 8, b - a))
+                place, bit, size = self._span_place(offset, bits, bucket, b_first, a, b)
+                at = place - HEADER_SIZE - first * self.bucket_size
+                pieces.append((run[at:at + size], bit, b - a))
             i = j
         return pieces
+
+    def _span_place(self, offset, bits, bucket, b_first, a, b):
+        """(byte in the file, first bit in that byte, byte count) of rows ``a..b`` of a
+        column at ``offset`` in a bucket whose first row is ``b_first``, rows of ``bits``."""
+        first_bit = (a - b_first) * bits
+        return (HEADER_SIZE + bucket * self.bucket_size + offset + first_bit // 8,
+                first_bit % 8, ((b - a) * bits + first_bit % 8 + 7) // 8)
+
+    def _checked_spans(self, col, start, stop):
+        offset, group = self.place[col.name]
+        index = self.indexes[group]
+        bits = self._external_size(col)
+        if bits * index.rows_per_bucket + 8 * offset > 8 * self.bucket_size:
+            raise FormatError(f"{self.name}: the column does not fit its buckets")
+        return offset, bits, list(index.spans(start, stop))
+
+    def places(self, col, start, stop):
+        """Where the cells of rows ``start..stop`` lie: [(file, places)], ``places`` of
+        shape (rows, *cell_shape): each value's first byte in the file, or for Bools its
+        bit (byte * 8 + bit, lowest bit first). Cells kept in the buckets (scalars, arrays
+        kept directly): the same spans as ``_pieces`` reads; indirect arrays: where the
+        array file holds their values (see ``ArrayFile.value_places``)."""
+        if col.data_type == TP_STRING:
+            raise FormatError(f"{self.name}: column {col.name} holds Strings")
+        if col.is_array and not col.direct:  # arrays in the array file, at offsets kept here
+            offsets = self._cell_offsets(col, start, stop)
+            return [(self.arrays_name, self._array_file().value_places(offsets, col.data_type))]
+        offset, bits, spans = self._checked_spans(col, start, stop)
+        shape = tuple(col.cell_shape)
+        per_row = int(np.prod(shape, dtype=np.int64))
+        parts = []
+        for bucket, b_first, a, b in spans:
+            place, bit, _ = self._span_place(offset, bits, bucket, b_first, a, b)
+            items = np.arange((b - a) * per_row, dtype=np.int64)
+            if col.data_type == TP_BOOL:
+                parts.append(place * 8 + bit + items)
+            else:
+                parts.append(place + items * NUMERIC_TYPES[col.data_type][1])
+        flat = np.concatenate(parts) if parts else np.zeros(0, np.int64)
+        return [(self.name, flat.reshape((stop - start,) + shape))]
 
     def buckets(self, first, count):
         """``count`` whole buckets from bucket number ``first``, in one read."""

@@ -153,36 +153,69 @@ class TiledReader:
 
     # ------------------------------------------------------------ reading
 
-    def _slab(self, col, cube, first, stop):
-        """Positions ``first..stop`` along the last axis of ``cube`` (all of a cube without a
-        row axis when ``first`` is None), as a C-order array (positions, ...reversed axes)."""
-        name, nd = col.name, cube.ndim
+    def _slab_plan(self, col, cube, first, stop):
+        """Where positions ``first..stop`` along the last axis of ``cube`` (all of a cube
+        without a row axis when ``first`` is None) lie: (file, byte offset, byte count of
+        the tiles holding them, the tile count, and ``arrange``, which turns one item per
+        pixel of those tiles, shape (tiles, tile pixels), into a C-order array (positions,
+        ...reversed axes)). Decoding and writing both go through it: ``arrange`` of the
+        values is the read, ``arrange`` of each pixel's place in the file is the write's map.
+        None for an empty slab."""
+        nd = cube.ndim
         if col.name not in cube.layout:
             raise FormatError(f"{self.name}: {col.name} is not a data column of its cube")
-        at, length = cube.layout[name]
         if first is None:
             first, stop = 0, cube.shape[-1]
         if cube.n_tiles == 0 or first == stop:
-            return np.zeros([stop - first] + cube.shape[-2::-1], col.dtype)
+            return None
         per_slab = cube.n_tiles // cube.grid[-1]
         t0, t1 = first // cube.tile[-1], -(-stop // cube.tile[-1])
         count = (t1 - t0) * per_slab
-        raw = read_exact(self.source, self.files[cube.file],
-                         cube.offset + t0 * per_slab * cube.tile_bytes, count * cube.tile_bytes,
-                         "tiles")
+        grid = [t1 - t0] + cube.grid[-2::-1]
+        order = [i for d in range(nd) for i in (d, nd + d)]
+        skip = t0 * cube.tile[-1]
+        cut = (slice(first - skip, stop - skip),) + tuple(slice(0, n) for n in cube.shape[-2::-1])
+
+        def arrange(pixels):
+            full = pixels.reshape(grid + cube.tile[::-1]).transpose(order).reshape(
+                [g * t for g, t in zip(grid, cube.tile[::-1])])
+            return full[cut]
+        return (self.files[cube.file], cube.offset + t0 * per_slab * cube.tile_bytes,
+                count * cube.tile_bytes, count, arrange)
+
+    def _slab(self, col, cube, first, stop):
+        """Positions ``first..stop`` along the last axis of ``cube`` (see _slab_plan), decoded."""
+        plan = self._slab_plan(col, cube, first, stop)
+        if plan is None:
+            first, stop = (0, cube.shape[-1]) if first is None else (first, stop)
+            return np.zeros([stop - first] + cube.shape[-2::-1], col.dtype)
+        file, offset, size, count, arrange = plan
+        at, length = cube.layout[col.name]
+        raw = read_exact(self.source, file, offset, size, "tiles")
         tiles = np.frombuffer(raw, np.uint8).reshape(count, cube.tile_bytes)[:, at:at + length]
-        if self.pixel[name] == 0:
+        if self.pixel[col.name] == 0:
             values = np.unpackbits(tiles, axis=1, bitorder="little")[:, :cube.tile_pixels]
             values = values.view(bool)
         else:
             values = tiles.reshape(-1).view(disk_dtype(col.data_type, self.big_endian))
-        grid = [t1 - t0] + cube.grid[-2::-1]
-        values = values.reshape(grid + cube.tile[::-1])
-        order = [i for d in range(nd) for i in (d, nd + d)]
-        full = values.transpose(order).reshape([g * t for g, t in zip(grid, cube.tile[::-1])])
-        skip = t0 * cube.tile[-1]
-        cut = (slice(first - skip, stop - skip),) + tuple(slice(0, n) for n in cube.shape[-2::-1])
-        return np.ascontiguousarray(full[cut], dtype=col.dtype)
+        return np.ascontiguousarray(arrange(values.reshape(count, cube.tile_pixels)),
+                                    dtype=col.dtype)
+
+    def _slab_places(self, col, cube, first, stop):
+        """(file, each pixel's place) of the slab ``_slab`` decodes: its first byte in the
+        file, or for a Bool column its bit (byte * 8 + bit, lowest bit first)."""
+        plan = self._slab_plan(col, cube, first, stop)
+        if plan is None:
+            raise FormatError(f"{self.name}: no stored cells at positions {first}..{stop}")
+        file, offset, _, count, arrange = plan
+        at, _ = cube.layout[col.name]
+        tile_starts = offset + at + np.arange(count, dtype=np.int64) * cube.tile_bytes
+        pixels = np.arange(cube.tile_pixels, dtype=np.int64)
+        if self.pixel[col.name] == 0:
+            places = tile_starts[:, None] * 8 + pixels
+        else:
+            places = tile_starts[:, None] + pixels * self.pixel[col.name]
+        return file, np.ascontiguousarray(arrange(places))
 
     def _pieces(self, start, stop):
         """(cube index or None, first position, row count) per interval of ``start..stop``."""
@@ -250,3 +283,22 @@ class TiledReader:
             else:
                 cells.extend((a.shape[1:], a[i].reshape(-1)) for i in range(n))
         return cells
+
+    def places(self, col, start, stop):
+        """Where the cells of rows ``start..stop`` lie: [(file, places)], each ``places`` of
+        shape (rows, *cell_shape) (see _slab_places), for consecutive rows; FormatError when
+        a row has no stored cell (an undefined cell, a cube without storage)."""
+        out = []
+        for cube_nr, pos, n in self._pieces(start, stop):
+            cube = None if cube_nr is None else self.cubes[cube_nr]
+            if cube is None or cube.file < 0 or cube.n_tiles == 0:
+                raise FormatError(f"{self.name}: rows {start}..{stop} hold undefined cells")
+            if pos is None:
+                file, places = self._slab_places(col, cube, None, None)
+                out.append((file, places[None]))
+                continue
+            if pos < 0 or pos + n > cube.shape[-1]:
+                raise FormatError(f"{self.name}: rows map to positions {pos}..{pos + n} of a "
+                                  f"hypercube of {cube.shape[-1]}")
+            out.append(self._slab_places(col, cube, pos, pos + n))
+        return out

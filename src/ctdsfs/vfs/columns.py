@@ -1,4 +1,4 @@
-"""``-o columns``: a read-only ``columns/`` in every table directory of a tree.
+"""``-o columns``: ``columns/`` in every table directory of a tree.
 
 :func:`with_columns` wraps the container a mount (or the fsspec filesystem) shows;
 the wrapper passes everything to the container it wraps, wraps every nested
@@ -9,6 +9,8 @@ view, a packed container's nested table, a table under an ``s3://`` prefix).
 reading the table through the container itself (its ``read``/``entry_size``),
 so each format needs nothing of its own. A table that already has an entry
 named ``columns`` keeps it, and the view is not shown there (one log line).
+On a read-write mount the view writes cells into the table's own files (see
+:mod:`~ctdsfs.formats.casacore_cell_write`); ``columns`` itself is never changed.
 """
 
 import logging
@@ -42,8 +44,17 @@ class WithColumns:
         self._view = None
         self._told = False  # the clash with a table's own ``columns`` entry is logged once
 
+    # Writes come to the daemon in the write call, not gathered in the kernel's cache and
+    # sent later: a write into columns/NAME.npy that is refused fails there (EPERM).
+    kernel_write_cache = False
+
     def __getattr__(self, name):
         return getattr(self.inner, name)
+
+    @property
+    def kernel_keeps_pages(self):
+        """Not on a read-write mount: a write into columns/ changes the table's files."""
+        return self.inner.kernel_keeps_pages and not getattr(self.inner, "writable", False)
 
     def _shows_columns(self):
         """Whether ``columns`` is this wrapper's own entry (a table without one of its own)."""
@@ -146,7 +157,10 @@ class WithColumns:
 
     def write(self, key, offset, data):
         self._refuse(key)
-        return self.inner.write(key, offset, data)
+        written = self.inner.write(key, offset, data)
+        if self._view is not None:
+            self._view.forget_decoded()  # the table's own files changed under it
+        return written
 
     def truncate(self, key, size):
         self._refuse(key)

@@ -353,6 +353,12 @@ class TableView(DirectorySource):
         self._staged = None  # a table.dat being written through the view
         self._translated = None  # (stat key, bytes) of table.dat in separate-file form
 
+    def commits_atomically(self, name):
+        """The container's files are committed with it; the directory's own (table.dat,
+        table.info, table.lock) are written in place."""
+        return name != "table.dat" and self._in_container(name) and \
+            self.container.commits_atomically(name)
+
     def _in_container(self, key):
         if isinstance(key, _Unlinked):
             return False
