@@ -32,6 +32,7 @@ MAX_NDIM = 32
 MAX_HEADER = 256 << 20
 MAX_CUBES = 1 << 24
 MAX_TILE_BYTES = 1 << 31
+MERGE_GAP = 4096  # bytes between two tiles' wanted parts read rather than a read apart
 
 
 def _iposition(r):
@@ -156,33 +157,75 @@ class TiledReader:
     def _slab(self, col, cube, first, stop):
         """Positions ``first..stop`` along the last axis of ``cube`` (all of a cube without a
         row axis when ``first`` is None), as a C-order array (positions, ...reversed axes)."""
-        name, nd = col.name, cube.ndim
         if col.name not in cube.layout:
             raise FormatError(f"{self.name}: {col.name} is not a data column of its cube")
-        at, length = cube.layout[name]
         if first is None:
             first, stop = 0, cube.shape[-1]
         if cube.n_tiles == 0 or first == stop:
             return np.zeros([stop - first] + cube.shape[-2::-1], col.dtype)
-        per_slab = cube.n_tiles // cube.grid[-1]
-        t0, t1 = first // cube.tile[-1], -(-stop // cube.tile[-1])
-        count = (t1 - t0) * per_slab
-        raw = read_exact(self.source, self.files[cube.file],
-                         cube.offset + t0 * per_slab * cube.tile_bytes, count * cube.tile_bytes,
-                         "tiles")
-        tiles = np.frombuffer(raw, np.uint8).reshape(count, cube.tile_bytes)[:, at:at + length]
-        if self.pixel[name] == 0:
-            values = np.unpackbits(tiles, axis=1, bitorder="little")[:, :cube.tile_pixels]
-            values = values.view(bool)
+        runs = _tile_runs(cube.tile[-1], first, stop)
+        grid, tile = cube.grid[-2::-1], cube.tile[-2::-1]
+        whole = [g * t for g, t in zip(grid, tile)]
+        cut = (slice(None),) + tuple(slice(0, n) for n in cube.shape[-2::-1])
+        if len(runs) == 1:  # decoded in place where the tiles' order allows (no copy)
+            values = self._tile_values(col, cube, *runs[0])
+            full = values.reshape([stop - first] + whole)
+            return np.ascontiguousarray(full[cut], dtype=col.dtype)
+        out, at = np.empty([stop - first] + cube.shape[-2::-1], col.dtype), 0
+        for t0, t1, lo, hi in runs:
+            values = self._tile_values(col, cube, t0, t1, lo, hi)
+            part = out[at:at + (t1 - t0) * (hi - lo)]
+            at += len(part)
+            if whole == list(part.shape[1:]):  # no edge tiles to cut: one copy
+                part.reshape([t1 - t0, hi - lo] + [n for p in zip(grid, tile) for n in p])[
+                    ...] = values
+            else:
+                part[...] = values.reshape([len(part)] + whole)[cut]
+        return out
+
+    def _tile_values(self, col, cube, t0, t1, lo, hi):
+        """Positions ``lo..hi`` inside each tile of the tile rows ``t0..t1`` (along the last
+        axis), the cube's other axes whole: an array (tile row, position, then each other
+        axis's tile index beside its pixel index, slowest axis first)."""
+        nd, rows = cube.ndim, hi - lo
+        inner = cube.tile_pixels // cube.tile[-1]  # a position's pixels in one tile
+        bits = self.pixel[col.name] == 0
+        first_bit = lo * inner if bits else 0
+        if bits:  # Bools as bits: whole bytes around the positions' bits
+            lo_byte, hi_byte = first_bit // 8, -(-hi * inner // 8)
+            first_bit -= 8 * lo_byte
         else:
-            values = tiles.reshape(-1).view(disk_dtype(col.data_type, self.big_endian))
-        grid = [t1 - t0] + cube.grid[-2::-1]
-        values = values.reshape(grid + cube.tile[::-1])
-        order = [i for d in range(nd) for i in (d, nd + d)]
-        full = values.transpose(order).reshape([g * t for g, t in zip(grid, cube.tile[::-1])])
-        skip = t0 * cube.tile[-1]
-        cut = (slice(first - skip, stop - skip),) + tuple(slice(0, n) for n in cube.shape[-2::-1])
-        return np.ascontiguousarray(full[cut], dtype=col.dtype)
+            lo_byte, hi_byte = lo * inner * self.pixel[col.name], hi * inner * self.pixel[col.name]
+        tiles = self._read_tiles(col, cube, t0, t1, lo_byte, hi_byte)
+        if bits:
+            values = np.unpackbits(tiles, axis=1, bitorder="little")
+            values = values[:, first_bit:first_bit + rows * inner].view(bool)
+        else:
+            values = np.ascontiguousarray(tiles).reshape(-1).view(
+                disk_dtype(col.data_type, self.big_endian))
+        values = values.reshape([t1 - t0] + cube.grid[-2::-1] + [rows] + cube.tile[-2::-1])
+        return values.transpose([0, nd] + [i for d in range(1, nd) for i in (d, nd + d)])
+
+    def _read_tiles(self, col, cube, t0, t1, lo_byte, hi_byte):
+        """Bytes ``lo_byte..hi_byte`` of ``col``'s part of every tile in the tile rows
+        ``t0..t1``: a ``uint8`` array, one line per tile. The positions of a tile row lie
+        together in each of its tiles (the last axis is a tile's slowest), so only those
+        bytes are read: whole tiles in one read when all of them are wanted, else one read
+        per tile, or one across the tile row when the gaps between are small."""
+        at = cube.layout[col.name][0]
+        across = cube.n_tiles // cube.grid[-1]
+        file, count = self.files[cube.file], (t1 - t0) * across
+        start = cube.offset + t0 * across * cube.tile_bytes
+        length = hi_byte - lo_byte
+        if length == cube.tile_bytes or count == 1 or cube.tile_bytes - length <= MERGE_GAP:
+            span = (count - 1) * cube.tile_bytes + length
+            raw = np.frombuffer(read_exact(self.source, file, start + at + lo_byte, span,
+                                           "tiles"), np.uint8)
+            return np.lib.stride_tricks.as_strided(raw, (count, length),
+                                                   (cube.tile_bytes, 1), writeable=False)
+        pieces = [read_exact(self.source, file, start + n * cube.tile_bytes + at + lo_byte,
+                             length, "tiles") for n in range(count)]
+        return np.frombuffer(b"".join(pieces), np.uint8).reshape(count, length)
 
     def _pieces(self, start, stop):
         """(cube index or None, first position, row count) per interval of ``start..stop``."""
@@ -250,3 +293,17 @@ class TiledReader:
             else:
                 cells.extend((a.shape[1:], a[i].reshape(-1)) for i in range(n))
         return cells
+
+
+def _tile_runs(per_tile, first, stop):
+    """``(t0, t1, lo, hi)``: positions ``first..stop`` of a cube's last axis as runs of tile
+    rows ``t0..t1`` each holding positions ``lo..hi`` of its tiles (whole tile rows together,
+    a partial one alone)."""
+    runs = []
+    for j in range(first // per_tile, (stop - 1) // per_tile + 1):
+        lo, hi = max(first - j * per_tile, 0), min(stop - j * per_tile, per_tile)
+        if runs and (lo, hi) == (0, per_tile) == runs[-1][2:]:
+            runs[-1] = (runs[-1][0], j + 1, lo, hi)
+        else:
+            runs.append((j, j + 1, lo, hi))
+    return runs
