@@ -10,9 +10,12 @@ For a table read through a source (see :mod:`.casacore_base`) the view shows:
   undefined rows), ``NAME.offsets.npy`` (uint64, nrow + 1: each row's first element)
   and ``NAME.values.npy`` (all cells' elements, each cell in C order), from which
   ``values[offsets[i]:offsets[i+1]].reshape(shapes[i])`` is ``getvarcol``'s row i;
+* for a String array column (any shape) the same, its elements shown as a String scalar
+  column is: ``NAME.values.offsets.npy`` (uint64, one more than the elements) into the
+  UTF-8 bytes of ``NAME.values.data``;
 * ``table.json``: the table's and every column's keywords, type, shape and data manager,
-  and which files show the column (none: a manager not decoded, or String arrays; or a
-  column that does not decode, with its ``error``).
+  and which files show the column (none: a manager not decoded; or a column that does
+  not decode, with its ``error``).
 
 The files of String and variable-shape columns are decoded when the view is first listed
 (their sizes are known only from their values): a column that fails then is left out,
@@ -121,6 +124,17 @@ class _ColumnNpy:
         return out + values if out else values
 
 
+def _shapes(column, ndim):
+    """Each row's cell shape (``int64``, nrow x ndim): -1 in an undefined row, and after the
+    shape of a cell of lower rank than the column's widest."""
+    ranks = [len(s) for s in column.shapes if s is not None]
+    ndim = max([max(ndim, 0)] + ranks)
+    out = np.full((len(column.shapes), ndim), -1, np.int64)
+    for i in np.flatnonzero(column.defined).tolist():
+        out[i, :len(column.shapes[i])] = column.shapes[i]
+    return out
+
+
 def _npy_bytes(array):
     array = np.ascontiguousarray(array)
     return npy_header(array.dtype.str, array.shape) + array.tobytes()
@@ -220,36 +234,32 @@ class ColumnsView(DerivedView):
     def _column_entries(self, entries, name, col):
         if not col.decoded:
             return []
-        if col.data_type == TP_STRING:
-            if col.is_array:
-                return []
-            column = _Bytes(lambda: self._strings(name))
+        if col.data_type == TP_STRING and not col.is_array:
+            column = _Bytes(lambda: self._decoded(name, StringColumn))
             entries[f"{name}.offsets.npy"] = _Bytes(lambda: _npy_bytes(column.data().offsets))
             entries[f"{name}.data"] = _Bytes(lambda: column.data().data)
             return [f"{name}.offsets.npy", f"{name}.data"]
-        shape = col.cell_shape if col.cell_shape is not None else self._uniform_shape(name)
-        if shape is not None:
-            entries[f"{name}.npy"] = self._single.get(name) or _ColumnNpy(self.table, name,
-                                                                         shape, col.dtype)
-            return [f"{name}.npy"]
-        whole = _Bytes(lambda: self.table.read_column(name))
-        ndim = max(col.ndim, 0)
+        if col.data_type != TP_STRING:
+            shape = col.cell_shape if col.cell_shape is not None else self._uniform_shape(name)
+            if shape is not None:
+                entries[f"{name}.npy"] = self._single.get(name) or _ColumnNpy(
+                    self.table, name, shape, col.dtype)
+                return [f"{name}.npy"]
+        whole = _Bytes(lambda: self._decoded(name, VarShapeColumn))
+        files = {f"{name}.shapes.npy": lambda: _npy_bytes(_shapes(whole.data(), col.ndim)),
+                 f"{name}.offsets.npy": lambda: _npy_bytes(whole.data().offsets)}
+        if col.data_type == TP_STRING:  # the elements as a String scalar column's files
+            files[f"{name}.values.offsets.npy"] = lambda: _npy_bytes(whole.data().values.offsets)
+            files[f"{name}.values.data"] = lambda: whole.data().values.data
+        else:
+            files[f"{name}.values.npy"] = lambda: _npy_bytes(whole.data().values)
+        entries.update((key, _Bytes(make)) for key, make in files.items())
+        return list(files)
 
-        def shapes():
-            out = np.full((self.table.nrow, ndim), -1, np.int64)
-            column = whole.data()
-            for i in np.flatnonzero(column.defined).tolist():
-                out[i, :len(column.shapes[i])] = column.shapes[i]
-            return _npy_bytes(out)
-        entries[f"{name}.shapes.npy"] = _Bytes(shapes)
-        entries[f"{name}.offsets.npy"] = _Bytes(lambda: _npy_bytes(whole.data().offsets))
-        entries[f"{name}.values.npy"] = _Bytes(lambda: _npy_bytes(whole.data().values))
-        return [f"{name}.shapes.npy", f"{name}.offsets.npy", f"{name}.values.npy"]
-
-    def _strings(self, name):
+    def _decoded(self, name, kind):
         column = self.table.read_column(name)
-        if not isinstance(column, StringColumn):
-            raise FormatError(f"column {name} did not decode as strings")
+        if not isinstance(column, kind):
+            raise FormatError(f"column {name} did not decode as {kind.__name__}")
         return column
 
     def _uniform_shape(self, name):
