@@ -69,6 +69,27 @@ def test_a_read_decodes_only_the_rows_it_touches(made, monkeypatch):  # noqa: F8
     assert piece == whole.tobytes()[size // 2 - header:size // 2 - header + 4096]
 
 
+def test_a_reader_going_through_decodes_blocks_that_start_where_tiles_start(
+        made, monkeypatch):  # noqa: F811 (the fixture)
+    """Reads of odd size across DATA.npy: the first read's rows, then a block from where
+    they end, and from there on every block starts on a multiple of the block's rows
+    (where tiles start: whole tile rows in one run, none read twice); getcol's bytes."""
+    from ctdsfs.formats import casacore_columns_view
+    monkeypatch.setattr(casacore_columns_view, "BLOCK_BYTES", 256 << 10)
+    path = made("ms", "3000")
+    view = ColumnsView(DirectorySource(path), path)
+    npy = view._entry("DATA.npy")
+    asked = []
+    original = npy.table.read_column
+    monkeypatch.setattr(npy.table, "read_column", lambda name, first, stop: (
+        asked.append((first, stop)), original(name, first, stop))[1])
+    with ct.table(path, ack=False) as ref:
+        np.testing.assert_array_equal(load(view, "DATA.npy"), ref.getcol("DATA"))
+    assert len(asked) > 10
+    assert [stop for _, stop in asked[:-1]] == [first for first, _ in asked[1:]]
+    assert all(first % npy.rows_per_block == 0 for first, _ in asked[2:]), asked
+
+
 def test_strings_and_variable_shapes(made):  # noqa: F811 (the fixture)
     path = made("var", "StandardStMan")
     view = ColumnsView(DirectorySource(path), path)

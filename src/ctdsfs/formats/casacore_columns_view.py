@@ -62,9 +62,10 @@ class _ColumnNpy:
     """``NAME.npy`` of a column with one cell shape: rows decoded as reads reach them.
 
     A read decodes the rows it covers and no others (a ranged read of rows a..b
-    reaches only the tiles or buckets holding them); a read that carries on from the
+    reaches only the tiles or buckets holding them); a read that carries on past the
     rows decoded last (a reader going through the file) decodes a block of about
-    BLOCK_BYTES ahead instead, kept for the reads that follow."""
+    BLOCK_BYTES from where they end instead, kept for the reads that follow: blocks end
+    on multiples of a power of two rows, so the next one starts where tiles start."""
 
     def __init__(self, table, name, cell_shape, dtype):
         self.table, self.name, self.cell_shape = table, name, tuple(cell_shape)
@@ -83,13 +84,14 @@ class _ColumnNpy:
         return len(self.header) + self.table.nrow * self.row_bytes
 
     def _rows(self, first, end):
-        """(first row held, bytes) of decoded rows that include rows ``first..end``."""
+        """(first row held, bytes) of decoded rows that begin with row ``first`` or hold it,
+        up to row ``end`` or less (the caller asks again from where they end)."""
         with self._lock:
             held_first, held_end, data = self._decoded
-            if held_first <= first and end <= held_end:
+            if held_first <= first < held_end:
                 return held_first, data
             stop = end
-            if held_first <= first <= held_end and held_end > 0:  # carrying on: a block
+            if first == held_end > 0:  # carrying on: a block, from where the last one ended
                 block = self.rows_per_block
                 stop = min(self.table.nrow, ((end - 1) // block + 1) * block)
             values = self.table.read_column(self.name, first, stop)
@@ -113,15 +115,14 @@ class _ColumnNpy:
     def read(self, offset, size):
         head = len(self.header)
         end = min(offset + size, self.size())
-        out = self.header[offset:end] if offset < head else b""
+        out = [self.header[offset:end]] if offset < head else []
         at, stop = max(offset, head) - head, end - head
-        if self.row_bytes == 0 or at >= stop:
-            return out
-        first_row = at // self.row_bytes
-        held_first, data = self._rows(first_row, -(-stop // self.row_bytes))
-        inner = at - held_first * self.row_bytes
-        values = data[inner:inner + stop - at]
-        return out + values if out else values
+        while self.row_bytes and at < stop:  # a read across the end of a block: two pieces
+            held_first, data = self._rows(at // self.row_bytes, -(-stop // self.row_bytes))
+            inner = at - held_first * self.row_bytes
+            out.append(data[inner:inner + stop - at])
+            at += len(out[-1])
+        return b"".join(out) if len(out) != 1 else out[0]
 
 
 def _shapes(column, ndim):
