@@ -189,18 +189,15 @@ class TiledReader:
         axis's tile index beside its pixel index, slowest axis first)."""
         nd, rows = cube.ndim, hi - lo
         inner = cube.tile_pixels // cube.tile[-1]  # a position's pixels in one tile
-        bits = self.pixel[col.name] == 0
-        first_bit = lo * inner if bits else 0
-        if bits:  # Bools as bits: whole bytes around the positions' bits
-            lo_byte, hi_byte = first_bit // 8, -(-hi * inner // 8)
-            first_bit -= 8 * lo_byte
-        else:
-            lo_byte, hi_byte = lo * inner * self.pixel[col.name], hi * inner * self.pixel[col.name]
-        tiles = self._read_tiles(col, cube, t0, t1, lo_byte, hi_byte)
-        if bits:
+        pixel = self.pixel[col.name]
+        if pixel == 0:  # Bools as bits: the whole bytes around the positions' bits
+            lo_byte, hi_byte = lo * inner // 8, -(-hi * inner // 8)
+            tiles = self._read_tiles(col, cube, t0, t1, lo_byte, hi_byte)
+            first_bit = lo * inner - 8 * lo_byte
             values = np.unpackbits(tiles, axis=1, bitorder="little")
             values = values[:, first_bit:first_bit + rows * inner].view(bool)
         else:
+            tiles = self._read_tiles(col, cube, t0, t1, lo * inner * pixel, hi * inner * pixel)
             values = np.ascontiguousarray(tiles).reshape(-1).view(
                 disk_dtype(col.data_type, self.big_endian))
         values = values.reshape([t1 - t0] + cube.grid[-2::-1] + [rows] + cube.tile[-2::-1])
@@ -210,8 +207,8 @@ class TiledReader:
         """Bytes ``lo_byte..hi_byte`` of ``col``'s part of every tile in the tile rows
         ``t0..t1``: a ``uint8`` array, one line per tile. The positions of a tile row lie
         together in each of its tiles (the last axis is a tile's slowest), so only those
-        bytes are read: whole tiles in one read when all of them are wanted, else one read
-        per tile, or one across the tile row when the gaps between are small."""
+        bytes are read: in one read across the tiles when they fill them or the gaps
+        between are under MERGE_GAP bytes, else one read per tile."""
         at = cube.layout[col.name][0]
         across = cube.n_tiles // cube.grid[-1]
         file, count = self.files[cube.file], (t1 - t0) * across
@@ -297,13 +294,13 @@ class TiledReader:
 
 def _tile_runs(per_tile, first, stop):
     """``(t0, t1, lo, hi)``: positions ``first..stop`` of a cube's last axis as runs of tile
-    rows ``t0..t1`` each holding positions ``lo..hi`` of its tiles (whole tile rows together,
-    a partial one alone)."""
-    runs = []
-    for j in range(first // per_tile, (stop - 1) // per_tile + 1):
-        lo, hi = max(first - j * per_tile, 0), min(stop - j * per_tile, per_tile)
-        if runs and (lo, hi) == (0, per_tile) == runs[-1][2:]:
-            runs[-1] = (runs[-1][0], j + 1, lo, hi)
-        else:
-            runs.append((j, j + 1, lo, hi))
-    return runs
+    rows ``t0..t1`` each holding positions ``lo..hi`` of its tiles: a partial first tile
+    row, the whole ones together, a partial last one."""
+    t0, t1 = first // per_tile, -(-stop // per_tile)
+    lo, hi = first - t0 * per_tile, stop - (t1 - 1) * per_tile
+    if t1 - t0 == 1:
+        return [(t0, t1, lo, hi)]
+    head, tail = t0 + (lo > 0), t1 - (hi < per_tile)
+    return ([(t0, t0 + 1, lo, per_tile)] if lo else []) + \
+        ([(head, tail, 0, per_tile)] if tail > head else []) + \
+        ([(t1 - 1, t1, 0, hi)] if hi < per_tile else [])
