@@ -171,11 +171,11 @@ class TiledReader:
             values = self._tile_values(col, cube, *runs[0])
             full = values.reshape([stop - first] + whole)
             return np.ascontiguousarray(full[cut], dtype=col.dtype)
-        out, at = np.empty([stop - first] + cube.shape[-2::-1], col.dtype), 0
-        for t0, t1, lo, hi in runs:
+        out, end = np.empty([stop - first] + cube.shape[-2::-1], col.dtype), stop - first
+        for t0, t1, lo, hi in reversed(runs):  # backwards: see _read_tiles
             values = self._tile_values(col, cube, t0, t1, lo, hi)
-            part = out[at:at + (t1 - t0) * (hi - lo)]
-            at += len(part)
+            part = out[end - (t1 - t0) * (hi - lo):end]
+            end -= len(part)
             if whole == list(part.shape[1:]):  # no edge tiles to cut: one copy
                 part.reshape([t1 - t0, hi - lo] + [n for p in zip(grid, tile) for n in p])[
                     ...] = values
@@ -208,7 +208,11 @@ class TiledReader:
         ``t0..t1``: a ``uint8`` array, one line per tile. The positions of a tile row lie
         together in each of its tiles (the last axis is a tile's slowest), so only those
         bytes are read: in one read across the tiles when they fill them or the gaps
-        between are under MERGE_GAP bytes, else one read per tile."""
+        between are under MERGE_GAP bytes, else one read per tile. Reads of one range go
+        from its end back to its start: a remote store takes reads that step forward into
+        its next chunk for a reader going through the file, and fetches chunks ahead
+        past the range (a reader going through a column reads whole tile rows, in one
+        read per block, and is still read ahead for)."""
         at = cube.layout[col.name][0]
         across = cube.n_tiles // cube.grid[-1]
         file, count = self.files[cube.file], (t1 - t0) * across
@@ -221,8 +225,8 @@ class TiledReader:
             return np.lib.stride_tricks.as_strided(raw, (count, length),
                                                    (cube.tile_bytes, 1), writeable=False)
         pieces = [read_exact(self.source, file, start + n * cube.tile_bytes + at + lo_byte,
-                             length, "tiles") for n in range(count)]
-        return np.frombuffer(b"".join(pieces), np.uint8).reshape(count, length)
+                             length, "tiles") for n in reversed(range(count))]
+        return np.frombuffer(b"".join(pieces[::-1]), np.uint8).reshape(count, length)
 
     def _pieces(self, start, stop):
         """(cube index or None, first position, row count) per interval of ``start..stop``."""
