@@ -84,6 +84,20 @@ def varshape(path, manager):
     t.close()
 
 
+def shared_tiles(path, manager):
+    """Bool, Complex and Short cells (3 x 5) in the tiles of one hypercolumn: 7 rows of a
+    tile hold 5 x 2 pixels each (Bools not on byte boundaries), two tiles across a row."""
+    kinds = ["bool", "complex", "short"]
+    cols = [ct.makearrcoldesc(f"a_{k}", TYPES[k](0).item(), shape=[3, 5], valuetype=k,
+                              options=5) for k in kinds]
+    dminfo = {"*1": {"TYPE": manager, "NAME": "shared", "COLUMNS": [f"a_{k}" for k in kinds],
+                     "SPEC": {"DEFAULTTILESHAPE": np.array([5, 2, 7], np.int32)}}}
+    t = ct.table(path, ct.maketabdesc(cols), dminfo=dminfo, nrow=NROW, ack=False)
+    for i, k in enumerate(kinds):
+        t.putcol(f"a_{k}", values(k, (NROW, 3, 5), 200 + i))
+    t.close()
+
+
 def measurement_set(path, nrow):
     """casacore's default MS (every subtable) with a DATA column and ``nrow`` rows filled."""
     desc = ct.maketabdesc([ct.makearrcoldesc("DATA", 0j, ndim=2, valuetype="complex")])
@@ -114,4 +128,5 @@ def measurement_set(path, nrow):
 
 if __name__ == "__main__":
     what, path, manager = sys.argv[1:4]
-    {"fixed": scalar_and_fixed, "var": varshape, "ms": measurement_set}[what](path, manager)
+    {"fixed": scalar_and_fixed, "var": varshape, "ms": measurement_set,
+     "shared": shared_tiles}[what](path, manager)

@@ -10,9 +10,12 @@ For a table read through a source (see :mod:`.casacore_base`) the view shows:
   undefined rows), ``NAME.offsets.npy`` (uint64, nrow + 1: each row's first element)
   and ``NAME.values.npy`` (all cells' elements, each cell in C order), from which
   ``values[offsets[i]:offsets[i+1]].reshape(shapes[i])`` is ``getvarcol``'s row i;
+* for a String array column (any shape) the same, its elements shown as a String scalar
+  column is: ``NAME.values.offsets.npy`` (uint64, one more than the elements) into the
+  UTF-8 bytes of ``NAME.values.data``;
 * ``table.json``: the table's and every column's keywords, type, shape and data manager,
-  and which files show the column (none: a manager not decoded, or String arrays; or a
-  column that does not decode, with its ``error``).
+  and which files show the column (none: a manager not decoded; or a column that does
+  not decode, with its ``error``).
 
 The files of String and variable-shape columns are decoded when the view is first listed
 (their sizes are known only from their values): a column that fails then is left out,
@@ -64,9 +67,10 @@ class _ColumnNpy:
     """``NAME.npy`` of a column with one cell shape: rows decoded as reads reach them.
 
     A read decodes the rows it covers and no others (a ranged read of rows a..b
-    reaches only the tiles or buckets holding them); a read that carries on from the
+    reaches only the tiles or buckets holding them); a read that carries on past the
     rows decoded last (a reader going through the file) decodes a block of about
-    BLOCK_BYTES ahead instead, kept for the reads that follow."""
+    BLOCK_BYTES from where they end instead, kept for the reads that follow: blocks end
+    on multiples of a power of two rows, so the next one starts where tiles start."""
 
     def __init__(self, table, name, cell_shape, dtype, label=None):
         self.table, self.name, self.cell_shape = table, name, tuple(cell_shape)
@@ -86,13 +90,14 @@ class _ColumnNpy:
         return len(self.header) + self.table.nrow * self.row_bytes
 
     def _rows(self, first, end):
-        """(first row held, bytes) of decoded rows that include rows ``first..end``."""
+        """(first row held, bytes) of decoded rows that begin with row ``first`` or hold it,
+        up to row ``end`` or less (the caller asks again from where they end)."""
         with self._lock:
             held_first, held_end, data = self._decoded
-            if held_first <= first and end <= held_end:
+            if held_first <= first < held_end:
                 return held_first, data
             stop = end
-            if held_first <= first <= held_end and held_end > 0:  # carrying on: a block
+            if first == held_end > 0:  # carrying on: a block, from where the last one ended
                 block = self.rows_per_block
                 stop = min(self.table.nrow, ((end - 1) // block + 1) * block)
             values = self.table.read_column(self.name, first, stop)
@@ -120,15 +125,15 @@ class _ColumnNpy:
     def read(self, offset, size):
         head = len(self.header)
         end = min(offset + size, self.size())
-        out = self.header[offset:end] if offset < head else b""
+        out = [self.header[offset:end]] if offset < head else []
         at, stop = max(offset, head) - head, end - head
-        if self.row_bytes == 0 or at >= stop:
-            return out
-        first_row = at // self.row_bytes
-        held_first, data = self._rows(first_row, -(-stop // self.row_bytes))
-        inner = at - held_first * self.row_bytes
-        values = data[inner:inner + stop - at]
-        return out + values if out else values
+        while self.row_bytes and at < stop:  # a read across the end of a block: two pieces
+            held_first, data = self._rows(at // self.row_bytes, -(-stop // self.row_bytes))
+            inner = at - held_first * self.row_bytes
+            out.append(data[inner:inner + stop - at])
+            at += len(out[-1])
+        return b"".join(out) if len(out) != 1 else out[0]
+
 
     # -- writing (``-o rw,columns``): see casacore_cell_write
 
@@ -182,6 +187,17 @@ class _ColumnNpy:
             raise NotPermitted(f"{self.label}: a Bool byte other than 0 or 1")
         if col.data_type == TP_UCHAR and (values > 255).any():
             raise NotPermitted(f"{self.label}: a uChar value above 255")
+
+
+def _shapes(column, ndim):
+    """Each row's cell shape (``int64``, nrow x ndim): -1 in an undefined row, and after the
+    shape of a cell of lower rank than the column's widest."""
+    ranks = [len(s) for s in column.shapes if s is not None]
+    ndim = max([max(ndim, 0)] + ranks)
+    out = np.full((len(column.shapes), ndim), -1, np.int64)
+    for i in np.flatnonzero(column.defined).tolist():
+        out[i, :len(column.shapes[i])] = column.shapes[i]
+    return out
 
 
 def _npy_bytes(array):
@@ -329,36 +345,32 @@ class ColumnsView(DerivedView):
     def _column_entries(self, entries, name, col):
         if not col.decoded:
             return []
-        if col.data_type == TP_STRING:
-            if col.is_array:
-                return []
-            column = _Bytes(lambda: self._strings(name))
+        if col.data_type == TP_STRING and not col.is_array:
+            column = _Bytes(lambda: self._decoded(name, StringColumn))
             entries[f"{name}.offsets.npy"] = _Bytes(lambda: _npy_bytes(column.data().offsets))
             entries[f"{name}.data"] = _Bytes(lambda: column.data().data)
             return [f"{name}.offsets.npy", f"{name}.data"]
-        shape = col.cell_shape if col.cell_shape is not None else self._uniform_shape(name)
-        if shape is not None:
-            entries[f"{name}.npy"] = self._single.get(name) or _ColumnNpy(
-                self.table, name, shape, col.dtype, f"{self.label}/{name}.npy")
-            return [f"{name}.npy"]
-        whole = _Bytes(lambda: self.table.read_column(name))
-        ndim = max(col.ndim, 0)
+        if col.data_type != TP_STRING:
+            shape = col.cell_shape if col.cell_shape is not None else self._uniform_shape(name)
+            if shape is not None:
+                entries[f"{name}.npy"] = self._single.get(name) or _ColumnNpy(
+                    self.table, name, shape, col.dtype, f"{self.label}/{name}.npy")
+                return [f"{name}.npy"]
+        whole = _Bytes(lambda: self._decoded(name, VarShapeColumn))
+        files = {f"{name}.shapes.npy": lambda: _npy_bytes(_shapes(whole.data(), col.ndim)),
+                 f"{name}.offsets.npy": lambda: _npy_bytes(whole.data().offsets)}
+        if col.data_type == TP_STRING:  # the elements as a String scalar column's files
+            files[f"{name}.values.offsets.npy"] = lambda: _npy_bytes(whole.data().values.offsets)
+            files[f"{name}.values.data"] = lambda: whole.data().values.data
+        else:
+            files[f"{name}.values.npy"] = lambda: _npy_bytes(whole.data().values)
+        entries.update((key, _Bytes(make)) for key, make in files.items())
+        return list(files)
 
-        def shapes():
-            out = np.full((self.table.nrow, ndim), -1, np.int64)
-            column = whole.data()
-            for i in np.flatnonzero(column.defined).tolist():
-                out[i, :len(column.shapes[i])] = column.shapes[i]
-            return _npy_bytes(out)
-        entries[f"{name}.shapes.npy"] = _Bytes(shapes)
-        entries[f"{name}.offsets.npy"] = _Bytes(lambda: _npy_bytes(whole.data().offsets))
-        entries[f"{name}.values.npy"] = _Bytes(lambda: _npy_bytes(whole.data().values))
-        return [f"{name}.shapes.npy", f"{name}.offsets.npy", f"{name}.values.npy"]
-
-    def _strings(self, name):
+    def _decoded(self, name, kind):
         column = self.table.read_column(name)
-        if not isinstance(column, StringColumn):
-            raise FormatError(f"column {name} did not decode as strings")
+        if not isinstance(column, kind):
+            raise FormatError(f"column {name} did not decode as {kind.__name__}")
         return column
 
     def _uniform_shape(self, name):

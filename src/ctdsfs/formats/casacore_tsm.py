@@ -32,6 +32,7 @@ MAX_NDIM = 32
 MAX_HEADER = 256 << 20
 MAX_CUBES = 1 << 24
 MAX_TILE_BYTES = 1 << 31
+MERGE_GAP = 4096  # bytes between two tiles' wanted parts read rather than a read apart
 
 
 def _iposition(r):
@@ -153,14 +154,87 @@ class TiledReader:
 
     # ------------------------------------------------------------ reading
 
+    def _slab(self, col, cube, first, stop):
+        """Positions ``first..stop`` along the last axis of ``cube`` (all of a cube without a
+        row axis when ``first`` is None), as a C-order array (positions, ...reversed axes)."""
+        if col.name not in cube.layout:
+            raise FormatError(f"{self.name}: {col.name} is not a data column of its cube")
+        if first is None:
+            first, stop = 0, cube.shape[-1]
+        if cube.n_tiles == 0 or first == stop:
+            return np.zeros([stop - first] + cube.shape[-2::-1], col.dtype)
+        runs = _tile_runs(cube.tile[-1], first, stop)
+        grid, tile = cube.grid[-2::-1], cube.tile[-2::-1]
+        whole = [g * t for g, t in zip(grid, tile)]
+        cut = (slice(None),) + tuple(slice(0, n) for n in cube.shape[-2::-1])
+        if len(runs) == 1:  # decoded in place where the tiles' order allows (no copy)
+            values = self._tile_values(col, cube, *runs[0])
+            full = values.reshape([stop - first] + whole)
+            return np.ascontiguousarray(full[cut], dtype=col.dtype)
+        out, end = np.empty([stop - first] + cube.shape[-2::-1], col.dtype), stop - first
+        for t0, t1, lo, hi in reversed(runs):  # backwards: see _read_tiles
+            values = self._tile_values(col, cube, t0, t1, lo, hi)
+            part = out[end - (t1 - t0) * (hi - lo):end]
+            end -= len(part)
+            if whole == list(part.shape[1:]):  # no edge tiles to cut: one copy
+                part.reshape([t1 - t0, hi - lo] + [n for p in zip(grid, tile) for n in p])[
+                    ...] = values
+            else:
+                part[...] = values.reshape([len(part)] + whole)[cut]
+        return out
+
+    def _tile_values(self, col, cube, t0, t1, lo, hi):
+        """Positions ``lo..hi`` inside each tile of the tile rows ``t0..t1`` (along the last
+        axis), the cube's other axes whole: an array (tile row, position, then each other
+        axis's tile index beside its pixel index, slowest axis first)."""
+        nd, rows = cube.ndim, hi - lo
+        inner = cube.tile_pixels // cube.tile[-1]  # a position's pixels in one tile
+        pixel = self.pixel[col.name]
+        if pixel == 0:  # Bools as bits: the whole bytes around the positions' bits
+            lo_byte, hi_byte = lo * inner // 8, -(-hi * inner // 8)
+            tiles = self._read_tiles(col, cube, t0, t1, lo_byte, hi_byte)
+            first_bit = lo * inner - 8 * lo_byte
+            values = np.unpackbits(tiles, axis=1, bitorder="little")
+            values = values[:, first_bit:first_bit + rows * inner].view(bool)
+        else:
+            tiles = self._read_tiles(col, cube, t0, t1, lo * inner * pixel, hi * inner * pixel)
+            values = np.ascontiguousarray(tiles).reshape(-1).view(
+                disk_dtype(col.data_type, self.big_endian))
+        values = values.reshape([t1 - t0] + cube.grid[-2::-1] + [rows] + cube.tile[-2::-1])
+        return values.transpose([0, nd] + [i for d in range(1, nd) for i in (d, nd + d)])
+
+    def _read_tiles(self, col, cube, t0, t1, lo_byte, hi_byte):
+        """Bytes ``lo_byte..hi_byte`` of ``col``'s part of every tile in the tile rows
+        ``t0..t1``: a ``uint8`` array, one line per tile. The positions of a tile row lie
+        together in each of its tiles (the last axis is a tile's slowest), so only those
+        bytes are read: in one read across the tiles when they fill them or the gaps
+        between are under MERGE_GAP bytes, else one read per tile. Reads of one range go
+        from its end back to its start: a remote store takes reads that step forward into
+        its next chunk for a reader going through the file, and fetches chunks ahead
+        past the range (a reader going through a column reads whole tile rows, in one
+        read per block, and is still read ahead for)."""
+        at = cube.layout[col.name][0]
+        across = cube.n_tiles // cube.grid[-1]
+        file, count = self.files[cube.file], (t1 - t0) * across
+        start = cube.offset + t0 * across * cube.tile_bytes
+        length = hi_byte - lo_byte
+        if length == cube.tile_bytes or count == 1 or cube.tile_bytes - length <= MERGE_GAP:
+            span = (count - 1) * cube.tile_bytes + length
+            raw = np.frombuffer(read_exact(self.source, file, start + at + lo_byte, span,
+                                           "tiles"), np.uint8)
+            return np.lib.stride_tricks.as_strided(raw, (count, length),
+                                                   (cube.tile_bytes, 1), writeable=False)
+        pieces = [read_exact(self.source, file, start + n * cube.tile_bytes + at + lo_byte,
+                             length, "tiles") for n in reversed(range(count))]
+        return np.frombuffer(b"".join(pieces[::-1]), np.uint8).reshape(count, length)
+
     def _slab_plan(self, col, cube, first, stop):
         """Where positions ``first..stop`` along the last axis of ``cube`` (all of a cube
-        without a row axis when ``first`` is None) lie: (file, byte offset, byte count of
+        without a row axis when ``first`` is None) lie, for writes: (file, byte offset of
         the tiles holding them, the tile count, and ``arrange``, which turns one item per
-        pixel of those tiles, shape (tiles, tile pixels), into a C-order array (positions,
-        ...reversed axes)). Decoding and writing both go through it: ``arrange`` of the
-        values is the read, ``arrange`` of each pixel's place in the file is the write's map.
-        None for an empty slab."""
+        pixel of those tiles, shape (tiles, tile pixels), into a C-order array
+        (positions, ...reversed axes), as ``_slab`` gives the values; ``arrange`` of each
+        pixel's place in the file is the write's map. None for an empty slab."""
         nd = cube.ndim
         if col.name not in cube.layout:
             raise FormatError(f"{self.name}: {col.name} is not a data column of its cube")
@@ -180,26 +254,8 @@ class TiledReader:
             full = pixels.reshape(grid + cube.tile[::-1]).transpose(order).reshape(
                 [g * t for g, t in zip(grid, cube.tile[::-1])])
             return full[cut]
-        return (self.files[cube.file], cube.offset + t0 * per_slab * cube.tile_bytes,
-                count * cube.tile_bytes, count, arrange)
-
-    def _slab(self, col, cube, first, stop):
-        """Positions ``first..stop`` along the last axis of ``cube`` (see _slab_plan), decoded."""
-        plan = self._slab_plan(col, cube, first, stop)
-        if plan is None:
-            first, stop = (0, cube.shape[-1]) if first is None else (first, stop)
-            return np.zeros([stop - first] + cube.shape[-2::-1], col.dtype)
-        file, offset, size, count, arrange = plan
-        at, length = cube.layout[col.name]
-        raw = read_exact(self.source, file, offset, size, "tiles")
-        tiles = np.frombuffer(raw, np.uint8).reshape(count, cube.tile_bytes)[:, at:at + length]
-        if self.pixel[col.name] == 0:
-            values = np.unpackbits(tiles, axis=1, bitorder="little")[:, :cube.tile_pixels]
-            values = values.view(bool)
-        else:
-            values = tiles.reshape(-1).view(disk_dtype(col.data_type, self.big_endian))
-        return np.ascontiguousarray(arrange(values.reshape(count, cube.tile_pixels)),
-                                    dtype=col.dtype)
+        return (self.files[cube.file], cube.offset + t0 * per_slab * cube.tile_bytes, count,
+                arrange)
 
     def _slab_places(self, col, cube, first, stop):
         """(file, each pixel's place) of the slab ``_slab`` decodes: its first byte in the
@@ -207,7 +263,7 @@ class TiledReader:
         plan = self._slab_plan(col, cube, first, stop)
         if plan is None:
             raise FormatError(f"{self.name}: no stored cells at positions {first}..{stop}")
-        file, offset, _, count, arrange = plan
+        file, offset, count, arrange = plan
         at, _ = cube.layout[col.name]
         tile_starts = offset + at + np.arange(count, dtype=np.int64) * cube.tile_bytes
         pixels = np.arange(cube.tile_pixels, dtype=np.int64)
@@ -302,3 +358,16 @@ class TiledReader:
                                   f"hypercube of {cube.shape[-1]}")
             out.append(self._slab_places(col, cube, pos, pos + n))
         return out
+
+def _tile_runs(per_tile, first, stop):
+    """``(t0, t1, lo, hi)``: positions ``first..stop`` of a cube's last axis as runs of tile
+    rows ``t0..t1`` each holding positions ``lo..hi`` of its tiles: a partial first tile
+    row, the whole ones together, a partial last one."""
+    t0, t1 = first // per_tile, -(-stop // per_tile)
+    lo, hi = first - t0 * per_tile, stop - (t1 - 1) * per_tile
+    if t1 - t0 == 1:
+        return [(t0, t1, lo, hi)]
+    head, tail = t0 + (lo > 0), t1 - (hi < per_tile)
+    return ([(t0, t0 + 1, lo, per_tile)] if lo else []) + \
+        ([(head, tail, 0, per_tile)] if tail > head else []) + \
+        ([(t1 - 1, t1, 0, hi)] if hi < per_tile else [])
