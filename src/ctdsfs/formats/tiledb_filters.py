@@ -254,7 +254,7 @@ def _uncompress_unshuffle(f, datatype, width, meta, body, address, size, what):
                             len(part))
     try:  # (Blosc writes exactly nbytes, the size the chunk declares, or fails)
         blosc.decompress_ptr(chunk + part, address)
-    except (RuntimeError, ValueError) as exc:
+    except blosc.blosc_extension.error as exc:
         raise FormatError(f"{what}: {f['name']} does not decompress: {exc}") from None
     return True
 
