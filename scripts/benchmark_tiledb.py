@@ -4,12 +4,26 @@ the pyfuse3 floor serving the decoded .npy from memory, and by random slices thr
 listing of an array of many fragments."""
 
 import os
+import resource
 import statistics
 import time
 
 import numpy as np
 
-from benchmark_common import Mounted, drop_caches, floor_of_files, seconds, slice_seconds
+from benchmark_common import (
+    Mounted,
+    drop_caches,
+    floor_of_files,
+    process_cpu_seconds,
+    seconds,
+    slice_seconds,
+)
+
+
+def _own_cpu_seconds():
+    """User plus system CPU seconds of this process (tiledb-py's threads included)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 
 def tiledb_figures(tmp, mib, rounds=3, slices=200, width=1000, fragment_count=1000):
@@ -18,7 +32,8 @@ def tiledb_figures(tmp, mib, rounds=3, slices=200, width=1000, fragment_count=10
     of the fragment's v.npy, ``np.load`` of v.npy through the pyfuse3 floor (pyfuse3_floor.py
     ``files``: ``A[:]`` saved once, served from memory: what any pyfuse3+trio file system
     pays to hand NumPy the decoded bytes); then ``slices`` random ``width``-item slices (cache dropped once)
-    through a mapped dense/v.npy and by ``A[i:i+width]``. Medians and their ratios."""
+    through a mapped dense/v.npy and by ``A[i:i+width]``. Medians and their ratios, and the
+    CPU seconds of the reader and of the daemon for each whole read."""
     import tiledb
 
     cells = (mib << 20) // 8
@@ -41,17 +56,26 @@ def tiledb_figures(tmp, mib, rounds=3, slices=200, width=1000, fragment_count=10
     with tiledb.open(uri) as A:
         np.save(decoded, A[:]["v"])
     times = {"tiledb-py": [], "dense": [], "fragment": [], "floor": []}
+    cpu = {name: [] for name in times}  # CPU-s of the reading process and of the daemon
+
+    def timed(name, read, daemon=None):
+        """Time ``read()``, and the CPU-s it cost this process and the ``daemon`` pid."""
+        own, theirs = _own_cpu_seconds(), daemon and process_cpu_seconds(daemon)
+        times[name].append(seconds(read))
+        cpu[name].append((_own_cpu_seconds() - own,
+                          daemon and process_cpu_seconds(daemon) - theirs))
+
     for _ in range(rounds):
         drop_caches()
         with tiledb.open(uri) as A:
-            times["tiledb-py"].append(seconds(lambda: A[:]["v"]))
+            timed("tiledb-py", lambda: A[:]["v"])
         for name, path in files.items():
-            with Mounted(["mount.ctdsfs", "-f", uri, str(mnt)], str(mnt)):
+            with Mounted(["mount.ctdsfs", "-f", uri, str(mnt)], str(mnt)) as mounted:
                 drop_caches()
-                times[name].append(seconds(lambda: np.load(path)))
-        with floor_of_files({"v.npy": decoded}, mnt):
+                timed(name, lambda: np.load(path), mounted.proc.pid)
+        with floor_of_files({"v.npy": decoded}, mnt) as mounted:
             drop_caches()
-            times["floor"].append(seconds(lambda: np.load(mnt / "v.npy")))
+            timed("floor", lambda: np.load(mnt / "v.npy"), mounted.proc.pid)
     decoded.unlink()
     median = {name: statistics.median(values) for name, values in times.items()}
     native = median["tiledb-py"]
@@ -80,6 +104,11 @@ def tiledb_figures(tmp, mib, rounds=3, slices=200, width=1000, fragment_count=10
              f"from memory) {median['floor']:.2f} s ({median['floor'] / native:.2f}x); "
              "all rounds (s): "
              + "; ".join(f"{k} " + " ".join(f"{t:.2f}" for t in v) for k, v in times.items()),
+             "TileDB CPU seconds (median; reader + daemon, the load affects them less than "
+             "the times): " + "; ".join(
+                 f"{k} {statistics.median(r for r, _ in v):.2f}"
+                 + (f" + {statistics.median(d for _, d in v):.2f}" if v[0][1] is not None
+                    else "") for k, v in cpu.items()),
              f"TileDB {slices} random {width}-item slices, cache dropped once: "
              f"{ours * 1e3:.2f} ms each through a mapped dense/v.npy, {theirs * 1e3:.2f} ms "
              f"by A[i:j] ({ours / theirs:.2f}x, target <= 1.5x)"]

@@ -1,0 +1,110 @@
+"""BYTESHUFFLE then ZSTD or LZ4, undone by python-blosc in one call a chunk: the same
+bytes as tiledb-py for every value width and both codecs, the chunks Blosc must not be
+given (a part as long as its output) undone filter by filter, and a damaged part a
+clear error naming its tile."""
+
+import io
+import struct
+
+import numpy as np
+import pytest
+import tiledb
+import zstandard
+
+from ctdsfs.errors import BlockError, FormatError
+from ctdsfs.formats import open_container
+from ctdsfs.formats import tiledb_filters as tf
+
+CODECS = {"zstd": tiledb.ZstdFilter(level=1), "lz4": tiledb.LZ4Filter()}
+
+
+def write(uri, dtype, codec, n=60_000):
+    """A dense array of n values of ``dtype`` in tiles of 20,000 cells, chunks of 4 KiB."""
+    filters = tiledb.FilterList([tiledb.ByteShuffleFilter(), CODECS[codec]], chunksize=4096)
+    tiledb.Array.create(uri, tiledb.ArraySchema(
+        domain=tiledb.Domain(tiledb.Dim("i", domain=(0, n - 1), tile=20_000, dtype=np.int64)),
+        attrs=[tiledb.Attr("v", dtype=dtype, filters=filters)]))
+    values = (np.arange(n) * 7919 % 1000).astype(dtype)
+    with tiledb.open(uri, "w") as A:
+        A[:] = values
+    return values
+
+
+@pytest.mark.parametrize("codec", sorted(CODECS))
+@pytest.mark.parametrize("dtype", ["u1", "<i2", "<f4", "<f8", "<c16"])
+def test_values_equal_tiledb_py(tmp_path, dtype, codec):
+    uri = str(tmp_path / "a")
+    values = write(uri, dtype, codec)
+    array = open_container(uri)
+    fragments = array.nested("fragments")
+    fragment = fragments.nested(fragments.names()[0])
+    with tiledb.open(uri) as A:
+        assert A[:]["v"].tobytes() == values.tobytes()
+    for folder in (array.nested("dense"), fragment):
+        data = bytes(folder.read("v.npy", 0, folder.entry_size("v.npy")))
+        got = np.load(io.BytesIO(data))
+        assert got.dtype == values.dtype and got.tobytes() == values.tobytes()
+
+
+def shuffled_tile(values, data_frame):
+    """A one-chunk tile of BYTESHUFFLE then ZSTD: the shuffle's metadata in its own frame,
+    then ``data_frame`` (the shuffled values, compressed)."""
+    shuffle_meta = struct.pack("<II", 1, values.nbytes)
+    meta_frame = zstandard.ZstdCompressor().compress(shuffle_meta)
+    zstd_meta = struct.pack("<IIIIII", 1, 1, len(shuffle_meta), len(meta_frame),
+                            values.nbytes, len(data_frame))
+    body = meta_frame + data_frame
+    return struct.pack("<QIII", 1, values.nbytes, len(body), len(zstd_meta)) + zstd_meta + body
+
+
+PIPELINE = {"max_chunk_size": 65536, "filters": [
+    {"type": 9, "name": "BYTESHUFFLE"}, {"type": 2, "name": "ZSTD", "compressor": 2, "level": 1}]}
+
+
+def test_part_as_long_as_its_values_is_decoded(tmp_path):
+    """A ZSTD part exactly as long as the chunk (a frame, then a skippable frame filling
+    the rest): Blosc would copy it as stored bytes, so it is decoded filter by filter."""
+    values = np.arange(1024, dtype="<f8") * 1.5
+    planes = values.view(np.uint8).reshape(-1, 8).T.tobytes()
+    frame = zstandard.ZstdCompressor().compress(planes)
+    pad = values.nbytes - len(frame) - 8
+    assert pad > 0
+    part = frame + struct.pack("<II", 0x184D2A50, pad) + bytes(pad)
+    assert len(part) == values.nbytes
+    out = tf.unfilter_tile(shuffled_tile(values, part), PIPELINE, 3, 8, values.nbytes, "t")
+    assert bytes(out) == values.tobytes()
+
+
+def test_damaged_part_is_a_clear_error():
+    """A part that does not decode (its frame cut short) is a FormatError naming the tile
+    and the codec; one that decodes to less than the chunk declares too."""
+    values = np.arange(1024, dtype="<f8")
+    planes = values.view(np.uint8).reshape(-1, 8).T.tobytes()
+    frame = zstandard.ZstdCompressor(write_content_size=False).compress(planes)
+    with pytest.raises(FormatError, match="tile 3 of v: ZSTD does not decompress"):
+        tf.unfilter_tile(shuffled_tile(values, frame[:-9]), PIPELINE, 3, 8, values.nbytes,
+                         "tile 3 of v")
+    short = zstandard.ZstdCompressor(write_content_size=False).compress(planes[:-8])
+    with pytest.raises(FormatError, match="tile 3 of v: ZSTD"):
+        tf.unfilter_tile(shuffled_tile(values, short), PIPELINE, 3, 8, values.nbytes,
+                         "tile 3 of v")
+
+
+def test_damaged_tile_of_an_array_is_eio_for_that_tile(tmp_path):
+    """A byte of a compressed part changed on disk: reading that tile is a BlockError
+    (EIO) naming it; the other tiles still read."""
+    uri = str(tmp_path / "a")
+    values = write(uri, "<f8", "zstd")
+    array = open_container(uri)
+    fragments = array.nested("fragments")
+    name = fragments.names()[0]
+    path = tmp_path / "a" / "__fragments" / name / "a0.tdb"
+    raw = bytearray(path.read_bytes())
+    raw[len(raw) - 100] ^= 0xFF  # inside the last chunk of the last tile
+    path.write_bytes(bytes(raw))
+    fragment = open_container(uri).nested("fragments").nested(name)
+    size = fragment.entry_size("v.npy")
+    with pytest.raises(BlockError, match="tile 2 of v"):
+        fragment.read("v.npy", size - 8, 8)
+    head = bytes(fragment.read("v.npy", size - values.nbytes, 8))
+    assert head == values[:1].tobytes()
