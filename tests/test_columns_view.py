@@ -4,6 +4,7 @@ compared with python-casacore's getcol/getvarcol."""
 import io
 import json
 import os
+import time
 
 import casacore.tables as ct
 import numpy as np
@@ -67,6 +68,50 @@ def test_a_read_decodes_only_the_rows_it_touches(made, monkeypatch):  # noqa: F8
         whole = ref.getcol("DATA")
     header = size - whole.nbytes
     assert piece == whole.tobytes()[size // 2 - header:size // 2 - header + 4096]
+
+
+def kernel_reads(size, piece, swapped):
+    """(offset, size) of a sequential reader's reads as the kernel sends them: in pairs,
+    the second of a pair sometimes answered first."""
+    reads = [(at, piece) for at in range(0, size, piece)]
+    if swapped:
+        for i in range(1, len(reads) - 1, 2):
+            reads[i], reads[i + 1] = reads[i + 1], reads[i]
+    return reads
+
+
+@pytest.mark.parametrize("swapped", [False, True])
+def test_a_sequential_reader_gets_blocks_decoded_once_and_ahead(made, monkeypatch, swapped):  # noqa: F811 (the fixture)
+    """Reads smaller than a block going through DATA.npy (in order or in the kernel's
+    swapped pairs) decode each block once, the next one in a worker thread meanwhile
+    (answered from memory when the reader gets there), holding at most two blocks and
+    one ahead; the bytes are getcol's."""
+    from ctdsfs.formats import casacore_columns_view
+    monkeypatch.setattr(casacore_columns_view, "BLOCK_BYTES", 256 << 10)
+    path = made("ms", "3000")
+    view = ColumnsView(DirectorySource(path), path)
+    size = view.entry_size("DATA.npy")
+    column = view._entry("DATA.npy")
+    decodes = []
+    original = column.table.read_column
+    monkeypatch.setattr(column.table, "read_column",
+                        lambda *args: decodes.append(args[1:]) or original(*args))
+    piece, block = 64 << 10, column.rows_per_block * column.row_bytes
+    pieces, ahead_in_time = {}, 0
+    for at, n in kernel_reads(size, piece, swapped):
+        if at >= 3 * block and at % block == 0:  # the reader reaches a block: decoded?
+            deadline = time.monotonic() + 10
+            while not view.cached("DATA.npy", at, n) and time.monotonic() < deadline:
+                time.sleep(0.01)
+            ahead_in_time += view.cached("DATA.npy", at, n)
+        pieces[at] = view.read("DATA.npy", at, n)
+        assert len(column._blocks) <= 2
+    data = b"".join(pieces[at] for at in sorted(pieces))
+    with ct.table(path, ack=False) as ref:
+        assert data[size - ref.getcol("DATA").nbytes:] == ref.getcol("DATA").tobytes()
+    blocks = -(-3000 // column.rows_per_block)
+    assert len(decodes) <= blocks + 1, decodes  # and the header's first rows, exactly
+    assert ahead_in_time == len(range(3 * block, size, block))
 
 
 def test_strings_and_variable_shapes(made):  # noqa: F811 (the fixture)

@@ -23,6 +23,7 @@ failure there is EIO for the read.
 import json
 import logging
 import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -59,53 +60,113 @@ class _ColumnNpy:
     """``NAME.npy`` of a column with one cell shape: rows decoded as reads reach them.
 
     A read decodes the rows it covers and no others (a ranged read of rows a..b
-    reaches only the tiles or buckets holding them); a read that carries on from the
-    rows decoded last (a reader going through the file) decodes a block of about
-    BLOCK_BYTES ahead instead, kept for the reads that follow."""
+    reaches only the tiles or buckets holding them). A reader going through the file
+    in reads smaller than a block (the kernel's) gets blocks of about BLOCK_BYTES
+    instead, each decoded once and kept for the reads that follow, and while it
+    reads one the next is decoded in a worker thread: decoding overlaps the replies.
+    The kernel may hand two such reads over out of order, so a read anywhere up to a
+    block past what is held still counts as going through; at most two blocks are
+    kept, and one decoded ahead."""
 
     def __init__(self, table, name, cell_shape, dtype):
         self.table, self.name, self.cell_shape = table, name, tuple(cell_shape)
         self.dtype = np.dtype(dtype)
         self.header = npy_header(self.dtype.str, (table.nrow,) + tuple(cell_shape))
         self.row_bytes = int(np.prod(cell_shape, dtype=np.int64)) * self.dtype.itemsize
-        # a power of two, blocks ending at its multiples: tiles hold a power of two rows
-        # in practice, and a block that ends where a tile ends is cut from its tiles
-        # without a copy
+        # a power of two, blocks starting at its multiples: tiles hold a power of two
+        # rows in practice, and a block that starts and ends where tiles do is cut from
+        # its tiles without a copy
         rows = max(1, BLOCK_BYTES // max(1, self.row_bytes))
         self.rows_per_block = 1 << (rows.bit_length() - 1)
-        self._decoded = (0, 0, memoryview(b""))  # (first row, end row, their bytes)
+        self._exact = (0, 0, memoryview(b""))  # (first row, end row, bytes) of a ranged read
+        self._blocks = {}  # block number -> its bytes (the last two used)
+        self._ahead = None  # (block number, Future of its bytes) being decoded
         self._lock = threading.Lock()
 
     def size(self):
         return len(self.header) + self.table.nrow * self.row_bytes
 
-    def _rows(self, first, end):
+    def _decode(self, first, stop):
+        """Rows ``first..stop`` as read-only bytes (the array's own: reads hand out slices)."""
+        values = self.table.read_column(self.name, first, stop)
+        if not isinstance(values, np.ndarray) or values.dtype != self.dtype or \
+                values.shape != (stop - first,) + self.cell_shape:
+            raise FormatError(f"column {self.name}: rows {first}..{stop} changed shape")
+        return memoryview(np.ascontiguousarray(values)).cast("B").toreadonly()
+
+    def _decode_block(self, number):
+        first = number * self.rows_per_block
+        return self._decode(first, min(self.table.nrow, first + self.rows_per_block))
+
+    def _block(self, number):
+        """Block ``number``'s bytes: kept, decoded ahead, or decoded now."""
+        data = self._blocks.get(number)
+        if data is not None:
+            return data
+        ahead = self._ahead
+        if ahead is not None and ahead[0] == number:
+            self._ahead = None
+            try:
+                data = ahead[1].result()
+            except Exception:  # noqa: BLE001 (decoded again below: a failure that stays
+                data = None  # is this read's, raised as the decoder raises it)
+        if data is None:
+            data = self._decode_block(number)
+        self._blocks[number] = data
+        return data
+
+    def _going_through(self, first):
+        """Whether a read from row ``first`` carries on from the rows held (or is at most a
+        block past them: the kernel's reads may come in out of order)."""
+        starts = [self._exact[0]] + [n * self.rows_per_block for n in self._blocks]
+        ends = [self._exact[1]] + [(n + 1) * self.rows_per_block for n in self._blocks]
+        return any(a <= first <= b + self.rows_per_block
+                   for a, b in zip(starts, ends) if b > 0)
+
+    def _rows(self, first, end, streaming):
         """(first row held, bytes) of decoded rows that include rows ``first..end``."""
         with self._lock:
-            held_first, held_end, data = self._decoded
+            held_first, held_end, data = self._exact
             if held_first <= first and end <= held_end:
                 return held_first, data
-            stop = end
-            if held_first <= first <= held_end and held_end > 0:  # carrying on: a block
-                block = self.rows_per_block
-                stop = min(self.table.nrow, ((end - 1) // block + 1) * block)
-            values = self.table.read_column(self.name, first, stop)
-            if not isinstance(values, np.ndarray) or values.dtype != self.dtype or \
-                    values.shape != (stop - first,) + self.cell_shape:
-                raise FormatError(f"column {self.name}: rows {first}..{stop} changed shape")
-            # kept as the array's own bytes: reads hand out slices of them, not copies
-            data = memoryview(np.ascontiguousarray(values)).cast("B").toreadonly()
-            self._decoded = (first, stop, data)
-            return first, data
+            block = self.rows_per_block
+            numbers = range(first // block, (end - 1) // block + 1)
+            if not streaming or len(numbers) > 2 or not (
+                    all(n in self._blocks for n in numbers) or self._going_through(first)):
+                self._exact = (first, end, self._decode(first, end))  # a ranged read
+                return first, self._exact[2]
+            parts = [self._block(n) for n in numbers]
+            for n in [n for n in self._blocks if n not in numbers]:
+                if len(self._blocks) > 2:
+                    del self._blocks[n]
+            following = numbers[-1] + 1
+            if following * block < self.table.nrow and following not in self._blocks and \
+                    (self._ahead is None or self._ahead[0] != following):
+                self._ahead = (following, _ahead_pool().submit(self._decode_block, following))
+            if len(parts) == 1:
+                return numbers[0] * block, parts[0]
+            # rows on both sides of a block boundary: their bytes joined (one read's)
+            rb, cut = self.row_bytes, numbers[1] * block
+            joined = bytes(parts[0][(first - numbers[0] * block) * rb:]) + \
+                bytes(parts[1][:(end - cut) * rb])
+            return first, memoryview(joined)
 
     def held(self, offset, size):
         """Whether the bytes ``offset..offset+size`` are decoded already (a read of them
-        is a slice: the mount answers it without a worker thread's hop)."""
-        first, end, _ = self._decoded
+        is a slice, or two joined: the mount answers it without a worker thread's hop)."""
         head = len(self.header)
-        stop = min(offset + size, self.size()) - head
-        return offset >= head and first * self.row_bytes <= offset - head and \
-            stop <= end * self.row_bytes
+        if offset < head or self.row_bytes == 0:
+            return False
+        first = (offset - head) // self.row_bytes
+        end = -(-(min(offset + size, self.size()) - head) // self.row_bytes)
+        held_first, held_end, _ = self._exact
+        if held_first <= first and end <= held_end:
+            return True
+        block, ahead = self.rows_per_block, self._ahead
+        numbers = range(first // block, (end - 1) // block + 1)
+        return size < block * self.row_bytes and len(numbers) <= 2 and all(n in self._blocks or (ahead is not None and ahead[0] == n and
+                                         ahead[1].done() and ahead[1].exception() is None)
+                   for n in numbers)
 
     def read(self, offset, size):
         head = len(self.header)
@@ -115,10 +176,25 @@ class _ColumnNpy:
         if self.row_bytes == 0 or at >= stop:
             return out
         first_row = at // self.row_bytes
-        held_first, data = self._rows(first_row, -(-stop // self.row_bytes))
+        streaming = size < self.rows_per_block * self.row_bytes
+        held_first, data = self._rows(first_row, -(-stop // self.row_bytes), streaming)
         inner = at - held_first * self.row_bytes
         values = data[inner:inner + stop - at]
         return out + values if out else values
+
+
+_pool = None
+_pool_lock = threading.Lock()
+
+
+def _ahead_pool():
+    """The worker threads that decode blocks ahead of sequential readers (made on first
+    use, so in the process that serves: after a mount's fork)."""
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="columns-ahead")
+        return _pool
 
 
 def _npy_bytes(array):
@@ -129,6 +205,7 @@ def _npy_bytes(array):
 class ColumnsView(DerivedView):
     format_name = "casacore columns"
     read_only_note = " (columns/ shows the table's columns; it is not written)"
+    holds_directories = False  # so a stat of columns/ does not list (decode) it
 
     def __init__(self, source, label, table_label=None):
         super().__init__(label)
