@@ -4,7 +4,8 @@ For a table read through a source (see :mod:`.casacore_base`) the view shows:
 
 * ``NAME.npy`` for each numeric or Bool column whose cells all have one shape: shape
   ``(nrow, *cell_shape)``, dtype as ``getcol`` gives; a read of a byte range decodes
-  only the rows it touches (in blocks of about 4 MiB, the last block kept);
+  only the rows it touches (a sequential reader's small reads: blocks of about
+  1 MiB, the last two kept);
 * ``NAME.offsets.npy`` (uint64, nrow + 1) and ``NAME.data`` (UTF-8) for String scalars;
 * for a numeric variable-shape column: ``NAME.shapes.npy`` (int64, nrow x ndim, -1 in
   undefined rows), ``NAME.offsets.npy`` (uint64, nrow + 1: each row's first element)
@@ -23,7 +24,6 @@ failure there is EIO for the read.
 import json
 import logging
 import threading
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -33,7 +33,7 @@ from .casacore_base import TP_STRING
 from .casacore_columns import StringColumn, VarShapeColumn, open_table
 from .npy import npy_header
 
-BLOCK_BYTES = 4 << 20
+BLOCK_BYTES = 1 << 20
 
 log = logging.getLogger(__name__)
 
@@ -60,13 +60,13 @@ class _ColumnNpy:
     """``NAME.npy`` of a column with one cell shape: rows decoded as reads reach them.
 
     A read decodes the rows it covers and no others (a ranged read of rows a..b
-    reaches only the tiles or buckets holding them). A reader going through the file
-    in reads smaller than a block (the kernel's) gets blocks of about BLOCK_BYTES
-    instead, each decoded once and kept for the reads that follow, and while it
-    reads one the next is decoded in a worker thread: decoding overlaps the replies.
-    The kernel may hand two such reads over out of order, so a read anywhere up to a
-    block past what is held still counts as going through; at most two blocks are
-    kept, and one decoded ahead."""
+    reaches only the tiles or buckets holding them; the kernel's 1 MiB reads of a
+    sequential reader too: decoding about 1 MiB at a time keeps its copies in the CPU's
+    caches, and the kernel's reads in flight are decoded side by side, not in turn).
+    A reader going through the file in smaller reads gets blocks of about BLOCK_BYTES,
+    each decoded once and kept for the reads that follow; the kernel may hand two such
+    reads over out of order, so a read up to a block past what is held still counts
+    as going through. At most two blocks are kept."""
 
     def __init__(self, table, name, cell_shape, dtype):
         self.table, self.name, self.cell_shape = table, name, tuple(cell_shape)
@@ -80,7 +80,6 @@ class _ColumnNpy:
         self.rows_per_block = 1 << (rows.bit_length() - 1)
         self._exact = (0, 0, memoryview(b""))  # (first row, end row, bytes) of a ranged read
         self._blocks = {}  # block number -> its bytes (the last two used)
-        self._ahead = None  # (block number, Future of its bytes) being decoded
         self._lock = threading.Lock()
 
     def size(self):
@@ -94,25 +93,13 @@ class _ColumnNpy:
             raise FormatError(f"column {self.name}: rows {first}..{stop} changed shape")
         return memoryview(np.ascontiguousarray(values)).cast("B").toreadonly()
 
-    def _decode_block(self, number):
-        first = number * self.rows_per_block
-        return self._decode(first, min(self.table.nrow, first + self.rows_per_block))
-
     def _block(self, number):
-        """Block ``number``'s bytes: kept, decoded ahead, or decoded now."""
+        """Block ``number``'s bytes: kept, or decoded now."""
         data = self._blocks.get(number)
-        if data is not None:
-            return data
-        ahead = self._ahead
-        if ahead is not None and ahead[0] == number:
-            self._ahead = None
-            try:
-                data = ahead[1].result()
-            except Exception:  # noqa: BLE001 (decoded again below: a failure that stays
-                data = None  # is this read's, raised as the decoder raises it)
         if data is None:
-            data = self._decode_block(number)
-        self._blocks[number] = data
+            first = number * self.rows_per_block
+            data = self._decode(first, min(self.table.nrow, first + self.rows_per_block))
+            self._blocks[number] = data
         return data
 
     def _going_through(self, first):
@@ -123,78 +110,74 @@ class _ColumnNpy:
         return any(a <= first <= b + self.rows_per_block
                    for a, b in zip(starts, ends) if b > 0)
 
-    def _rows(self, first, end, streaming):
+    def _in_blocks(self, first, end, size):
+        """The block numbers a read of ``size`` bytes (rows ``first..end``) is answered
+        from, or None when it decodes its own rows."""
+        block = self.rows_per_block
+        numbers = range(first // block, (end - 1) // block + 1)
+        if size >= block * self.row_bytes or len(numbers) > 2:
+            return None
+        if all(n in self._blocks for n in numbers) or self._going_through(first):
+            return numbers
+        return None
+
+    def _rows(self, first, end, size):
         """(first row held, bytes) of decoded rows that include rows ``first..end``."""
         with self._lock:
             held_first, held_end, data = self._exact
             if held_first <= first and end <= held_end:
                 return held_first, data
-            block = self.rows_per_block
-            numbers = range(first // block, (end - 1) // block + 1)
-            if not streaming or len(numbers) > 2 or not (
-                    all(n in self._blocks for n in numbers) or self._going_through(first)):
-                self._exact = (first, end, self._decode(first, end))  # a ranged read
-                return first, self._exact[2]
-            parts = [self._block(n) for n in numbers]
-            for n in [n for n in self._blocks if n not in numbers]:
-                if len(self._blocks) > 2:
-                    del self._blocks[n]
-            following = numbers[-1] + 1
-            if following * block < self.table.nrow and following not in self._blocks and \
-                    (self._ahead is None or self._ahead[0] != following):
-                self._ahead = (following, _ahead_pool().submit(self._decode_block, following))
-            if len(parts) == 1:
-                return numbers[0] * block, parts[0]
-            # rows on both sides of a block boundary: their bytes joined (one read's)
-            rb, cut = self.row_bytes, numbers[1] * block
-            joined = bytes(parts[0][(first - numbers[0] * block) * rb:]) + \
-                bytes(parts[1][:(end - cut) * rb])
-            return first, memoryview(joined)
+            numbers = self._in_blocks(first, end, size)
+            if numbers is not None:
+                return self._from_blocks(first, end, numbers)
+        data = self._decode(first, end)  # outside the lock: reads in flight side by side
+        with self._lock:
+            self._exact = (first, end, data)
+        return first, data
+
+    def _from_blocks(self, first, end, numbers):
+        parts = [self._block(n) for n in numbers]
+        for n in [n for n in self._blocks if n not in numbers]:
+            if len(self._blocks) > 2:
+                del self._blocks[n]
+        block = self.rows_per_block
+        if len(parts) == 1:
+            return numbers[0] * block, parts[0]
+        # rows on both sides of a block boundary: their bytes joined (one read's)
+        rb, cut = self.row_bytes, numbers[1] * block
+        return first, memoryview(b"".join((parts[0][(first - numbers[0] * block) * rb:],
+                                           parts[1][:(end - cut) * rb])))
+
+    def _row_span(self, offset, size):
+        """(first byte, end byte) of the rows' bytes a read covers, then its rows."""
+        head = len(self.header)
+        at, stop = max(offset, head) - head, min(offset + size, self.size()) - head
+        return at, stop, at // self.row_bytes, -(-stop // self.row_bytes)
 
     def held(self, offset, size):
         """Whether the bytes ``offset..offset+size`` are decoded already (a read of them
         is a slice, or two joined: the mount answers it without a worker thread's hop)."""
-        head = len(self.header)
-        if offset < head or self.row_bytes == 0:
+        if offset < len(self.header) or self.row_bytes == 0:
             return False
-        first = (offset - head) // self.row_bytes
-        end = -(-(min(offset + size, self.size()) - head) // self.row_bytes)
+        _, _, first, end = self._row_span(offset, size)
         held_first, held_end, _ = self._exact
         if held_first <= first and end <= held_end:
             return True
-        block, ahead = self.rows_per_block, self._ahead
+        block = self.rows_per_block  # (no lock: the loop asks, and a decode may hold it)
         numbers = range(first // block, (end - 1) // block + 1)
-        return size < block * self.row_bytes and len(numbers) <= 2 and all(n in self._blocks or (ahead is not None and ahead[0] == n and
-                                         ahead[1].done() and ahead[1].exception() is None)
-                   for n in numbers)
+        return size < block * self.row_bytes and len(numbers) <= 2 and \
+            all(n in self._blocks for n in numbers)
 
     def read(self, offset, size):
         head = len(self.header)
-        end = min(offset + size, self.size())
-        out = self.header[offset:end] if offset < head else b""
-        at, stop = max(offset, head) - head, end - head
-        if self.row_bytes == 0 or at >= stop:
+        out = self.header[offset:offset + size] if offset < head else b""
+        if self.row_bytes == 0 or offset + size <= head or offset >= self.size():
             return out
-        first_row = at // self.row_bytes
-        streaming = size < self.rows_per_block * self.row_bytes
-        held_first, data = self._rows(first_row, -(-stop // self.row_bytes), streaming)
+        at, stop, first, end = self._row_span(offset, size)
+        held_first, data = self._rows(first, end, size)
         inner = at - held_first * self.row_bytes
         values = data[inner:inner + stop - at]
         return out + values if out else values
-
-
-_pool = None
-_pool_lock = threading.Lock()
-
-
-def _ahead_pool():
-    """The worker threads that decode blocks ahead of sequential readers (made on first
-    use, so in the process that serves: after a mount's fork)."""
-    global _pool
-    with _pool_lock:
-        if _pool is None:
-            _pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="columns-ahead")
-        return _pool
 
 
 def _npy_bytes(array):
