@@ -51,3 +51,18 @@ def test_columns_view_is_made_anew_when_another_process_commits(tmp_path):
     np.testing.assert_array_equal(load(fs, fs.lookup(columns, "X.npy").ino),
                                   [5.0, 6.0, 7.0, 8.0, 9.0])
     writer.close()
+
+
+def test_a_stat_of_columns_decodes_nothing(tmp_path):
+    """``columns/`` holds no directories, so its link count (2) is known without listing
+    it: a reader's first lookup does not decode every column to name the files."""
+    from ctdsfs.vfs.directory import directory_or_table
+
+    small_table(tmp_path / "t", [1.0, 2.0])
+    container = with_columns(directory_or_table(str(tmp_path / "t"), source=True))
+    fs = ContainerFS(container, str(tmp_path / "t"))
+    assert fs.lookup(ROOT_INO, "columns").nlink == 2
+    assert container.nested("columns")._built is None  # not listed
+    assert fs.lookup(fs.lookup(ROOT_INO, "columns").ino, "X.npy").size > 0
+    assert container.nested("columns")._built is None
+    fs.close()

@@ -4,6 +4,8 @@ compared with python-casacore's getcol/getvarcol."""
 import io
 import json
 import os
+import time
+from concurrent.futures import ThreadPoolExecutor
 
 import casacore.tables as ct
 import numpy as np
@@ -69,25 +71,69 @@ def test_a_read_decodes_only_the_rows_it_touches(made, monkeypatch):  # noqa: F8
     assert piece == whole.tobytes()[size // 2 - header:size // 2 - header + 4096]
 
 
-def test_a_reader_going_through_decodes_blocks_that_start_where_tiles_start(
-        made, monkeypatch):  # noqa: F811 (the fixture)
-    """Reads of odd size across DATA.npy: the first read's rows, then a block from where
-    they end, and from there on every block starts on a multiple of the block's rows
-    (where tiles start: whole tile rows in one run, none read twice); getcol's bytes."""
+def kernel_reads(size, piece, swapped):
+    """(offset, size) of a sequential reader's reads as the kernel sends them: in pairs,
+    the second of a pair sometimes answered first."""
+    reads = [(at, piece) for at in range(0, size, piece)]
+    if swapped:
+        for i in range(1, len(reads) - 1, 2):
+            reads[i], reads[i + 1] = reads[i + 1], reads[i]
+    return reads
+
+
+@pytest.mark.parametrize("swapped", [False, True])
+def test_a_sequential_reader_gets_blocks_decoded_once(made, monkeypatch, swapped):  # noqa: F811 (the fixture)
+    """Reads smaller than a block going through DATA.npy (in order or in the kernel's
+    swapped pairs) decode each block once, answered from memory (no worker thread) once
+    decoded, holding at most two blocks; the bytes are getcol's."""
     from ctdsfs.formats import casacore_columns_view
     monkeypatch.setattr(casacore_columns_view, "BLOCK_BYTES", 256 << 10)
     path = made("ms", "3000")
     view = ColumnsView(DirectorySource(path), path)
-    npy = view._entry("DATA.npy")
-    asked = []
-    original = npy.table.read_column
-    monkeypatch.setattr(npy.table, "read_column", lambda name, first, stop: (
-        asked.append((first, stop)), original(name, first, stop))[1])
+    size = view.entry_size("DATA.npy")
+    column = view._entry("DATA.npy")
+    decodes = []
+    original = column.table.read_column
+    monkeypatch.setattr(column.table, "read_column",
+                        lambda *args: decodes.append(args[1:]) or original(*args))
+    pieces = {}
+    for at, n in kernel_reads(size, 64 << 10, swapped):
+        pieces[at] = view.read("DATA.npy", at, n)
+        assert len(column._blocks) <= 2
+        assert view.cached("DATA.npy", at, n) or at == 0  # (the header: read, not held)
+    data = b"".join(pieces[at] for at in sorted(pieces))
     with ct.table(path, ack=False) as ref:
-        np.testing.assert_array_equal(load(view, "DATA.npy"), ref.getcol("DATA"))
-    assert len(asked) > 10
-    assert [stop for _, stop in asked[:-1]] == [first for first, _ in asked[1:]]
-    assert all(first % npy.rows_per_block == 0 for first, _ in asked[2:]), asked
+        assert data[size - ref.getcol("DATA").nbytes:] == ref.getcol("DATA").tobytes()
+    blocks = -(-3000 // column.rows_per_block)
+    assert len(decodes) <= blocks + 1, decodes  # and the header's first rows, exactly
+    # blocks start on multiples of their rows, where tiles start: whole tile rows
+    assert all(first % column.rows_per_block == 0 for first, _ in decodes[1:]), decodes
+
+
+def test_the_kernels_reads_in_flight_decode_side_by_side(made, monkeypatch):  # noqa: F811 (the fixture)
+    """Two reads of a block or more (the kernel's 1 MiB reads in flight) decode their own
+    rows at the same time, not one after the other."""
+    from ctdsfs.formats import casacore_columns_view
+    monkeypatch.setattr(casacore_columns_view, "BLOCK_BYTES", 256 << 10)
+    path = made("ms", "3000")
+    view = ColumnsView(DirectorySource(path), path)
+    column = view._entry("DATA.npy")
+    original = column.table.read_column
+
+    def slow(*args):
+        time.sleep(0.5)
+        return original(*args)
+    monkeypatch.setattr(column.table, "read_column", slow)
+    piece = 1 << 20
+    with ThreadPoolExecutor(2) as pool:
+        start = time.monotonic()
+        got = list(pool.map(lambda at: view.read("DATA.npy", at, piece), [piece, 2 * piece]))
+        took = time.monotonic() - start
+    assert took < 0.9, took
+    with ct.table(path, ack=False) as ref:
+        whole = ref.getcol("DATA").tobytes()
+    header = view.entry_size("DATA.npy") - len(whole)
+    assert b"".join(got) == whole[piece - header:3 * piece - header]
 
 
 def test_strings_and_variable_shapes(made):  # noqa: F811 (the fixture)

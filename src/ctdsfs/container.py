@@ -53,6 +53,7 @@ class Container(ABC):
     kernel_keeps_pages = True  # False: a write may change other bytes (a view's header),
     # so the kernel must drop a file's cached pages when it is opened again
     holds_links = False  # some names may be symbolic links (``symlink_target`` says which)
+    holds_directories = True  # False: no entry is a directory (a stat need not list it)
 
     def commits_atomically(self, name):
         """Whether writes to file ``name`` wait for a commit that makes them durable all at

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import FormatError
-from . import tabledat
+from . import casacore_ism, casacore_ssm, casacore_stmanaipsio, casacore_tsm, tabledat
 from .casacore_base import NUMERIC_TYPES, TP_BOOL, TP_STRING, EndianAipsReader
 
 OPTION_DIRECT = 1
@@ -171,7 +171,7 @@ def _synced_rows(source, label, nrow):
 
 
 def _decoders():
-    from . import casacore_ism, casacore_ssm, casacore_stmanaipsio, casacore_tsm
+    # (imported with this module: a mount imports them before its first request)
     return {"StandardStMan": casacore_ssm.SSMReader,
             "StManAipsIO": casacore_stmanaipsio.StManAipsIOReader,
             "IncrementalStMan": casacore_ism.ISMReader,

@@ -4,7 +4,8 @@ For a table read through a source (see :mod:`.casacore_base`) the view shows:
 
 * ``NAME.npy`` for each numeric or Bool column whose cells all have one shape: shape
   ``(nrow, *cell_shape)``, dtype as ``getcol`` gives; a read of a byte range decodes
-  only the rows it touches (in blocks of about 4 MiB, the last block kept);
+  only the rows it touches (a sequential reader's small reads: blocks of about
+  1 MiB, the last two kept);
 * ``NAME.offsets.npy`` (uint64, nrow + 1) and ``NAME.data`` (UTF-8) for String scalars;
 * for a numeric variable-shape column: ``NAME.shapes.npy`` (int64, nrow x ndim, -1 in
   undefined rows), ``NAME.offsets.npy`` (uint64, nrow + 1: each row's first element)
@@ -40,7 +41,7 @@ from .casacore_cell_write import commits_atomically, why_not_written, write_cell
 from .casacore_columns import StringColumn, VarShapeColumn, open_table
 from .npy import npy_header
 
-BLOCK_BYTES = 4 << 20
+BLOCK_BYTES = 1 << 20
 
 log = logging.getLogger(__name__)
 
@@ -67,10 +68,13 @@ class _ColumnNpy:
     """``NAME.npy`` of a column with one cell shape: rows decoded as reads reach them.
 
     A read decodes the rows it covers and no others (a ranged read of rows a..b
-    reaches only the tiles or buckets holding them); a read that carries on past the
-    rows decoded last (a reader going through the file) decodes a block of about
-    BLOCK_BYTES from where they end instead, kept for the reads that follow: blocks end
-    on multiples of a power of two rows, so the next one starts where tiles start."""
+    reaches only the tiles or buckets holding them; the kernel's 1 MiB reads of a
+    sequential reader too: decoding about 1 MiB at a time keeps its copies in the CPU's
+    caches, and the kernel's reads in flight are decoded side by side, not in turn).
+    A reader going through the file in smaller reads gets blocks of about BLOCK_BYTES,
+    each decoded once and kept for the reads that follow; the kernel may hand two such
+    reads over out of order, so a read up to a block past what is held still counts
+    as going through. At most two blocks are kept."""
 
     def __init__(self, table, name, cell_shape, dtype, label=None):
         self.table, self.name, self.cell_shape = table, name, tuple(cell_shape)
@@ -78,62 +82,122 @@ class _ColumnNpy:
         self.dtype = np.dtype(dtype)
         self.header = npy_header(self.dtype.str, (table.nrow,) + tuple(cell_shape))
         self.row_bytes = int(np.prod(cell_shape, dtype=np.int64)) * self.dtype.itemsize
-        # a power of two, blocks ending at its multiples: tiles hold a power of two rows
-        # in practice, and a block that ends where a tile ends is cut from its tiles
-        # without a copy
+        # a power of two, blocks starting at its multiples: tiles hold a power of two
+        # rows in practice, and a block that starts and ends where tiles do is cut from
+        # its tiles without a copy
         rows = max(1, BLOCK_BYTES // max(1, self.row_bytes))
         self.rows_per_block = 1 << (rows.bit_length() - 1)
-        self._decoded = (0, 0, memoryview(b""))  # (first row, end row, their bytes)
+        self._exact = (0, 0, memoryview(b""))  # (first row, end row, bytes) of a ranged read
+        self._blocks = {}  # block number -> its bytes (the last two used)
+        self._generation = 0  # one more after each write: a decode begun before it is not kept
         self._lock = threading.Lock()
 
     def size(self):
         return len(self.header) + self.table.nrow * self.row_bytes
 
-    def _rows(self, first, end):
-        """(first row held, bytes) of decoded rows that begin with row ``first`` or hold it,
-        up to row ``end`` or less (the caller asks again from where they end)."""
+    def _decode(self, first, stop):
+        """Rows ``first..stop`` as read-only bytes (the array's own: reads hand out slices)."""
+        values = self.table.read_column(self.name, first, stop)
+        if not isinstance(values, np.ndarray) or values.dtype != self.dtype or \
+                values.shape != (stop - first,) + self.cell_shape:
+            raise FormatError(f"column {self.name}: rows {first}..{stop} changed shape")
+        return memoryview(np.ascontiguousarray(values)).cast("B").toreadonly()
+
+    def _block(self, number):
+        """Block ``number``'s bytes: kept, or decoded now."""
+        data = self._blocks.get(number)
+        if data is None:
+            first = number * self.rows_per_block
+            data = self._decode(first, min(self.table.nrow, first + self.rows_per_block))
+            self._blocks[number] = data
+        return data
+
+    def _going_through(self, first):
+        """Whether a read from row ``first`` carries on from the rows held (or is at most a
+        block past them: the kernel's reads may come in out of order)."""
+        starts = [self._exact[0]] + [n * self.rows_per_block for n in self._blocks]
+        ends = [self._exact[1]] + [(n + 1) * self.rows_per_block for n in self._blocks]
+        return any(a <= first <= b + self.rows_per_block
+                   for a, b in zip(starts, ends) if b > 0)
+
+    def _in_blocks(self, first, end, size):
+        """The block numbers a read of ``size`` bytes (rows ``first..end``) is answered
+        from, or None when it decodes its own rows."""
+        block = self.rows_per_block
+        numbers = range(first // block, (end - 1) // block + 1)
+        if size >= block * self.row_bytes or len(numbers) > 2:
+            return None
+        if all(n in self._blocks for n in numbers) or self._going_through(first):
+            return numbers
+        return None
+
+    def _rows(self, first, end, size):
+        """(first row held, bytes) of decoded rows that include rows ``first..end``."""
         with self._lock:
-            held_first, held_end, data = self._decoded
-            if held_first <= first < held_end:
+            held_first, held_end, data = self._exact
+            if held_first <= first and end <= held_end:
                 return held_first, data
-            stop = end
-            if first == held_end > 0:  # carrying on: a block, from where the last one ended
-                block = self.rows_per_block
-                stop = min(self.table.nrow, ((end - 1) // block + 1) * block)
-            values = self.table.read_column(self.name, first, stop)
-            if not isinstance(values, np.ndarray) or values.dtype != self.dtype or \
-                    values.shape != (stop - first,) + self.cell_shape:
-                raise FormatError(f"column {self.name}: rows {first}..{stop} changed shape")
-            # kept as the array's own bytes: reads hand out slices of them, not copies
-            data = memoryview(np.ascontiguousarray(values)).cast("B").toreadonly()
-            self._decoded = (first, stop, data)
-            return first, data
+            numbers = self._in_blocks(first, end, size)
+            if numbers is not None:
+                return self._from_blocks(first, end, numbers)
+            generation = self._generation
+        data = self._decode(first, end)  # outside the lock: reads in flight side by side
+        with self._lock:
+            if generation == self._generation:  # (no write came in between)
+                self._exact = (first, end, data)
+        return first, data
+
+    def _from_blocks(self, first, end, numbers):
+        parts = [self._block(n) for n in numbers]
+        for n in [n for n in self._blocks if n not in numbers]:
+            if len(self._blocks) > 2:
+                del self._blocks[n]
+        block = self.rows_per_block
+        if len(parts) == 1:
+            return numbers[0] * block, parts[0]
+        # rows on both sides of a block boundary: their bytes joined (one read's)
+        rb, cut = self.row_bytes, numbers[1] * block
+        return first, memoryview(b"".join((parts[0][(first - numbers[0] * block) * rb:],
+                                           parts[1][:(end - cut) * rb])))
+
+    def _row_span(self, offset, size):
+        """(first byte, end byte) of the rows' bytes a read covers, then its rows."""
+        head = len(self.header)
+        at, stop = max(offset, head) - head, min(offset + size, self.size()) - head
+        return at, stop, at // self.row_bytes, -(-stop // self.row_bytes)
 
     def forget_decoded(self):
         with self._lock:
-            self._decoded = (0, 0, memoryview(b""))
+            self._forget()
+
+    def _forget(self):
+        self._exact, self._blocks = (0, 0, memoryview(b"")), {}
+        self._generation += 1
 
     def held(self, offset, size):
         """Whether the bytes ``offset..offset+size`` are decoded already (a read of them
-        is a slice: the mount answers it without a worker thread's hop)."""
-        first, end, _ = self._decoded
-        head = len(self.header)
-        stop = min(offset + size, self.size()) - head
-        return offset >= head and first * self.row_bytes <= offset - head and \
-            stop <= end * self.row_bytes
+        is a slice, or two joined: the mount answers it without a worker thread's hop)."""
+        if offset < len(self.header) or self.row_bytes == 0:
+            return False
+        _, _, first, end = self._row_span(offset, size)
+        held_first, held_end, _ = self._exact
+        if held_first <= first and end <= held_end:
+            return True
+        block = self.rows_per_block  # (no lock: the loop asks, and a decode may hold it)
+        numbers = range(first // block, (end - 1) // block + 1)
+        return size < block * self.row_bytes and len(numbers) <= 2 and \
+            all(n in self._blocks for n in numbers)
 
     def read(self, offset, size):
         head = len(self.header)
-        end = min(offset + size, self.size())
-        out = [self.header[offset:end]] if offset < head else []
-        at, stop = max(offset, head) - head, end - head
-        while self.row_bytes and at < stop:  # a read across the end of a block: two pieces
-            held_first, data = self._rows(at // self.row_bytes, -(-stop // self.row_bytes))
-            inner = at - held_first * self.row_bytes
-            out.append(data[inner:inner + stop - at])
-            at += len(out[-1])
-        return b"".join(out) if len(out) != 1 else out[0]
-
+        out = self.header[offset:offset + size] if offset < head else b""
+        if self.row_bytes == 0 or offset + size <= head or offset >= self.size():
+            return out
+        at, stop, first, end = self._row_span(offset, size)
+        held_first, data = self._rows(first, end, size)
+        inner = at - held_first * self.row_bytes
+        values = data[inner:inner + stop - at]
+        return out + values if out else values
 
     # -- writing (``-o rw,columns``): see casacore_cell_write
 
@@ -179,7 +243,7 @@ class _ColumnNpy:
                 try:
                     write_cells(self.table, col, first, values, changed.reshape(current.shape))
                 finally:
-                    self._decoded = (0, 0, memoryview(b""))  # (the lock is held)
+                    self._forget()  # (the lock is held)
         return len(data)
 
     def _check_storable(self, col, raw, values):
@@ -208,6 +272,7 @@ def _npy_bytes(array):
 class ColumnsView(DerivedView):
     format_name = "casacore columns"
     read_only_note = " (columns/ is written only on a read-write mount)"
+    holds_directories = False  # so a stat of columns/ does not list (decode) it
 
     def __init__(self, source, label, table_label=None):
         super().__init__(label)

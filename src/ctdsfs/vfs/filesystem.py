@@ -283,6 +283,8 @@ class ContainerFS:
         """How many of ``directory``'s entries are directories (UNKNOWN if too many to
         classify for a stat)."""
         count = self._subdirs.get(directory)
+        if count is None and not directory.holds_directories:
+            count = self._subdirs[directory] = 0  # known without listing it (columns/)
         if count is None:
             names = directory.names()
             count = UNKNOWN if len(names) > CLASSIFY_MAX or not self.stat_reads \
