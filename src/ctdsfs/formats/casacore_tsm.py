@@ -367,7 +367,7 @@ class TiledReader:
             return slab
         cell = slab.shape[slab.ndim - self._cell_axes(cube):]
         skip = first - first // per_position * per_position
-        return slab.reshape((-1,) + cell)[skip:skip + n]
+        return slab.reshape((len(slab) * per_position,) + cell)[skip:skip + n]
 
     def _positions(self, cube, first, n):
         """The positions on the cube's last axis that hold rows ``first..first + n``."""
