@@ -25,7 +25,7 @@ def _writer():
 def write_tiled_data_table(path, variant="uniform", endian="little", multifile=False):
     """``variant``: "uniform" (Complex DATA and FLAG, cells [4, 6] in three hypercubes,
     45 rows) or "mixed" (Float DATA and FLAG of two cell shapes, cubes of rank 4: two row
-    axes, 26 rows); see the C++ source for the rows each cube holds."""
+    axes, 26 rows, then 2 rows in no cube); see the C++ source for each cube's rows."""
     subprocess.run([str(_writer()), str(path), variant, endian,
                     "multifile" if multifile else "plain"], check=True)
     return str(path)
