@@ -55,7 +55,8 @@ int main(int argc, char** argv) {
     const Table::EndianFormat endian =
         std::strcmp(argv[3], "big") == 0 ? Table::BigEndian : Table::LittleEndian;
     const StorageOption storage(std::strcmp(argv[4], "multifile") == 0
-                                    ? StorageOption::MultiFile : StorageOption::SepFile);
+                                    ? StorageOption::MultiFile : StorageOption::SepFile,
+                                4096);  // MultiFile blocks of 4 KiB: a small table.mf
     TableDesc desc("", "1", TableDesc::Scratch);
     if (uniform) {
         desc.addColumn(ArrayColumnDesc<Complex>("DATA", IPosition(2, 4, 6),
