@@ -183,3 +183,17 @@ def test_fixed_shape_cells_written_through_the_view(tmp_path):
     with ct.table(path, ack=False) as ref:
         for name, values in expected.items():
             np.testing.assert_array_equal(ref.getcol(name), values, err_msg=name)
+
+
+def test_hostile_manager_type_name(tmp_path):
+    """The header's type name read long (its length field grown over the fields after
+    it, newlines among them): still a one-line refusal."""
+    path = write_tiled_data_table(tmp_path / "u.tab", "uniform", "little")
+    header = bytearray((tmp_path / "u.tab" / "table.f0").read_bytes())
+    at = header.index(b"TiledDataStMan") - 4
+    assert int.from_bytes(header[at:at + 4], "big") == len("TiledDataStMan")
+    header[at:at + 4] = (300).to_bytes(4, "big")
+    (tmp_path / "u.tab" / "table.f0").write_bytes(bytes(header))
+    with pytest.raises(FormatError) as err:
+        open_table(DirectorySource(path)).read_column("DATA")
+    assert "\n" not in str(err.value)

@@ -81,7 +81,8 @@ class TiledReader:
         version = r.start(outer=True)
         self.kind = manager = r.last_type
         if manager not in TILED_MANAGERS:
-            raise FormatError(f"{self.name}: {manager} is not a tiled manager decoded here")
+            raise FormatError(f"{self.name}: {manager[:40]!r} is not a tiled manager decoded "
+                              "here")
         if manager in ("TiledColumnStMan", "TiledCellStMan"):
             _iposition(r)
         base_version = self._read_base(r, columns)
