@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs everything ctdsfs and its tests need on Debian 12 with Python >= 3.11:
 # FUSE 3 and the legacy casacore 3.5 (tools and Debian's Python client, for
-# /usr/bin/python3) and podman, runc and debootstrap (the container-image test
+# /usr/bin/python3; casacore-dev and g++: a test compiles a writer of TiledDataStMan
+# tables, which only casacore's C++ library can make) and podman, runc and debootstrap (the container-image test
 # builds docker/Dockerfile on a debootstrapped base) and util-linux (setpriv, unshare:
 # tests act as another user and hide /dev/fuse in a namespace), nginx (an HTTP source),
 # squashfuse, squashfs-tools and fio (peers and load for the benchmark) from apt, the project with
@@ -11,7 +12,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-APT_PACKAGES=(fuse3 libfuse3-dev pkg-config casacore-tools python3-casacore
+APT_PACKAGES=(fuse3 libfuse3-dev pkg-config casacore-tools python3-casacore casacore-dev g++
               podman runc debootstrap util-linux nginx squashfuse squashfs-tools fio)
 SUDO=""
 [ "$(id -u)" -eq 0 ] || SUDO="sudo"

@@ -18,7 +18,8 @@ import numpy as np
 from ..errors import BlockError, CtdsfsError, FormatError
 from .casacore_base import TP_BOOL, TP_STRING, disk_dtype
 
-WRITTEN_MANAGERS = ("StandardStMan", "TiledColumnStMan", "TiledShapeStMan", "TiledCellStMan")
+WRITTEN_MANAGERS = ("StandardStMan", "TiledColumnStMan", "TiledShapeStMan", "TiledCellStMan",
+                    "TiledDataStMan")
 WINDOW_GAP = 64 << 10  # places closer than this are read (and compared) in one read
 MERGE_GAP = 64  # changed bytes this close are written in one write (the gap unchanged)
 

@@ -122,8 +122,22 @@ class VarShapeColumn:
         return self.values.reshape((len(self.shapes),) + tuple(shape))
 
 
+def _hypercube_axis_columns(table):
+    """Coordinate and id columns of the hypercolumns: a tiled manager keeps their values
+    in its cubes' records, which are not decoded here."""
+    names = set()
+    for key, hyper in tabledat.record_dict(table.desc.private_keywords).items():
+        if key.startswith("Hypercolumn_") and isinstance(hyper, dict):
+            for role in ("coord", "id"):
+                values = hyper.get(role, {})
+                if isinstance(values, dict) and isinstance(values.get("values"), list):
+                    names.update(n for n in values["values"] if isinstance(n, str))
+    return names
+
+
 def _column_infos(table):
     managers = {seq: name for name, seq in table.column_set.data_managers}
+    axis_columns = _hypercube_axis_columns(table)
     infos = []
     for desc, binding in zip(table.desc.columns, table.column_set.columns):
         shape = None
@@ -142,7 +156,8 @@ def _column_infos(table):
             keywords=tabledat.record_dict(desc.keywords),
             decoded=desc.kind in ("ScalarColumnDesc", "ArrayColumnDesc") and
             (desc.data_type in NUMERIC_TYPES or desc.data_type in (TP_BOOL, TP_STRING))
-            and manager in _decoders()))
+            and manager in _decoders() and
+            not (manager.startswith("Tiled") and desc.name in axis_columns)))
     return infos
 
 
@@ -177,7 +192,8 @@ def _decoders():
             "IncrementalStMan": casacore_ism.ISMReader,
             "TiledColumnStMan": casacore_tsm.TiledReader,
             "TiledShapeStMan": casacore_tsm.TiledReader,
-            "TiledCellStMan": casacore_tsm.TiledReader}
+            "TiledCellStMan": casacore_tsm.TiledReader,
+            "TiledDataStMan": casacore_tsm.TiledReader}
 
 
 class CasacoreTable:

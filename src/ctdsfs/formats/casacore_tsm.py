@@ -1,4 +1,5 @@
-"""The tiled storage managers: TiledColumnStMan, TiledShapeStMan, TiledCellStMan.
+"""The tiled storage managers: TiledColumnStMan, TiledShapeStMan, TiledCellStMan,
+TiledDataStMan.
 
 Facts used (tables/DataMan/TiledStMan.cc, TSMCube.cc, TSMFile.cc, Tiled*StMan.cc):
 the header ``table.f<N>`` is big-endian AipsIO: the manager's object (TiledColumnStMan:
@@ -13,6 +14,12 @@ holds each data column's pixels back to back (Fortran order; Bools as bits), col
 ordered by descending pixel size (stable over the hypercolumn's data columns).
 TiledColumnStMan keeps one cube whose last axis is the row; TiledShapeStMan maps row
 intervals to (cube, position) (cube 0: no value); TiledCellStMan keeps a cube per row.
+TiledDataStMan (object version 1 or 2) follows its base part with the number of rows
+its cubes hold (Int, Int64 from version 2 or a version 3 base) and three maps, one entry
+per added or extended stretch of a cube: its first row (Block of Int64; version 1: a
+count, then Block of uInt), its cube, its first position along the cube's last axis.
+Its cubes may have more axes than a cell plus one: the axes after a cell's (as many as
+the hypercolumn's first data column has) all walk the rows, the first fastest.
 """
 
 import numpy as np
@@ -33,6 +40,7 @@ MAX_HEADER = 256 << 20
 MAX_CUBES = 1 << 24
 MAX_TILE_BYTES = 1 << 31
 MERGE_GAP = 4096  # bytes between two tiles' wanted parts read rather than a read apart
+TILED_MANAGERS = ("TiledColumnStMan", "TiledShapeStMan", "TiledCellStMan", "TiledDataStMan")
 
 
 def _iposition(r):
@@ -70,13 +78,15 @@ class TiledReader:
         if size > MAX_HEADER:
             raise FormatError(f"{self.name}: header of {size} bytes is too large")
         r = EndianAipsReader(read_exact(source, self.name, 0, size, "header"), True)
-        r.start(outer=True)
+        version = r.start(outer=True)
         self.kind = manager = r.last_type
-        if manager not in ("TiledColumnStMan", "TiledShapeStMan", "TiledCellStMan"):
-            raise FormatError(f"{self.name}: {manager} is not a tiled manager decoded here")
+        if manager not in TILED_MANAGERS:
+            raise FormatError(f"{self.name}: {manager[:40]!r} is not a tiled manager decoded "
+                              "here")
         if manager in ("TiledColumnStMan", "TiledCellStMan"):
             _iposition(r)
-        self._read_base(r, columns)
+        base_version = self._read_base(r, columns)
+        self.cell_ndim = None  # TiledDataStMan: a cell's rank (the cubes' other axes: rows)
         if manager == "TiledShapeStMan":
             _iposition(r)
             used = r.u32()
@@ -86,6 +96,8 @@ class TiledReader:
             self.row_map, self.cube_map, self.pos_map = (m[:used] for m in maps)
             if (np.diff(self.row_map) <= 0).any() or (self.cube_map >= len(self.cubes)).any():
                 raise FormatError(f"{self.name}: row maps are inconsistent")
+        if manager == "TiledDataStMan":
+            self._read_data_maps(r, version, base_version)
         r.end()
         self._order_columns(table, columns)
 
@@ -118,6 +130,26 @@ class TiledReader:
             raise FormatError(f"{self.name}: {n_cubes} hypercubes cannot fit the header")
         self.cubes = [Cube(r, v3) for _ in range(n_cubes)]
         r.end()
+        return version
+
+    def _read_data_maps(self, r, version, base_version):
+        """TiledDataStMan's rows in its cubes: ``rows_held`` and, per stretch, its first
+        row (``row_map``, ascending from 0), cube and first position on the last axis."""
+        self.rows_held = r.u32() if version == 1 and base_version < 3 else r.u64()
+        if version == 1:
+            r.u32()  # entries used (casacore reads the whole Blocks)
+        maps = [r.block("u4" if version == 1 or k else "u8").astype(np.int64)
+                for k in range(3)]
+        if len({len(m) for m in maps}) != 1 or self.rows_held > self.nrow:
+            raise FormatError(f"{self.name}: row maps of {[len(m) for m in maps]} entries "
+                              f"for {self.rows_held} of {self.nrow} rows")
+        self.row_map, self.cube_map, self.pos_map = maps
+        if len(self.row_map) and (self.row_map[0] != 0 or (np.diff(self.row_map) <= 0).any()
+                                  or self.row_map[-1] >= self.rows_held
+                                  or (self.cube_map >= len(self.cubes)).any()):
+            raise FormatError(f"{self.name}: row maps are inconsistent")
+        if not len(self.row_map) and self.rows_held:
+            raise FormatError(f"{self.name}: {self.rows_held} rows without a row map")
 
     def _order_columns(self, table, columns):
         """Each data column's byte offset and length in a tile of every cube."""
@@ -131,6 +163,11 @@ class TiledReader:
                  NUMERIC_TYPES[by_name[n].data_type][1] for n in names}
         self.data_columns = sorted(names, key=lambda n: -pixel[n])
         self.pixel = pixel
+        if self.kind == "TiledDataStMan":
+            self.cell_ndim = by_name[names[0]].ndim if names else 0  # as casacore does
+            if self.cell_ndim < 1 or any(c.ndim <= self.cell_ndim for c in self.cubes):
+                raise FormatError(f"{self.name}: cells of rank {self.cell_ndim} in "
+                                  f"hypercubes of rank {[c.ndim for c in self.cubes]}")
         for cube in self.cubes:
             cube.layout, at = {}, 0
             for n in self.data_columns:
@@ -274,13 +311,18 @@ class TiledReader:
         return file, np.ascontiguousarray(arrange(places))
 
     def _pieces(self, start, stop):
-        """(cube index or None, first position, row count) per interval of ``start..stop``."""
+        """(cube index or None, first row of the cube, row count) per interval of
+        ``start..stop``; a cube's rows are its positions along the axes after a cell's
+        (the last one only, but in TiledDataStMan), the first axis fastest."""
         if self.kind == "TiledColumnStMan":
             yield (0, start, stop - start) if self.cubes else (None, 0, stop - start)
             return
         if self.kind == "TiledCellStMan":
             for row in range(start, stop):
                 yield row, None, 1
+            return
+        if self.kind == "TiledDataStMan":
+            yield from self._data_pieces(start, stop)
             return
         i = int(np.searchsorted(self.row_map, start))
         while start < stop:
@@ -294,6 +336,48 @@ class TiledReader:
             yield (cube if cube else None), pos, end - start
             start, i = end, i + 1
 
+    def _data_pieces(self, start, stop):
+        """TiledDataStMan's ``_pieces``: rows past its cubes' have no cell (casacore
+        refuses to read them)."""
+        i = int(np.searchsorted(self.row_map, start, side="right")) - 1
+        while start < stop:
+            if start >= self.rows_held:
+                yield None, 0, stop - start
+                return
+            first = int(self.row_map[i])
+            end = min(stop, int(self.row_map[i + 1]) if i + 1 < len(self.row_map)
+                      else self.rows_held)
+            cube = int(self.cube_map[i])
+            per_position = self._rows_per_position(self.cubes[cube])
+            yield cube, int(self.pos_map[i]) * per_position + start - first, end - start
+            start, i = end, i + 1
+
+    def _cell_axes(self, cube):
+        return self.cell_ndim if self.kind == "TiledDataStMan" else cube.ndim - 1
+
+    def _rows_per_position(self, cube):
+        """Rows at one position of the cube's last axis (1 but in TiledDataStMan)."""
+        return int(np.prod(cube.shape[self._cell_axes(cube):-1], dtype=object))
+
+    def _row_slab(self, slab, cube, first, n):
+        """Rows ``first..first + n`` of a cube, as (rows, ...reversed cell axes), from the
+        ``slab`` (a ``_slab`` or ``_slab_places`` result) of the positions on the last
+        axis that hold them."""
+        per_position = self._rows_per_position(cube)
+        if per_position == 1:
+            return slab
+        cell = slab.shape[slab.ndim - self._cell_axes(cube):]
+        skip = first - first // per_position * per_position
+        return slab.reshape((len(slab) * per_position,) + cell)[skip:skip + n]
+
+    def _positions(self, cube, first, n):
+        """The positions on the cube's last axis that hold rows ``first..first + n``."""
+        per_position = self._rows_per_position(cube)
+        if first < 0 or first + n > per_position * cube.shape[-1]:
+            raise FormatError(f"{self.name}: rows map to positions {first}..{first + n} of "
+                              f"a hypercube of {per_position * cube.shape[-1]}")
+        return first // per_position, -(-(first + n) // per_position)
+
     def uniform_shape(self, col):
         """The one cell shape (Python order) of every row, or None, from the cubes alone."""
         shapes = set()
@@ -301,7 +385,8 @@ class TiledReader:
             if cube_nr is None or self.cubes[cube_nr].file < 0:
                 return None
             cube = self.cubes[cube_nr]
-            shapes.add(tuple(cube.shape[::-1]) if pos is None else tuple(cube.shape[-2::-1]))
+            shapes.add(tuple(cube.shape[::-1]) if pos is None else
+                       tuple(cube.shape[:self._cell_axes(cube)][::-1]))
             if len(shapes) > 1:
                 return None
         return shapes.pop() if shapes else col.cell_shape
@@ -323,10 +408,8 @@ class TiledReader:
                     raise FormatError(f"{self.name}: a cell hypercube of rank 0")
                 arrays.append((self._slab(col, cube, None, None)[None], 1))
                 continue
-            if pos < 0 or pos + n > cube.shape[-1]:
-                raise FormatError(f"{self.name}: rows map to positions {pos}..{pos + n} of a "
-                                  f"hypercube of {cube.shape[-1]}")
-            arrays.append((self._slab(col, cube, pos, pos + n), n))
+            slab = self._slab(col, cube, *self._positions(cube, pos, n))
+            arrays.append((self._row_slab(slab, cube, pos, n), n))
         shapes = {a.shape[1:] for a, _ in arrays if a is not None}
         if all(a is not None for a, _ in arrays) and len(shapes) <= 1:
             if not arrays:
@@ -353,11 +436,10 @@ class TiledReader:
                 file, places = self._slab_places(col, cube, None, None)
                 out.append((file, places[None]))
                 continue
-            if pos < 0 or pos + n > cube.shape[-1]:
-                raise FormatError(f"{self.name}: rows map to positions {pos}..{pos + n} of a "
-                                  f"hypercube of {cube.shape[-1]}")
-            out.append(self._slab_places(col, cube, pos, pos + n))
+            file, places = self._slab_places(col, cube, *self._positions(cube, pos, n))
+            out.append((file, self._row_slab(places, cube, pos, n)))
         return out
+
 
 def _tile_runs(per_tile, first, stop):
     """``(t0, t1, lo, hi)``: positions ``first..stop`` of a cube's last axis as runs of tile
