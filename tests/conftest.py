@@ -190,7 +190,25 @@ def run_on_terminal(cmd, columns=100):
 _EXIT_STATUS = []
 
 
+def pytest_configure(config):
+    """SIGTERM (a CI time limit, ``timeout``) ends the run as Ctrl-C does: finalizers run,
+    so the servers and mounts tests started are stopped, not left behind."""
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+    signal.signal(signal.SIGTERM, interrupt)
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """The container image's build starts now, beside the other tests, if its tests run."""
+    if any(getattr(item.module, "__name__", "").endswith(".test_container_image")
+           for item in items if hasattr(item, "module")):
+        from .test_container_image import start_image_build
+        start_image_build()
+
+
 def pytest_sessionfinish(session, exitstatus):
+    if "tests.test_container_image" in sys.modules:
+        sys.modules["tests.test_container_image"].remove_image_build()
     _EXIT_STATUS.append(int(exitstatus))
 
 

@@ -16,6 +16,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -177,27 +178,74 @@ class Podman:
         shutil.rmtree(self.root, ignore_errors=True)
 
 
+class ImageBuild:
+    """The image built in a thread from the start of the session (``start_image_build``,
+    called by conftest when this module's tests are collected): the build (two apt
+    stages, pip, a compile) takes minutes, mostly waiting on downloads, and overlaps the
+    other tests instead of adding to them."""
+
+    def __init__(self):
+        self.engine = self.error = None
+        self._preexisting = {d for d in PODMAN_SYSTEM_DIRS if d.exists()}
+        self._thread = threading.Thread(target=self._build, name="ctdsfs-image-build",
+                                        daemon=True)
+        self._thread.start()
+
+    def _build(self):
+        try:
+            for tool in ("podman", "runc", "debootstrap"):
+                if shutil.which(tool) is None:
+                    pytest.fail(f"{tool} is not installed (scripts/setup.sh installs it)")
+            self.engine = Podman(tempfile.mkdtemp(prefix="ctdsfs-podman-"))
+            with open(debian_rootfs_tarball(), "rb") as rootfs:
+                self.engine("import", "-q", "-", BASE_IMAGE, stdin=rootfs)
+            self.engine("build", "-q", "--network", "host", "--secret",
+                        f"id=ca,src={CA_BUNDLE}", "--build-arg", f"BASE_IMAGE={BASE_IMAGE}",
+                        "-f", REPO / "docker/Dockerfile", "-t", IMAGE, REPO, timeout=1200)
+        except BaseException as exc:  # (pytest.fail's Failed too) raised again in the test
+            self.error = exc
+
+    def result(self):
+        self._thread.join()
+        if self.error is not None:
+            raise self.error
+        return self.engine
+
+    def remove(self):
+        """Everything the build made, once (the module's end, or the session's)."""
+        self._thread.join()
+        if self.engine is not None:
+            self.engine.remove_everything()
+            self.engine = None
+        for made in set(PODMAN_SYSTEM_DIRS) - self._preexisting:
+            shutil.rmtree(made, ignore_errors=True)
+
+
+_BUILDS = []
+
+
+def start_image_build():
+    if not _BUILDS:
+        _BUILDS.append(ImageBuild())
+
+
+def remove_image_build():
+    """At the session's end: a build whose tests never ran (``-x``) is cleared too."""
+    while _BUILDS:
+        _BUILDS.pop().remove()
+
+
 @pytest.fixture(scope="module")
-def podman(tmp_path_factory):
+def podman():
     """The ctdsfs image built from docker/Dockerfile on a debootstrapped base."""
-    for tool in ("podman", "runc", "debootstrap"):
-        if shutil.which(tool) is None:
-            pytest.fail(f"{tool} is not installed (scripts/setup.sh installs it)")
-    preexisting = {d for d in PODMAN_SYSTEM_DIRS if d.exists()}
-    engine = Podman(tmp_path_factory.mktemp("podman"))
+    start_image_build()  # (already started, unless this module was not collected first)
     try:
-        with open(debian_rootfs_tarball(), "rb") as rootfs:
-            engine("import", "-q", "-", BASE_IMAGE, stdin=rootfs)
-        engine("build", "-q", "--network", "host",
-               "--secret", f"id=ca,src={CA_BUNDLE}", "--build-arg", f"BASE_IMAGE={BASE_IMAGE}",
-               "-f", REPO / "docker/Dockerfile", "-t", IMAGE, REPO, timeout=1200)
+        engine = _BUILDS[0].result()
         size = int(engine("image", "inspect", IMAGE, "--format", "{{.Size}}"))
         print(f"\nimage {IMAGE}: {size / 1e6:.0f} MB", file=sys.stderr)
         yield engine
     finally:
-        engine.remove_everything()
-        for made in set(PODMAN_SYSTEM_DIRS) - preexisting:
-            shutil.rmtree(made, ignore_errors=True)
+        remove_image_build()
 
 
 @pytest.fixture
