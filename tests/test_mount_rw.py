@@ -354,8 +354,10 @@ def test_random_operations_match_a_shadow_directory(mount, tmp_path, name, crc):
     assert tree(again.mountpoint) == tree(shadow)
 
 
-CRASH_POINTS = int(os.environ.get("CTDSFS_CRASH_POINTS", "100"))
-HDF5_CRASH_POINTS = int(os.environ.get("CTDSFS_HDF5_CRASH_POINTS", "100"))
+# kill points per run (each a mount, a kill and a check: seconds each, an HDF5 mount's
+# probe the most); raise them for a longer campaign
+CRASH_POINTS = int(os.environ.get("CTDSFS_CRASH_POINTS", "50"))
+HDF5_CRASH_POINTS = int(os.environ.get("CTDSFS_HDF5_CRASH_POINTS", "30"))
 
 
 @pytest.mark.parametrize("name,points,block_size", [
