@@ -185,23 +185,3 @@ def run_on_terminal(cmd, columns=100):
         out += chunk
     os.close(master)
     return proc.wait(timeout=60), out.decode("utf-8", "replace")
-
-
-_EXIT_STATUS = []
-
-
-def pytest_sessionfinish(session, exitstatus):
-    _EXIT_STATUS.append(int(exitstatus))
-
-
-def pytest_unconfigure(config):
-    """End the test process without the interpreter's teardown, once pytest has said
-    everything: that teardown crashed (SIGSEGV) in a few runs that held the remote
-    tests, after every test had passed and the summary was printed, and the crash
-    replaced the run's exit status. Its cause, among the threads the remote and
-    Dask tests leave (botocore checks, the deadline watcher, worker pools), is not
-    found yet; the status pytest reached is the run's."""
-    if _EXIT_STATUS:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(_EXIT_STATUS[-1])
