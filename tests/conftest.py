@@ -187,9 +187,6 @@ def run_on_terminal(cmd, columns=100):
     return proc.wait(timeout=60), out.decode("utf-8", "replace")
 
 
-_EXIT_STATUS = []
-
-
 def pytest_configure(config):
     """SIGTERM (a CI time limit, ``timeout``) ends the run as Ctrl-C does: finalizers run,
     so the servers and mounts tests started are stopped, not left behind."""
@@ -209,17 +206,3 @@ def pytest_collection_modifyitems(session, config, items):
 def pytest_sessionfinish(session, exitstatus):
     if "tests.test_container_image" in sys.modules:
         sys.modules["tests.test_container_image"].remove_image_build()
-    _EXIT_STATUS.append(int(exitstatus))
-
-
-def pytest_unconfigure(config):
-    """End the test process without the interpreter's teardown, once pytest has said
-    everything: that teardown crashed (SIGSEGV) in a few runs that held the remote
-    tests, after every test had passed and the summary was printed, and the crash
-    replaced the run's exit status. Its cause, among the threads the remote and
-    Dask tests leave (botocore checks, the deadline watcher, worker pools), is not
-    found yet; the status pytest reached is the run's."""
-    if _EXIT_STATUS:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(_EXIT_STATUS[-1])

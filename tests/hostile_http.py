@@ -56,13 +56,19 @@ class HostileServer:
         self.port = self._listener.getsockname()[1]
         self._bomb = _gzip_bomb() if mode == "gzip-bomb" else None
         self._flips = 0
-        threading.Thread(target=self._accept, daemon=True).start()
+        self._acceptor = threading.Thread(target=self._accept, daemon=True)
+        self._acceptor.start()
 
     def url(self, name="object.mf"):
         return f"http://127.0.0.1:{self.port}/{name}"
 
     def close(self):
         self._closing.set()
+        try:  # (wakes the accept: closing alone leaves the thread in it, listening)
+            self._listener.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self._acceptor.join(10)
         self._listener.close()
         with self._lock:
             for conn in self._connections:

@@ -159,6 +159,31 @@ def test_unlinked_open_file_and_leftovers_of_a_dead_writer(tmp_path):
         assert list(f) == [HEADER]
 
 
+LEFT_OPEN = """
+import sys, threading
+from ctdsfs.formats import open_container
+
+def keep(container):  # (a daemon thread's frame is never freed by the teardown)
+    threading.Event().wait()
+
+c = open_container(sys.argv[1], writable=True)
+c.write("hello.txt", 0, b"HELLO")
+threading.Thread(target=keep, args=(c,), daemon=True).start()
+"""
+
+
+def test_a_file_left_open_at_exit_ends_the_process_cleanly(tmp_path):
+    """A writer still open when its process ends (kept by a daemon thread here; by fsspec's
+    instance cache in a test run): the process exits with status 0, not SIGSEGV in HDF5's
+    own exit handler, and what was not committed stays uncommitted."""
+    path = tmp_path / "open.mfh5"
+    shutil.copy(DATA / "mh5_basic.mfh5", path)
+    result = subprocess.run([sys.executable, "-c", LEFT_OPEN, str(path)], capture_output=True,
+                            text=True, timeout=60, cwd=Path(__file__).parent.parent)
+    assert (result.returncode, result.stderr) == (0, "")
+    assert open_container(path).read("hello.txt", 0, 100) == b"hello"
+
+
 def test_damaged_files_give_one_line(tmp_path):
     path = tmp_path / "cut.mfh5"
     data = (DATA / "mh5_basic.mfh5").read_bytes()

@@ -41,7 +41,7 @@ import numpy as np
 
 from ..container import Container, Usage, name_problem
 from ..errors import BlockError, ContainerFull, CtdsfsError, FormatError, ReadOnlyError
-from . import hdf5_probe
+from . import hdf5_exit, hdf5_probe
 from .journal import JournaledFile, journal_path
 from .multifile import MAX_NESTING
 from .store import fsync_path
@@ -743,11 +743,12 @@ def _open_file(path, writable):
 
 
 def _h5file(source, mode):
-    """An h5py file (a path, or a JournaledFile) with casacore's format bounds and a chunk
-    cache for partial rows. Writers lock through their JournaledFile (flock, as HDF5's own
-    lock), readers do not lock: a read-only mount follows a writer."""
-    return h5py.File(source, mode, locking=False, libver=LIBVER,
-                     rdcc_nbytes=CHUNK_CACHE_BYTES, rdcc_nslots=10007)
+    """An h5py file (a path, or a file object: then closed at exit if still open) with
+    casacore's format bounds and a chunk cache for partial rows. Writers lock through their
+    JournaledFile (flock, as HDF5's), readers do not: a read-only mount follows a writer."""
+    handle = h5py.File(source, mode, locking=False, libver=LIBVER,
+                       rdcc_nbytes=CHUNK_CACHE_BYTES, rdcc_nslots=10007)
+    return handle if isinstance(source, str | os.PathLike) else hdf5_exit.close_at_exit(handle)
 
 
 def _close(handle, journal):
