@@ -26,6 +26,9 @@ MODES = {"honest", "wrong-range", "shifted-range", "wrong-total", "gzip-bomb", "
     | LISTING_MODES
 BOMB = 16 << 20  # bytes a gzip-bomb body inflates to
 HUGE = 256 << 20  # bytes of a huge error body or listing
+# a trickled answer's pause between bytes: well under the tests' 1 s socket timeout, so
+# what ends it is the request's whole deadline, never the socket's read timeout
+TRICKLE_SECONDS = 0.25
 LISTING_HEAD = (b'<?xml version="1.0" encoding="UTF-8"?>\n<ListBucketResult xmlns='
                 b'"http://s3.amazonaws.com/doc/2006-03-01/"><Name>bucket</Name><Prefix></Prefix>'
                 b'<MaxKeys>1000</MaxKeys><Delimiter>/</Delimiter>')
@@ -139,7 +142,7 @@ class HostileServer:
             if mode == "slow-headers":
                 conn.sendall(b"HTTP/1.1 200 OK\r\n")
                 for i in range(120):
-                    if self._closing.wait(1):
+                    if self._closing.wait(TRICKLE_SECONDS):
                         return False
                     conn.sendall(f"X-Slow-{i}: {i}\r\n".encode())
                 return False
@@ -210,7 +213,7 @@ class HostileServer:
                    b"" if mode in ("trickled-body", "half-body-held") else body)
         if mode == "trickled-body":
             for byte in body:
-                if self._closing.wait(1):
+                if self._closing.wait(TRICKLE_SECONDS):
                     return False
                 conn.sendall(bytes([byte]))
         elif mode == "half-body-held":
