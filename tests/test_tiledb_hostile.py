@@ -178,11 +178,14 @@ def zstd_bomb():
 def measure(script, path):
     """Run ``script`` (with ``path`` and ``open_container`` at hand) in a fresh process:
     (peak memory growth in bytes, what it printed)."""
-    code = ("import resource, sys\nfrom ctdsfs.formats import open_container\n"
+    code = ("import sys\nfrom ctdsfs.formats import open_container\n"
             "path = sys.argv[1]\n"
-            "before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+            "def peak():  # (VmHWM: ru_maxrss would be pytest's, kept across fork and exec)\n"
+            "    with open('/proc/self/status') as f:\n"
+            "        return next(int(l.split()[1]) for l in f if l.startswith('VmHWM:'))\n"
+            "before = peak()\n"
             f"{script}\n"
-            "after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+            "after = peak()\n"
             "print((after - before) * 1024)\n")
     done = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True,
                           text=True, timeout=120)
