@@ -48,14 +48,21 @@ def serve(listing_path, root, mountpoint):
     saved before timing, an inode on first sight, kernel timeouts of a day, keep_cache,
     reads by os.pread on the real file). Any pyfuse3+trio file system pays at least its
     mount time and its find."""
+    with open(listing_path, "rb") as f:
+        listing = pickle.load(f)  # relative directory -> [(name, is_dir, size)]
+    _serve_tree(listing, os.stat(listing_path).st_mtime_ns, mountpoint,
+                lambda path: os.open(os.path.join(root, path), os.O_RDONLY),
+                lambda fh, off, size: os.pread(fh, size, off), os.close)
+
+
+def _serve_tree(listing, mtime_ns, mountpoint, open_file, read, release):
+    """Serve ``listing`` (relative directory -> [(name, is_dir, size)]) until unmounted:
+    ``open_file(path)`` gives a file handle (an int), ``read(fh, offset, size)`` its
+    bytes, ``release(fh)`` ends it."""
     import pyfuse3
     import trio
 
-    with open(listing_path, "rb") as f:
-        listing = pickle.load(f)  # relative directory -> [(name, is_dir, size)]
-    mtime_ns = os.stat(listing_path).st_mtime_ns
     paths, info, kids = {pyfuse3.ROOT_INODE: ""}, {pyfuse3.ROOT_INODE: (True, 0)}, {}
-
     def children(ino):  # name -> inode, numbered when the directory is first seen
         found = kids.get(ino)
         if found is None:
@@ -101,14 +108,13 @@ def serve(listing_path, root, mountpoint):
                     return
 
         async def open(self, ino, flags, ctx):
-            fd = os.open(os.path.join(root, paths[ino]), os.O_RDONLY)
-            return pyfuse3.FileInfo(fh=fd, keep_cache=True)
+            return pyfuse3.FileInfo(fh=open_file(paths[ino]), keep_cache=True)
 
         async def read(self, fh, off, size):
-            return os.pread(fh, size, off)
+            return read(fh, off, size)
 
         async def release(self, fh):
-            os.close(fh)
+            release(fh)
 
     pyfuse3.init(Floor(), mountpoint, {"ro", "fsname=floor"})
     try:
@@ -223,63 +229,17 @@ def serve_files(mountpoint, *specs):
     read reply a view of those bytes (no copy, no check, kernel timeouts of a day,
     keep_cache). Whatever a view decodes, any pyfuse3+trio file system handing the
     decoded bytes to a reader pays at least this."""
-    import pyfuse3
-    import trio
-
-    names, data = {}, {}  # name -> inode; inode -> its bytes
+    names, data = [], []
     for spec in specs:
         name, sep, path = spec.partition("=")
         if not sep or not name or "/" in name or name in names:
             sys.exit(f"pyfuse3_floor.py files: NAME=PATH expected, one per NAME: {spec!r}")
         with open(path, "rb") as f:
-            data[len(names) + 2] = memoryview(f.read())
-        names[name] = len(names) + 2
-    mtime_ns = time.time_ns()
-
-    def attr(ino):
-        size = 0 if ino == pyfuse3.ROOT_INODE else len(data[ino])
-        a = pyfuse3.EntryAttributes()
-        a.st_ino = ino
-        a.st_mode = (stat.S_IFDIR | 0o555) if ino == pyfuse3.ROOT_INODE else (stat.S_IFREG | 0o444)
-        a.st_nlink = 1
-        a.st_size = size
-        a.st_blksize = 4096
-        a.st_blocks = (size + 511) // 512
-        a.st_mtime_ns = a.st_ctime_ns = a.st_atime_ns = mtime_ns
-        a.entry_timeout = a.attr_timeout = 86400
-        return a
-
-    class FilesFloor(pyfuse3.Operations):
-        async def lookup(self, parent, name, ctx=None):
-            ino = names.get(os.fsdecode(name)) if parent == pyfuse3.ROOT_INODE else None
-            if ino is None:
-                raise pyfuse3.FUSEError(errno.ENOENT)
-            return attr(ino)
-
-        async def getattr(self, ino, ctx=None):
-            return attr(ino)
-
-        async def opendir(self, ino, ctx):
-            return ino
-
-        async def readdir(self, fh, start, token):
-            items = list(names.items())
-            for i in range(start, len(items)):
-                name, ino = items[i]
-                if not pyfuse3.readdir_reply(token, os.fsencode(name), attr(ino), i + 1):
-                    return
-
-        async def open(self, ino, flags, ctx):
-            return pyfuse3.FileInfo(fh=ino, keep_cache=True)
-
-        async def read(self, fh, off, size):
-            return data[fh][off:off + size]
-
-    pyfuse3.init(FilesFloor(), mountpoint, {"ro", "fsname=floor"})
-    try:
-        trio.run(pyfuse3.main)
-    finally:
-        pyfuse3.close(unmount=False)
+            data.append(memoryview(f.read()))
+        names.append(name)
+    listing = {"": [(name, False, len(view)) for name, view in zip(names, data)]}
+    _serve_tree(listing, time.time_ns(), mountpoint, names.index,
+                lambda fh, off, size: data[fh][off:off + size], lambda fh: None)
 
 
 if __name__ == "__main__":
