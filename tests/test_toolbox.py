@@ -259,7 +259,7 @@ def test_kill_9_during_storage_change_leaves_a_readable_table(tmp_path, command)
     import random
     import time
     rng = random.Random(command)
-    table = make_casacore_table(tmp_path / "t.tab", rows=100000,
+    table = make_casacore_table(tmp_path / "t.tab", rows=40000,
                                 multifile=command == "to-sepfile")
     values = dump_values(table)
     staging = tmp_path / "t.tab.ctdsfs-new"
