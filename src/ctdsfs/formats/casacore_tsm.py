@@ -191,26 +191,31 @@ class TiledReader:
 
     # ------------------------------------------------------------ reading
 
-    def _slab(self, col, cube, first, stop):
+    def _slab(self, col, cube, first, stop, places=False):
         """Positions ``first..stop`` along the last axis of ``cube`` (all of a cube without a
-        row axis when ``first`` is None), as a C-order array (positions, ...reversed axes)."""
+        row axis when ``first`` is None), as a C-order array (positions, ...reversed axes):
+        the values, or with ``places`` where each lies in the file (its first byte, or for
+        a Bool column its bit: byte * 8 + bit, lowest bit first), a write's map."""
         if col.name not in cube.layout:
             raise FormatError(f"{self.name}: {col.name} is not a data column of its cube")
         if first is None:
             first, stop = 0, cube.shape[-1]
+        dtype = np.int64 if places else col.dtype
         if cube.n_tiles == 0 or first == stop:
-            return np.zeros([stop - first] + cube.shape[-2::-1], col.dtype)
+            if places:
+                raise FormatError(f"{self.name}: no stored cells at positions {first}..{stop}")
+            return np.zeros([stop - first] + cube.shape[-2::-1], dtype)
         runs = _tile_runs(cube.tile[-1], first, stop)
         grid, tile = cube.grid[-2::-1], cube.tile[-2::-1]
         whole = [g * t for g, t in zip(grid, tile)]
         cut = (slice(None),) + tuple(slice(0, n) for n in cube.shape[-2::-1])
         if len(runs) == 1:  # decoded in place where the tiles' order allows (no copy)
-            values = self._tile_values(col, cube, *runs[0])
+            values = self._tile_items(col, cube, *runs[0], places)
             full = values.reshape([stop - first] + whole)
-            return np.ascontiguousarray(full[cut], dtype=col.dtype)
-        out, end = np.empty([stop - first] + cube.shape[-2::-1], col.dtype), stop - first
+            return np.ascontiguousarray(full[cut], dtype=dtype)
+        out, end = np.empty([stop - first] + cube.shape[-2::-1], dtype), stop - first
         for t0, t1, lo, hi in reversed(runs):  # backwards: see _read_tiles
-            values = self._tile_values(col, cube, t0, t1, lo, hi)
+            values = self._tile_items(col, cube, t0, t1, lo, hi, places)
             part = out[end - (t1 - t0) * (hi - lo):end]
             end -= len(part)
             if whole == list(part.shape[1:]):  # no edge tiles to cut: one copy
@@ -220,25 +225,46 @@ class TiledReader:
                 part[...] = values.reshape([len(part)] + whole)[cut]
         return out
 
-    def _tile_values(self, col, cube, t0, t1, lo, hi):
+    def _tile_items(self, col, cube, t0, t1, lo, hi, places=False):
         """Positions ``lo..hi`` inside each tile of the tile rows ``t0..t1`` (along the last
         axis), the cube's other axes whole: an array (tile row, position, then each other
-        axis's tile index beside its pixel index, slowest axis first)."""
+        axis's tile index beside its pixel index, slowest axis first) of the values, or
+        with ``places`` of their places in the file (see _slab)."""
         nd, rows = cube.ndim, hi - lo
         inner = cube.tile_pixels // cube.tile[-1]  # a position's pixels in one tile
         pixel = self.pixel[col.name]
         if pixel == 0:  # Bools as bits: the whole bytes around the positions' bits
             lo_byte, hi_byte = lo * inner // 8, -(-hi * inner // 8)
-            tiles = self._read_tiles(col, cube, t0, t1, lo_byte, hi_byte)
             first_bit = lo * inner - 8 * lo_byte
-            values = np.unpackbits(tiles, axis=1, bitorder="little")
-            values = values[:, first_bit:first_bit + rows * inner].view(bool)
+            if places:
+                bytes_at = self._tile_places(col, cube, t0, t1, lo_byte, hi_byte)
+                bits = (bytes_at[:, :, None] * 8 + np.arange(8)).reshape(len(bytes_at), -1)
+            else:
+                tiles = self._read_tiles(col, cube, t0, t1, lo_byte, hi_byte)
+                bits = np.unpackbits(tiles, axis=1, bitorder="little").view(bool)
+            values = bits[:, first_bit:first_bit + rows * inner]
+        elif places:
+            values = self._tile_places(col, cube, t0, t1, lo * inner * pixel,
+                                       hi * inner * pixel)[:, ::pixel]
         else:
             tiles = self._read_tiles(col, cube, t0, t1, lo * inner * pixel, hi * inner * pixel)
             values = np.ascontiguousarray(tiles).reshape(-1).view(
                 disk_dtype(col.data_type, self.big_endian))
         values = values.reshape([t1 - t0] + cube.grid[-2::-1] + [rows] + cube.tile[-2::-1])
         return values.transpose([0, nd] + [i for d in range(1, nd) for i in (d, nd + d)])
+
+    def _tile_rows(self, col, cube, t0, t1):
+        """(file, where ``col``'s part of the first tile of tile row ``t0`` begins, the
+        tile count of tile rows ``t0..t1``)."""
+        across = cube.n_tiles // cube.grid[-1]
+        return (self.files[cube.file], cube.offset + t0 * across * cube.tile_bytes
+                + cube.layout[col.name][0], (t1 - t0) * across)
+
+    def _tile_places(self, col, cube, t0, t1, lo_byte, hi_byte):
+        """Where the bytes ``_read_tiles`` reads lie in the file: (tiles, bytes) offsets."""
+        _, start, count = self._tile_rows(col, cube, t0, t1)
+        return (start + lo_byte + np.arange(count, dtype=np.int64)[:, None] * cube.tile_bytes
+                + np.arange(hi_byte - lo_byte, dtype=np.int64))
 
     def _read_tiles(self, col, cube, t0, t1, lo_byte, hi_byte):
         """Bytes ``lo_byte..hi_byte`` of ``col``'s part of every tile in the tile rows
@@ -250,65 +276,17 @@ class TiledReader:
         its next chunk for a reader going through the file, and fetches chunks ahead
         past the range (a reader going through a column reads whole tile rows, in one
         read per block, and is still read ahead for)."""
-        at = cube.layout[col.name][0]
-        across = cube.n_tiles // cube.grid[-1]
-        file, count = self.files[cube.file], (t1 - t0) * across
-        start = cube.offset + t0 * across * cube.tile_bytes
+        file, start, count = self._tile_rows(col, cube, t0, t1)
         length = hi_byte - lo_byte
         if length == cube.tile_bytes or count == 1 or cube.tile_bytes - length <= MERGE_GAP:
             span = (count - 1) * cube.tile_bytes + length
-            raw = np.frombuffer(read_exact(self.source, file, start + at + lo_byte, span,
+            raw = np.frombuffer(read_exact(self.source, file, start + lo_byte, span,
                                            "tiles"), np.uint8)
             return np.lib.stride_tricks.as_strided(raw, (count, length),
                                                    (cube.tile_bytes, 1), writeable=False)
-        pieces = [read_exact(self.source, file, start + n * cube.tile_bytes + at + lo_byte,
+        pieces = [read_exact(self.source, file, start + n * cube.tile_bytes + lo_byte,
                              length, "tiles") for n in reversed(range(count))]
         return np.frombuffer(b"".join(pieces[::-1]), np.uint8).reshape(count, length)
-
-    def _slab_plan(self, col, cube, first, stop):
-        """Where positions ``first..stop`` along the last axis of ``cube`` (all of a cube
-        without a row axis when ``first`` is None) lie, for writes: (file, byte offset of
-        the tiles holding them, the tile count, and ``arrange``, which turns one item per
-        pixel of those tiles, shape (tiles, tile pixels), into a C-order array
-        (positions, ...reversed axes), as ``_slab`` gives the values; ``arrange`` of each
-        pixel's place in the file is the write's map. None for an empty slab."""
-        nd = cube.ndim
-        if col.name not in cube.layout:
-            raise FormatError(f"{self.name}: {col.name} is not a data column of its cube")
-        if first is None:
-            first, stop = 0, cube.shape[-1]
-        if cube.n_tiles == 0 or first == stop:
-            return None
-        per_slab = cube.n_tiles // cube.grid[-1]
-        t0, t1 = first // cube.tile[-1], -(-stop // cube.tile[-1])
-        count = (t1 - t0) * per_slab
-        grid = [t1 - t0] + cube.grid[-2::-1]
-        order = [i for d in range(nd) for i in (d, nd + d)]
-        skip = t0 * cube.tile[-1]
-        cut = (slice(first - skip, stop - skip),) + tuple(slice(0, n) for n in cube.shape[-2::-1])
-
-        def arrange(pixels):
-            full = pixels.reshape(grid + cube.tile[::-1]).transpose(order).reshape(
-                [g * t for g, t in zip(grid, cube.tile[::-1])])
-            return full[cut]
-        return (self.files[cube.file], cube.offset + t0 * per_slab * cube.tile_bytes, count,
-                arrange)
-
-    def _slab_places(self, col, cube, first, stop):
-        """(file, each pixel's place) of the slab ``_slab`` decodes: its first byte in the
-        file, or for a Bool column its bit (byte * 8 + bit, lowest bit first)."""
-        plan = self._slab_plan(col, cube, first, stop)
-        if plan is None:
-            raise FormatError(f"{self.name}: no stored cells at positions {first}..{stop}")
-        file, offset, count, arrange = plan
-        at, _ = cube.layout[col.name]
-        tile_starts = offset + at + np.arange(count, dtype=np.int64) * cube.tile_bytes
-        pixels = np.arange(cube.tile_pixels, dtype=np.int64)
-        if self.pixel[col.name] == 0:
-            places = tile_starts[:, None] * 8 + pixels
-        else:
-            places = tile_starts[:, None] + pixels * self.pixel[col.name]
-        return file, np.ascontiguousarray(arrange(places))
 
     def _pieces(self, start, stop):
         """(cube index or None, first row of the cube, row count) per interval of
@@ -361,7 +339,7 @@ class TiledReader:
 
     def _row_slab(self, slab, cube, first, n):
         """Rows ``first..first + n`` of a cube, as (rows, ...reversed cell axes), from the
-        ``slab`` (a ``_slab`` or ``_slab_places`` result) of the positions on the last
+        ``slab`` (a ``_slab`` result, values or places) of the positions on the last
         axis that hold them."""
         per_position = self._rows_per_position(cube)
         if per_position == 1:
@@ -425,18 +403,18 @@ class TiledReader:
 
     def places(self, col, start, stop):
         """Where the cells of rows ``start..stop`` lie: [(file, places)], each ``places`` of
-        shape (rows, *cell_shape) (see _slab_places), for consecutive rows; FormatError when
+        shape (rows, *cell_shape) (see _slab), for consecutive rows; FormatError when
         a row has no stored cell (an undefined cell, a cube without storage)."""
         out = []
         for cube_nr, pos, n in self._pieces(start, stop):
             cube = None if cube_nr is None else self.cubes[cube_nr]
             if cube is None or cube.file < 0 or cube.n_tiles == 0:
                 raise FormatError(f"{self.name}: rows {start}..{stop} hold undefined cells")
+            file = self.files[cube.file]
             if pos is None:
-                file, places = self._slab_places(col, cube, None, None)
-                out.append((file, places[None]))
+                out.append((file, self._slab(col, cube, None, None, places=True)[None]))
                 continue
-            file, places = self._slab_places(col, cube, *self._positions(cube, pos, n))
+            places = self._slab(col, cube, *self._positions(cube, pos, n), places=True)
             out.append((file, self._row_slab(places, cube, pos, n)))
         return out
 
