@@ -120,14 +120,19 @@ class _ColumnNpy:
         return any(a <= first <= b + self.rows_per_block
                    for a, b in zip(starts, ends) if b > 0)
 
+    def _block_numbers(self, first, end, size):
+        """The blocks a read of ``size`` bytes (rows ``first..end``) may be answered from:
+        a read under a block's size, over at most two blocks; else None."""
+        block = self.rows_per_block
+        numbers = range(first // block, (end - 1) // block + 1)
+        return numbers if size < block * self.row_bytes and len(numbers) <= 2 else None
+
     def _in_blocks(self, first, end, size):
         """The block numbers a read of ``size`` bytes (rows ``first..end``) is answered
         from, or None when it decodes its own rows."""
-        block = self.rows_per_block
-        numbers = range(first // block, (end - 1) // block + 1)
-        if size >= block * self.row_bytes or len(numbers) > 2:
-            return None
-        if all(n in self._blocks for n in numbers) or self._going_through(first):
+        numbers = self._block_numbers(first, end, size)
+        if numbers is not None and (all(n in self._blocks for n in numbers)
+                                    or self._going_through(first)):
             return numbers
         return None
 
@@ -183,10 +188,8 @@ class _ColumnNpy:
         held_first, held_end, _ = self._exact
         if held_first <= first and end <= held_end:
             return True
-        block = self.rows_per_block  # (no lock: the loop asks, and a decode may hold it)
-        numbers = range(first // block, (end - 1) // block + 1)
-        return size < block * self.row_bytes and len(numbers) <= 2 and \
-            all(n in self._blocks for n in numbers)
+        numbers = self._block_numbers(first, end, size)  # (no lock: the loop asks)
+        return numbers is not None and all(n in self._blocks for n in numbers)
 
     def read(self, offset, size):
         head = len(self.header)
@@ -220,10 +223,9 @@ class _ColumnNpy:
                    "MultiFile table's cells are written)")
         if why:
             raise NotPermitted(f"{self.label}: {why}")
-        at, stop = max(offset, head) - head, end - head
-        if at >= stop or self.row_bytes == 0:
+        if end <= head or self.row_bytes == 0:
             return len(data)
-        first, last = at // self.row_bytes, -(-stop // self.row_bytes)
+        at, stop, first, last = self._row_span(offset, len(data))
         with self._lock:
             try:
                 current = np.ascontiguousarray(self.table.read_column(self.name, first, last))
