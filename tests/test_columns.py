@@ -328,18 +328,25 @@ def _patch(path, name, at, value):
     Path(path, name).write_bytes(bytes(data))
 
 
-@pytest.mark.parametrize("value", [0x7FFFFFFF, 0xFFFFFFF0])
-def test_hostile_ssm_string_reference_and_bucket_index(made, value):
-    """A string's heap bucket or length, or a bucket number in SSM's index, pointing
-    anywhere: a one-line FormatError naming the column."""
-    path = made("fixed", "StandardStMan")
+def long_string_reference(path):
+    """Where in ``table.f0`` SSM keeps the 12-byte reference (heap bucket, offset, length)
+    of the first ``s_string`` value too long to stand in the reference itself."""
     table = open_table(DirectorySource(path))
     ssm = table._reader(0)
     offset, group = ssm.place["s_string"]
     bucket = int(ssm.indexes[group].bucket[0])
     row = next(i for i, s in enumerate(table.read_column("s_string").tolist())
                if len(s.encode()) > 8)
-    ref_at = 512 + bucket * ssm.bucket_size + offset + 12 * row
+    return 512 + bucket * ssm.bucket_size + offset + 12 * row
+
+
+@pytest.mark.parametrize("value", [0x7FFFFFFF, 0xFFFFFFF0])
+def test_hostile_ssm_string_reference_and_bucket_index(made, value):
+    """A string's heap bucket or length, or a bucket number in SSM's index, pointing
+    anywhere: a one-line FormatError naming the column."""
+    path = made("fixed", "StandardStMan")
+    ssm = open_table(DirectorySource(path))._reader(0)
+    ref_at = long_string_reference(path)
     little = value.to_bytes(4, "little")
     for field in (0, 8):  # heap bucket number, string length
         copy = made("fixed", "StandardStMan")

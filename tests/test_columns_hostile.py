@@ -8,14 +8,12 @@ import os
 import numpy as np
 import pytest
 
-from ctdsfs.formats.casacore_base import DirectorySource
-from ctdsfs.formats.casacore_columns import open_table
 from ctdsfs.vfs import ROOT_INO, ContainerFS
 from ctdsfs.vfs.columns import with_columns
 from ctdsfs.vfs.directory import directory_or_table
 from ctdsfs.vfs.filesystem import FSError
 
-from .test_columns import _patch, made, mutated  # noqa: F401  (made: the table fixture)
+from .test_columns import _patch, long_string_reference, made, mutated  # noqa: F401  (made: the table fixture)
 
 
 def listing(fs, ino):
@@ -33,13 +31,7 @@ def test_a_string_column_that_does_not_decode_leaves_the_others_listed(made):  #
     """A string length in SSM's 12-byte reference pointing past everything: before, the
     listing of columns/ asked the string files' sizes and failed whole with EIO."""
     path = made("fixed", "StandardStMan")
-    table = open_table(DirectorySource(path))
-    ssm = table._reader(0)
-    offset, group = ssm.place["s_string"]
-    bucket = int(ssm.indexes[group].bucket[0])
-    row = next(i for i, s in enumerate(table.read_column("s_string").tolist())
-               if len(s.encode()) > 8)
-    _patch(path, "table.f0", 512 + bucket * ssm.bucket_size + offset + 12 * row + 8,
+    _patch(path, "table.f0", long_string_reference(path) + 8,
            (0x7FFFFFF0).to_bytes(4, "little"))
     fs, columns = columns_fs(path)
     sizes = listing(fs, columns)
