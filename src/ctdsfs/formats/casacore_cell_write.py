@@ -16,7 +16,7 @@ commits are atomic. A failure part-way through a write puts back what it had wri
 import numpy as np
 
 from ..errors import BlockError, CtdsfsError, FormatError
-from .casacore_base import TP_BOOL, TP_STRING, disk_dtype
+from .casacore_base import TP_BOOL, TP_STRING, disk_dtype, read_exact
 
 WRITTEN_MANAGERS = ("StandardStMan", "TiledColumnStMan", "TiledShapeStMan", "TiledCellStMan",
                     "TiledDataStMan")
@@ -46,19 +46,18 @@ def commits_atomically(source, name):
 def write_cells(table, col, start, values, changed):
     """Write the elements of rows ``start..start+len(values)`` of ``col`` where ``changed``
     (a bool array shaped as ``values``, of the column's getcol dtype) is set."""
-    try:
-        segments = table.cell_places(col.name, start, start + len(values))
-    except FormatError as exc:
-        raise BlockError(str(exc)) from None
     edits, row = [], 0
-    for file, places in segments:
-        n = len(places)
-        if places.shape[1:] != values.shape[1:]:
-            raise BlockError(f"{table.label}: column {col.name}: cells of shape "
-                             f"{places.shape[1:]} in {file}, {values.shape[1:]} shown")
-        chosen = changed[row:row + n]
-        edits += _file_edits(table, col, file, places[chosen], values[row:row + n][chosen])
-        row += n
+    try:
+        for file, places in table.cell_places(col.name, start, start + len(values)):
+            n = len(places)
+            if places.shape[1:] != values.shape[1:]:
+                raise BlockError(f"{table.label}: column {col.name}: cells of shape "
+                                 f"{places.shape[1:]} in {file}, {values.shape[1:]} shown")
+            chosen = changed[row:row + n]
+            edits += _file_edits(table, col, file, places[chosen], values[row:row + n][chosen])
+            row += n
+    except FormatError as exc:  # (a place outside its file too)
+        raise BlockError(str(exc)) from None
     if row != len(values):
         raise BlockError(f"{table.label}: column {col.name}: rows {start}..{start + len(values)}"
                          f" have {row} stored cells")
@@ -90,7 +89,7 @@ def _file_edits(table, col, file, places, values):
         windows = _windows(starts, starts + 1)
         edits = []
         for lo, hi, i, j in windows:
-            old = np.frombuffer(_read(table, file, lo, hi - lo), np.uint8)
+            old = np.frombuffer(read_exact(table.source, file, lo, hi - lo, "cells"), np.uint8)
             unpacked = np.unpackbits(old, bitorder="little")
             unpacked[bits[i:j] - lo * 8] = new_bits[i:j]
             edits += _changed_runs(file, lo, old, np.packbits(unpacked, bitorder="little"))
@@ -102,7 +101,7 @@ def _file_edits(table, col, file, places, values):
     items = encoded.reshape(-1)[order].view(np.uint8).reshape(-1, size)
     edits = []
     for lo, hi, i, j in _windows(starts, starts + size):
-        old = np.frombuffer(_read(table, file, lo, hi - lo), np.uint8)
+        old = np.frombuffer(read_exact(table.source, file, lo, hi - lo, "cells"), np.uint8)
         new = old.copy()
         new[(starts[i:j] - lo)[:, None] + np.arange(size)] = items[i:j]
         edits += _changed_runs(file, lo, old, new)
@@ -117,14 +116,6 @@ def _windows(starts, ends):
     lasts = np.concatenate([breaks, [len(starts)]])
     return [(int(starts[i]), int(ends[j - 1]), int(i), int(j))
             for i, j in zip(firsts, lasts)]
-
-
-def _read(table, file, offset, size):
-    data = table.source.read(file, offset, size)
-    if len(data) != size:
-        raise BlockError(f"{table.label}/{file}: bytes {offset}..{offset + size} lie past "
-                         "the end of the file")
-    return data
 
 
 def _changed_runs(file, lo, old, new):
