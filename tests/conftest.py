@@ -10,6 +10,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -189,20 +190,42 @@ def run_on_terminal(cmd, columns=100):
 
 def pytest_configure(config):
     """SIGTERM (a CI time limit, ``timeout``) ends the run as Ctrl-C does: finalizers run,
-    so the servers and mounts tests started are stopped, not left behind."""
+    so the servers and mounts tests started are stopped, not left behind. The controller
+    of a pytest-xdist run names where its image build will say how it went (the workers
+    it starts next inherit the name)."""
     def interrupt(signum, frame):
         raise KeyboardInterrupt(f"signal {signum}")
     signal.signal(signal.SIGTERM, interrupt)
+    if getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput"):
+        from .test_container_image import BUILD_STATUS
+        status = Path(tempfile.mkdtemp(prefix="ctdsfs-image-build-")) / "status"
+        os.environ[BUILD_STATUS] = str(status)
+
+
+def _runs_container_tests(ids):
+    return any(i.startswith("tests/test_container_image.py") for i in ids)
 
 
 def pytest_collection_modifyitems(session, config, items):
-    """The container image's build starts now, beside the other tests, if its tests run."""
-    if any(getattr(item.module, "__name__", "").endswith(".test_container_image")
-           for item in items if hasattr(item, "module")):
+    """The container image's build starts now, beside the other tests, if its tests run
+    (under pytest-xdist the controller starts it: see below)."""
+    if not hasattr(config, "workerinput") and \
+            _runs_container_tests([item.nodeid for item in items]):
         from .test_container_image import start_image_build
         start_image_build()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_node_collection_finished(node, ids):
+    """pytest-xdist's controller: the first worker has collected; the build starts here."""
+    if _runs_container_tests(ids):
+        from .test_container_image import start_image_build
+        start_image_build(controller=True)
 
 
 def pytest_sessionfinish(session, exitstatus):
     if "tests.test_container_image" in sys.modules:
         sys.modules["tests.test_container_image"].remove_image_build()
+    status = os.environ.get("CTDSFS_TEST_IMAGE_BUILD_STATUS")
+    if status and not hasattr(session.config, "workerinput"):
+        shutil.rmtree(Path(status).parent, ignore_errors=True)

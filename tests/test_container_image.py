@@ -119,7 +119,7 @@ class Podman:
     def __init__(self, root):
         self.root = Path(root)
         for sub in ("store", "run", "tmp", "networks"):
-            (self.root / sub).mkdir()
+            (self.root / sub).mkdir(exist_ok=True)  # (a worker's view of the controller's)
         self.env = dict(os.environ, TMPDIR=str(self.root / "tmp"))
         self.base = ["podman", "--root", self.root / "store", "--runroot", self.root / "run",
                      "--tmpdir", self.root / "tmp", "--network-config-dir",
@@ -182,10 +182,13 @@ class ImageBuild:
     """The image built in a thread from the start of the session (``start_image_build``,
     called by conftest when this module's tests are collected): the build (two apt
     stages, pip, a compile) takes minutes, mostly waiting on downloads, and overlaps the
-    other tests instead of adding to them."""
+    other tests instead of adding to them. Under pytest-xdist the controller builds
+    (it lives as long as the session) and says in ``status`` how it went, for the worker
+    that runs this module (:class:`BuiltByController`)."""
 
-    def __init__(self):
+    def __init__(self, status=None):
         self.engine = self.error = None
+        self.status = status
         self._preexisting = {d for d in PODMAN_SYSTEM_DIRS if d.exists()}
         self._thread = threading.Thread(target=self._build, name="ctdsfs-image-build",
                                         daemon=True)
@@ -204,6 +207,10 @@ class ImageBuild:
                         "-f", REPO / "docker/Dockerfile", "-t", IMAGE, REPO, timeout=1200)
         except BaseException as exc:  # (pytest.fail's Failed too) raised again in the test
             self.error = exc
+        if self.status is not None:
+            said = f"failed\n{self.error}" if self.error else f"built\n{self.engine.root}"
+            Path(f"{self.status}.partial").write_text(said)
+            os.rename(f"{self.status}.partial", self.status)
 
     def result(self):
         self._thread.join()
@@ -221,12 +228,50 @@ class ImageBuild:
             shutil.rmtree(made, ignore_errors=True)
 
 
+class BuiltByController:
+    """A pytest-xdist worker's side of the controller's :class:`ImageBuild`: waits for its
+    ``status`` file; the containers this worker started are removed at the module's end,
+    the store with the image by the controller at the session's."""
+
+    def __init__(self, status):
+        self.status = Path(status)
+        self.engine = None
+
+    def result(self):
+        deadline = time.monotonic() + 1800
+        while not self.status.exists():
+            if time.monotonic() > deadline:
+                pytest.fail(f"the image build said nothing in {self.status} in 30 minutes")
+            time.sleep(0.5)
+        outcome, said = self.status.read_text().split("\n", 1)
+        if outcome != "built":
+            pytest.fail(f"the image build failed: {said}")
+        self.engine = Podman(said)
+        return self.engine
+
+    def remove(self):
+        if self.engine is not None:
+            for name in self.engine.containers:
+                subprocess.run([*self.engine.base, "rm", "-f", "-t", "0", name],
+                               env=self.engine.env, capture_output=True)
+            self.engine = None
+
+
+# Under pytest-xdist: where the controller's build says how it went (set by conftest
+# before the workers start, so they inherit it).
+BUILD_STATUS = "CTDSFS_TEST_IMAGE_BUILD_STATUS"
 _BUILDS = []
 
 
-def start_image_build():
+def start_image_build(controller=False):
+    """The build, started once: by the controller of an xdist run (``controller``), or in
+    this process; an xdist worker only waits for the controller's."""
     if not _BUILDS:
-        _BUILDS.append(ImageBuild())
+        status = os.environ.get(BUILD_STATUS)
+        if status and not controller:
+            _BUILDS.append(BuiltByController(status))
+        else:
+            _BUILDS.append(ImageBuild(status))
 
 
 def remove_image_build():
