@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from ctdsfs.formats import open_container
-from ctdsfs.toolbox import pack, unpack
+from ctdsfs.toolbox import pack, to_sepfile, unpack
 
 from .conftest import Mount, require_fuse
 
@@ -32,7 +32,10 @@ def written(tmp_path_factory):
     rest in StandardStMan), its big-endian copy, every type in StandardStMan (and its
     big-endian copy), in IncrementalStMan and (fixed-shape arrays) in each tiled
     manager, variable-shape arrays; and every type in StandardStMan stored in
-    separate files (a plain directory), and that table packed by ``ctdsfs pack``."""
+    separate files (a plain directory), and that table packed by ``ctdsfs pack`` into a
+    MultiFile and into a MultiHDF5 container; the MeasurementSet in separate files packed
+    into a MultiHDF5 container (python-casacore here has no HDF5: casacore reads
+    MultiHDF5 tables unpacked)."""
     where = tmp_path_factory.mktemp("tables")
     for name, multifile in (("home-mf", True), ("home-plain", False)):
         (where / name).mkdir()
@@ -57,6 +60,10 @@ def written(tmp_path_factory):
                     "'StandardStMan')", str(HERE), str(where / "plain")], check=True,
                    env=dict(os.environ, HOME=str(where / "home-plain")))
     pack(str(where / "plain"), str(where / "packed.mf"), quiet=True)
+    pack(str(where / "plain"), str(where / "packed.mfh5"), format="hdf5", quiet=True)
+    shutil.copytree(where / "ms", where / "ms-sepfile")
+    to_sepfile(str(where / "ms-sepfile"), quiet=True)
+    pack(str(where / "ms-sepfile"), str(where / "ms.mfh5"), format="hdf5", quiet=True)
     return where
 
 
@@ -121,8 +128,9 @@ def check_edits(mount, written, tmp_path, edits):
     of the same values into another copy changes to the same value (the tiled managers'
     data files come out identical)."""
     tree = tmp_path / "tree"
+    tree.mkdir()
     for name in edits:
-        copy = shutil.copy if name.endswith(".mf") else shutil.copytree
+        copy = shutil.copy if name.endswith((".mf", ".mfh5")) else shutil.copytree
         copy(written / name, tree / name)
         shutil.copytree(as_casacore_opens(written / name), tmp_path / "by-casacore" / name)
     before = {name: every_column(tree / name) for name in edits}
@@ -196,8 +204,6 @@ def edit_flag_and_uvw(columns, expected):
     # three bytes in the middle of one value, and a run over two rows from mid-value
     npy_edit(expected["UVW"], uvw, head + 8 * (3 * 9 + 1) + 5, b"\x12\x34\x56")
     npy_edit(expected["UVW"], uvw, head + 8 * (3 * 20 + 2) + 3, bytes(range(40, 61)))
-
-
     weight = columns / "WEIGHT.npy"  # arrays StandardStMan keeps in its array file
     head = header_size(weight)
     npy_edit(expected["WEIGHT"], weight, head + 4 * (4 * 7 + 3) + 1, bytes(range(7, 14)))
@@ -246,6 +252,13 @@ def test_cells_written_through_numpy(mount, written, tmp_path):
     at unaligned offsets."""
     check_edits(mount, written, tmp_path, {"ms": edit_flag_and_uvw, "big.ms": edit_flag_and_uvw,
                                            "packed.mf": edit_ssm})
+
+
+def test_cells_written_in_multihdf5_containers(mount, written, tmp_path):
+    """The same edits in MultiHDF5 containers (committed through their journal): the
+    MeasurementSet's FLAG, UVW and WEIGHT, and StandardStMan's scalars and arrays."""
+    check_edits(mount, written, tmp_path, {"ms.mfh5": edit_flag_and_uvw,
+                                           "packed.mfh5": edit_ssm})
 
 
 def refused(path, offset, data):

@@ -172,6 +172,9 @@ class MultiHDF5(Container):
     format_name = "MultiHDF5"
     file = journal = None  # the top-level container's h5py file and JournaledFile
 
+    def commits_atomically(self, name):
+        return True  # through the redo journal (see the module docstring)
+
     def __init__(self, group, label, *, writable=False, depth=0, lock=None, new_block_size=None,
                  root=None, tree=None):
         self.group = group
