@@ -340,16 +340,22 @@ def test_numpy_and_casacore_through_one_mount_see_each_other(mount, written, tmp
 COLUMN_CRASH_POINTS = int(os.environ.get("CTDSFS_COLUMN_CRASH_POINTS", "2"))
 
 
-def test_kill_9_leaves_the_last_or_the_next_commit(written, tmp_path):
+def flag_of(path):
+    with ct.table(str(as_casacore_opens(path)), ack=False) as t:
+        return t.getcol("FLAG")
+
+
+@pytest.mark.parametrize("name", ["ms", "ms.mfh5"])
+def test_kill_9_leaves_the_last_or_the_next_commit(written, tmp_path, name):
     """kill -9 the daemon while FLAG is written (unaligned runs of Bool bytes over rows and
-    tiles, each committed by fsync): python-casacore then reads the values of the last
-    commit or of the one in flight, never a mix."""
+    tiles, each committed by fsync), in a MultiFile and in a MultiHDF5 MeasurementSet:
+    python-casacore then reads the values of the last commit or of the one in flight,
+    never a mix."""
     require_fuse()
     rng = random.Random(25)
-    path = tmp_path / "ms"
-    shutil.copytree(written / "ms", path)
-    with ct.table(str(path), ack=False) as t:
-        state = t.getcol("FLAG")
+    path = tmp_path / name
+    (shutil.copy if name.endswith(".mfh5") else shutil.copytree)(written / name, path)
+    state = flag_of(path)
     mnt = tmp_path / "mnt"
     mnt.mkdir()
     for point in range(COLUMN_CRASH_POINTS):
@@ -371,8 +377,7 @@ def test_kill_9_leaves_the_last_or_the_next_commit(written, tmp_path):
         except OSError:
             pass  # the daemon is gone
         m.reap_killed()
-        with ct.table(str(path), ack=False) as t:
-            got = t.getcol("FLAG")
+        got = flag_of(path)
         assert np.array_equal(got, state) or np.array_equal(got, expected), point
         state = got
 
