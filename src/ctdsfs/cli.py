@@ -81,7 +81,8 @@ mount options (-o, comma separated):
   norecurse            directory sources: show container files as files
   columns              a columns/ in every casacore table directory: its
                        columns as NAME.npy (see docs/casacore.md); with rw,
-                       writes into NAME.npy change a MultiFile table's cells
+                       writes into NAME.npy change the cells of a MultiFile
+                       or MultiHDF5 table
   no_index             do not keep or use the index of which files in a
                        MultiFile are plain (${XDG_CACHE_HOME:-~/.cache}/ctdsfs/
                        index): without it the first listing of each mount
