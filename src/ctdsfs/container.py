@@ -55,10 +55,13 @@ class Container(ABC):
     holds_links = False  # some names may be symbolic links (``symlink_target`` says which)
     holds_directories = True  # False: no entry is a directory (a stat need not list it)
 
+    # Writes to the files wait for a commit that makes them durable all at once (False: they
+    # go into the files in place as they come).
+    atomic_commits = False
+
     def commits_atomically(self, name):
-        """Whether writes to file ``name`` wait for a commit that makes them durable all at
-        once (False: they go into the file in place as they come)."""
-        return False
+        """Whether writes to file ``name`` are committed all at once (``atomic_commits``)."""
+        return self.atomic_commits
 
     # -- reading
 

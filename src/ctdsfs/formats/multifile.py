@@ -66,9 +66,7 @@ class MultiFile(MultiFileReading, MultiFileWriting, MultiFileCommitting, Contain
 
     format_name = "MultiFile"
     kernel_write_cache = True  # committed on flush/fsync, after the kernel sent its pages
-
-    def commits_atomically(self, name):
-        return True  # copy-on-write, committed by one header write
+    atomic_commits = True  # copy-on-write, committed by one header write
 
     @property
     def checks_reads(self):

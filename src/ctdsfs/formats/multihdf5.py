@@ -171,9 +171,7 @@ class MultiHDF5(Container):
 
     format_name = "MultiHDF5"
     file = journal = None  # the top-level container's h5py file and JournaledFile
-
-    def commits_atomically(self, name):
-        return True  # through the redo journal (see the module docstring)
+    atomic_commits = True  # through the redo journal (see the module docstring)
 
     def __init__(self, group, label, *, writable=False, depth=0, lock=None, new_block_size=None,
                  root=None, tree=None):
@@ -661,9 +659,8 @@ class MultiHDF5(Container):
         def run():
             f = self._create(name)
             child = MultiHDF5(self.group[_link(f.link)], f"{self.label}/{name}", writable=True,
-                              depth=self.depth + 1, lock=self._lock,
-                              new_block_size=self.block_size, root=self.root,
-                              tree=self._tree)
+                              depth=self.depth + 1, lock=self._lock, root=self.root,
+                              new_block_size=self.block_size, tree=self._tree)
             self._nested[name] = child
             return child
         return self._guarded(run)
