@@ -148,6 +148,27 @@ def test_coordinate_columns_written_by_python_casacore(made, manager):  # noqa: 
                 container.close()
 
 
+def test_records_decoded_in_batches(made, monkeypatch):  # noqa: F811
+    """A read over more cubes than the records kept (TiledCellStMan: a cube per row)
+    decodes them batch by batch: the same cells, with the reads running side by side
+    keeping their own batches."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from ctdsfs.formats import casacore_tsm_axes
+    monkeypatch.setattr(casacore_tsm_axes, "MAX_RECORDS_KEPT", 2)
+    path = made("coordinates", "TiledCellStMan")
+    table = open_table(DirectorySource(path))
+    names = ["x_dcomplex", "y_int", "x_float", "y_uint"]
+    serial = {name: assert_as_casacore(table, path, name) for name in names}
+    with ThreadPoolExecutor(4) as pool:
+        for name, got in zip(names * 4, pool.map(table.read_column, names * 4)):
+            for part in ("offsets", "values") if name.startswith("x") else (None,):
+                np.testing.assert_array_equal(getattr(got, part) if part else got,
+                                              getattr(serial[name], part) if part else
+                                              serial[name], err_msg=name)
+    assert_as_casacore(table, path, "x_int", 3, 9)
+
+
 def npy(view, name):
     return np.load(io.BytesIO(view.read(name, 0, view.entry_size(name))))
 

@@ -105,29 +105,34 @@ class HypercubeAxisValues:
 
     # ------------------------------------------------------------ records
 
-    def _decode(self, cube_nrs):
-        """Decode the records of ``cube_nrs`` not kept, reading the header's bytes that
-        hold them in few reads (records of neighbouring cubes together)."""
-        reader = self.reader
-        wanted = sorted(set(cube_nrs) - set(self._records))
-        if len(self._records) + len(wanted) > MAX_RECORDS_KEPT:
-            self._records = {}
-        group = []
-        for k in wanted:
+    def _records_of(self, cube_nrs):
+        """{cube: {field name: (type, value)} of the roles' fields in its record}: those
+        kept, the others decoded (and kept, at most MAX_RECORDS_KEPT), reading the
+        header's bytes that hold them in few reads (neighbouring cubes' together)."""
+        reader, kept = self.reader, self._records  # (reads may run side by side)
+        found = {k: kept[k] for k in cube_nrs if k in kept}
+        new, group = {}, []
+        for k in sorted(set(cube_nrs) - set(found)):
             start, end = reader.cubes[k].record_span
             if end - start > MAX_RECORD_BYTES:
                 raise FormatError(f"{reader.name}: hypercube {k}'s value record of "
                                   f"{end - start} bytes is too large (at most "
                                   f"{MAX_RECORD_BYTES})")
             if group and end - reader.cubes[group[0]].record_span[0] > MAX_RECORD_BYTES:
-                self._decode_group(group)
+                new.update(self._decode_group(group))
                 group = []
             group.append(k)
         if group:
-            self._decode_group(group)
+            new.update(self._decode_group(group))
+        if len(kept) + len(new) > MAX_RECORDS_KEPT:
+            self._records = new if len(new) <= MAX_RECORDS_KEPT else {}
+        else:
+            kept.update(new)
+        found.update(new)
+        return found
 
     def _decode_group(self, cube_nrs):
-        reader = self.reader
+        reader, records = self.reader, {}
         first = reader.cubes[cube_nrs[0]].record_span[0]
         data = read_exact(reader.source, reader.name, first,
                           reader.cubes[cube_nrs[-1]].record_span[1] - first,
@@ -137,38 +142,43 @@ class HypercubeAxisValues:
             r = AipsReader(data, start - first, end - first)  # (big-endian: the header)
             try:
                 record = tabledat.read_value_record(r)
-                self._records[k] = {
+                records[k] = {
                     f.name: (f.type, _as_numpy(f.type, v))
                     for f, v in zip(record.desc.fields, record.values) if f.name in self.roles}
             except FormatError as exc:
                 raise FormatError(f"{reader.name}: hypercube {k}'s value record: {exc}") \
                     from None
+        return records
 
-    def _field(self, col, cube_nr, rows):
+    def _field(self, col, records, cube_nr, rows):
         """(type, value) of ``col``'s field in the record of cube ``cube_nr`` (None: the
         rows are in no cube, or in TiledShapeStMan's cube 0 without the field)."""
         if cube_nr is None:
             return None
-        found = self._records[cube_nr].get(col.name)
+        found = records[cube_nr].get(col.name)
         if found is None and not (self.reader.kind == "TiledShapeStMan" and cube_nr == 0):
             raise FormatError(f"{self.reader.name}: the value record of hypercube {cube_nr} "
                               f"(rows {rows}) has no field {col.name}")
         return found
 
-    def _pieces(self, start, stop):
-        """The reader's (cube, position, rows) pieces of ``start..stop``, casacore's cube 0
-        for TiledShapeStMan rows in no other cube, every cube's record decoded."""
-        reader, pieces, at = self.reader, [], start
+    def _batches(self, start, stop):
+        """The reader's (cube, position, rows, "a..b") pieces of ``start..stop`` (casacore's
+        cube 0 for TiledShapeStMan rows in no other cube) with their cubes' records, in
+        batches of at most MAX_RECORDS_KEPT cubes: (records, pieces)."""
+        reader, pieces, cubes, at = self.reader, [], set(), start
         for cube_nr, pos, n in reader._pieces(start, stop):
             if cube_nr is None and reader.kind == "TiledShapeStMan" and reader.cubes:
                 cube_nr = 0
             if cube_nr is not None and not 0 <= cube_nr < len(reader.cubes):
                 raise FormatError(f"{reader.name}: rows {at}..{at + n} in hypercube "
                                   f"{cube_nr} of {len(reader.cubes)}")
+            if cube_nr not in cubes and len(cubes) == MAX_RECORDS_KEPT:
+                yield self._records_of(cubes - {None}), pieces
+                pieces, cubes = [], set()
             pieces.append((cube_nr, pos, n, f"{at}..{at + n}"))
+            cubes.add(cube_nr)
             at += n
-        self._decode([p[0] for p in pieces if p[0] is not None])
-        return pieces
+        yield self._records_of(cubes - {None}), pieces
 
     # ------------------------------------------------------------ values
 
@@ -177,19 +187,19 @@ class HypercubeAxisValues:
         cells (shape, values) / None (a vector coordinate column of several lengths or
         undefined cells), as TiledReader.read gives them."""
         role, axis = self.roles[col.name]
-        pieces = self._pieces(start, stop)
         if role == "coordinate" and col.is_array:
-            return self._vectors(col, pieces)
+            return self._vectors(col, start, stop)
         parts = []
-        for cube_nr, pos, n, rows in pieces:
-            found = self._field(col, cube_nr, rows)
-            if found is None:
-                raise FormatError(f"{self.reader.name}: rows {rows} are in no hypercube: "
-                                  f"casacore cannot read {col.name} there")
-            if role == "id":
-                parts.append(self._id_values(col, cube_nr, found, n))
-            else:
-                parts.append(self._scalar_coordinates(col, axis, cube_nr, found, pos, n))
+        for records, pieces in self._batches(start, stop):
+            for cube_nr, pos, n, rows in pieces:
+                found = self._field(col, records, cube_nr, rows)
+                if found is None:
+                    raise FormatError(f"{self.reader.name}: rows {rows} are in no hypercube: "
+                                      f"casacore cannot read {col.name} there")
+                if role == "id":
+                    parts.append(self._id_values(col, cube_nr, found, n))
+                else:
+                    parts.append(self._scalar_coordinates(col, axis, cube_nr, found, pos, n))
         if col.data_type == TP_STRING:
             return [v for part in parts for v in part]
         return np.concatenate(parts) if parts else np.zeros(0, col.dtype)
@@ -232,15 +242,16 @@ class HypercubeAxisValues:
                               f"hypercube {cube_nr} of shape {cube.shape}")
         return vector[index].astype(col.dtype, copy=False)
 
-    def _vectors(self, col, pieces):
+    def _vectors(self, col, start, stop):
         """Each row's cell: its cube's vector (None where the row is in no cube)."""
         cells, lengths = [], set()
-        for cube_nr, _, n, rows in pieces:
-            found = self._field(col, cube_nr, rows)
-            vector = None if found is None else \
-                self._vector(col, cube_nr, found).astype(col.dtype, copy=False)
-            cells.append((vector, n))
-            lengths.add(None if vector is None else len(vector))
+        for records, pieces in self._batches(start, stop):
+            for cube_nr, _, n, rows in pieces:
+                found = self._field(col, records, cube_nr, rows)
+                vector = None if found is None else \
+                    self._vector(col, cube_nr, found).astype(col.dtype, copy=False)
+                cells.append((vector, n))
+                lengths.add(None if vector is None else len(vector))
         if len(lengths) == 1 and None not in lengths:
             return np.concatenate([np.broadcast_to(v, (n, len(v))) for v, n in cells])
         return [None if v is None else ((len(v),), v) for v, n in cells for _ in range(n)]
