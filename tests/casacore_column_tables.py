@@ -98,6 +98,53 @@ def shared_tiles(path, manager):
     t.close()
 
 
+COORDINATE_TYPES = ["int", "uint", "float", "double", "complex", "dcomplex"]
+
+
+def coordinates(path, manager, endian="little", nrow=11):
+    """A hypercolumn per coordinate type in ``manager``, each: a Float data column
+    ``d_T`` and coordinate columns, vectors ``x_T`` (axis 0, length 2 + row % 3 in
+    TiledCellStMan, 3 + row % 2 in TiledShapeStMan, 3 in TiledColumnStMan) and ``y_T``
+    (axis 1, length 2), and but in TiledCellStMan (no row axis) the scalar ``t_T`` (the
+    rows' axis); each row puts its own vectors (the last put to a cube is its value) and
+    scalar. In TiledShapeStMan rows 3 and 7 of the Double hypercolumn get no cell (they
+    stay in casacore's cube 0, and casacore cannot read their coordinates; nor copy them)."""
+    cell_only = manager == "TiledCellStMan"
+    fixed = manager == "TiledColumnStMan"
+    cols = []
+    for k in COORDINATE_TYPES:
+        zero = TYPES[k](0).item()
+        cols += [ct.makearrcoldesc(f"d_{k}", 0.0, ndim=2, valuetype="float",
+                                   **({"shape": [2, 3], "options": 5} if fixed else {})),
+                 ct.makearrcoldesc(f"x_{k}", zero, ndim=1, valuetype=k),
+                 ct.makearrcoldesc(f"y_{k}", zero, ndim=1, valuetype=k)]
+        if not cell_only:
+            cols.append(ct.makescacoldesc(f"t_{k}", zero, valuetype=k))
+    desc = ct.maketabdesc(cols)
+    dminfo = {}
+    for i, k in enumerate(COORDINATE_TYPES):
+        coords = [f"x_{k}", f"y_{k}"] + ([] if cell_only else [f"t_{k}"])
+        ct.tabledefinehypercolumn(desc, f"H_{k}", len(coords), [f"d_{k}"],
+                                  coordcolumns=coords)
+        tile = [2, 2] + ([] if cell_only else [4])
+        dminfo[f"*{i + 1}"] = {"TYPE": manager, "NAME": f"H_{k}",
+                               "COLUMNS": [f"d_{k}"] + coords,
+                               "SPEC": {"DEFAULTTILESHAPE": np.array(tile, np.int32)}}
+    t = ct.table(path, desc, dminfo=dminfo, nrow=nrow, ack=False, endian=endian)
+    for j, k in enumerate(COORDINATE_TYPES):
+        for row in range(nrow):
+            if manager == "TiledShapeStMan" and k == "double" and row in (3, 7):
+                continue
+            nx = 3 if fixed else 2 + row % 3 if cell_only else 3 + row % 2
+            if not fixed:
+                t.putcell(f"d_{k}", row, values("float", (2, nx), row))
+            t.putcell(f"x_{k}", row, values(k, nx, 10 * row + j))
+            t.putcell(f"y_{k}", row, values(k, 2, 10 * row + j + 500))
+            if not cell_only:
+                t.putcell(f"t_{k}", row, values(k, 1, 10 * row + j + 900)[0])
+    t.close()
+
+
 def measurement_set(path, nrow):
     """casacore's default MS (every subtable) with a DATA column and ``nrow`` rows filled."""
     desc = ct.maketabdesc([ct.makearrcoldesc("DATA", 0j, ndim=2, valuetype="complex")])
@@ -129,4 +176,5 @@ def measurement_set(path, nrow):
 if __name__ == "__main__":
     what, path, manager = sys.argv[1:4]
     {"fixed": scalar_and_fixed, "var": varshape, "ms": measurement_set,
-     "shared": shared_tiles}[what](path, manager)
+     "shared": shared_tiles, "coordinates": coordinates,
+     "coordinates-big": lambda p, m: coordinates(p, m, "big")}[what](path, manager)

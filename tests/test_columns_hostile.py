@@ -80,18 +80,23 @@ def _everything_through_the_vfs(path):
                                           ("IncrementalStMan", "fixed"),
                                           ("StManAipsIO", "var"),
                                           ("TiledShapeStMan", "var"),
-                                          ("TiledColumnStMan", "fixed")])
+                                          ("TiledColumnStMan", "fixed"),
+                                          ("TiledShapeStMan", "coordinates")])
 def test_hostile_table_files_through_the_columns_view(made, manager, what):  # noqa: F811
     """Bytes of the storage managers' files (headers, bucket indexes, tile counts, string
     lengths and references, hypercube shapes, array shapes) overwritten, then columns/
     listed and read through the VFS: values, EIO or a one-line refusal for the file
-    touched, never another exception, within 4 GiB of address space."""
+    touched, never another exception, within 4 GiB of address space. (The coordinate
+    columns' hypercube value records too: the table has one column casacore cannot read
+    either, refused when intact.)"""
     path = made(what, manager)
     files = [f for f in sorted(os.listdir(path)) if f.startswith("table.f") and
              "_TSM" not in f]
+    intact = _everything_through_the_vfs(path)
+    assert intact == (1 if what == "coordinates" else 0)
     failed = 0
     for _ in mutated(path, files, np.random.default_rng(11), (4, 2),
                      (b"\xff\xff\xff\x7f", b"\x00\x00\x00\x00")):
-        failed += _everything_through_the_vfs(path)
+        failed += _everything_through_the_vfs(path) - intact
     assert failed > 0  # some mutations hit a checked field
-    assert _everything_through_the_vfs(path) == 0
+    assert _everything_through_the_vfs(path) == intact

@@ -13,7 +13,7 @@ import pytest
 from ctdsfs.errors import FormatError
 from ctdsfs.formats import open_container
 from ctdsfs.formats.casacore_base import DirectorySource, LayeredSource
-from ctdsfs.formats.casacore_columns import NotDecoded, open_table
+from ctdsfs.formats.casacore_columns import open_table
 from ctdsfs.vfs import ROOT_INO, ContainerFS
 from ctdsfs.vfs.columns import with_columns
 from ctdsfs.vfs.directory import directory_or_table
@@ -60,9 +60,8 @@ def test_several_hypercubes_equal_getcol(tmp_path, endian):
                 np.testing.assert_array_equal(table.read_column(name, a, b),
                                               ref.getcol(name, a, b - a), err_msg=f"{name} {a}")
     assert table.describe()["columns"]["ID"]["data_manager"] == "TiledDataStMan"
-    assert not table.columns["ID"].decoded  # its values live in the cubes' records
-    with pytest.raises(NotDecoded, match="ID"):
-        table.read_column("ID")
+    with ct.table(path, ack=False) as ref:  # (its values are in the cubes' records)
+        np.testing.assert_array_equal(table.read_column("ID"), ref.getcol("ID"))
 
 
 @pytest.mark.parametrize("endian", ["little", "big"])
@@ -113,15 +112,15 @@ def test_multifile_written_by_casacore(tmp_path):
 
 
 def test_columns_directory_shows_data_columns_npy(tmp_path):
-    """``columns/`` of the table: DATA.npy and FLAG.npy equal getcol, the id column has
-    no .npy."""
+    """``columns/`` of the table: DATA.npy, FLAG.npy and the id column's ID.npy equal
+    getcol."""
     path = write_tiled_data_table(tmp_path / "u.tab", "uniform", "little")
     fs = ContainerFS(with_columns(directory_or_table(path, source=True)), path)
     columns = fs.lookup(ROOT_INO, "columns").ino
     names = {name for name, _, _ in fs.readdir(fs.opendir(columns))}
-    assert {"DATA.npy", "FLAG.npy"} <= names and not any(n.startswith("ID.") for n in names)
+    assert {"DATA.npy", "FLAG.npy", "ID.npy"} <= names
     with ct.table(path, ack=False) as ref:
-        for name in ("DATA", "FLAG"):
+        for name in ("DATA", "FLAG", "ID"):
             fh = fs.open(fs.lookup(columns, f"{name}.npy").ino, os.O_RDONLY)
             try:
                 got = np.load(io.BytesIO(fs.read(fh, 0, 1 << 20)))

@@ -11,6 +11,14 @@
 //            rows 26-27 in no cube (casacore refuses to read them).
 // Each data cell holds row * 1000 + its element index (Fortran order); a FLAG element is
 // set where (row + element index) % 3 == 0.
+// The hypercubes' value records: id columns ID (Int) and NAME (String, non-ASCII; a
+// cube's ids: the values given when it is added or extended), coordinate columns
+//   uniform: FREQ (Double vector, axis 0: given when cube 1 is added, zeros elsewhere)
+//            and TIME (Double scalar, axis 2: given in the extension of cube 0, put per
+//            row in cube 1, zeros in cube 2);
+//   mixed:   CHAN (Int vector, axis 1: given for cube 0), BASELINE (Int scalar, axis 2:
+//            given for cube 0) and TIME (Double scalar, axis 3: put per row, so rows at
+//            one position of the fourth axis share the last value put).
 #include <casacore/casa/Arrays/ArrayMath.h>
 #include <casacore/casa/Containers/Record.h>
 #include <casacore/tables/DataMan/TiledDataStMan.h>
@@ -18,6 +26,7 @@
 #include <casacore/tables/Tables/ArrColDesc.h>
 #include <casacore/tables/Tables/ArrayColumn.h>
 #include <casacore/tables/Tables/ScaColDesc.h>
+#include <casacore/tables/Tables/ScalarColumn.h>
 #include <casacore/tables/Tables/SetupNewTab.h>
 #include <casacore/tables/Tables/StorageOption.h>
 #include <casacore/tables/Tables/Table.h>
@@ -42,6 +51,15 @@ static void fill(Table& table, uInt row, const IPosition& shape) {
 static Record cube_id(Int id) {
     Record values;
     values.define("ID", id);
+    values.define("NAME", String(id == 1 ? "cube \xc3\xa9t\xc3\xa9" : "cube ") +
+                              String::toString(id));
+    return values;
+}
+
+template <typename T>
+static Vector<T> ramp(uInt n, T first) {
+    Vector<T> values(n);
+    for (uInt i = 0; i < n; i++) values(i) = first + T(i);
     return values;
 }
 
@@ -68,30 +86,51 @@ int main(int argc, char** argv) {
         desc.addColumn(ArrayColumnDesc<Bool>("FLAG", 2));
     }
     desc.addColumn(ScalarColumnDesc<Int>("ID"));
-    Vector<String> data(2), ids(1);
-    data(0) = "DATA"; data(1) = "FLAG"; ids(0) = "ID";
-    desc.defineHypercolumn("TDS", uniform ? 3 : 4, data, Vector<String>(), ids);
+    desc.addColumn(ScalarColumnDesc<String>("NAME"));
+    desc.addColumn(ScalarColumnDesc<Double>("TIME"));
+    Vector<String> data(2), ids(2), coords(uniform ? 3 : 4);
+    data(0) = "DATA"; data(1) = "FLAG"; ids(0) = "ID"; ids(1) = "NAME";
+    if (uniform) {
+        desc.addColumn(ArrayColumnDesc<Double>("FREQ", 1));
+        coords(0) = "FREQ"; coords(2) = "TIME";
+    } else {
+        desc.addColumn(ArrayColumnDesc<Int>("CHAN", 1));
+        desc.addColumn(ScalarColumnDesc<Int>("BASELINE"));
+        coords(1) = "CHAN"; coords(2) = "BASELINE"; coords(3) = "TIME";
+    }
+    desc.defineHypercolumn("TDS", uniform ? 3 : 4, data, coords, ids);
     SetupNewTable setup(argv[1], desc, Table::New, storage);
     TiledDataStMan manager("TDS");
     setup.bindAll(manager);
     Table table(setup, uniform ? 45 : 28, False, endian);
     TiledDataStManAccessor accessor(table, "TDS");
+    ScalarColumn<Double> time(table, "TIME");
     if (uniform) {
         const IPosition tile(3, 2, 4, 3);
         accessor.addHypercube(IPosition(3, 4, 6, 0), tile, cube_id(0));
         accessor.extendHypercube(10, cube_id(0));
-        accessor.addHypercube(IPosition(3, 4, 6, 20), tile, cube_id(1));
-        accessor.extendHypercube(10, cube_id(0));
+        Record second = cube_id(1);
+        second.define("FREQ", ramp<Double>(4, 1.4e9));
+        accessor.addHypercube(IPosition(3, 4, 6, 20), tile, second);
+        Record extension = cube_id(0);
+        extension.define("TIME", ramp<Double>(10, 5.0e9));
+        accessor.extendHypercube(10, extension);
         accessor.addHypercube(IPosition(3, 4, 6, 5), tile, cube_id(2));
         for (uInt row = 0; row < 45; row++) fill<Complex>(table, row, IPosition(2, 4, 6));
+        for (uInt row = 10; row < 30; row++) time.put(row, 4.0e9 + row * 0.5);
     } else {
-        accessor.addHypercube(IPosition(4, 2, 3, 4, 0), IPosition(4, 2, 2, 3, 1), cube_id(0));
+        Record first = cube_id(0);
+        first.define("CHAN", ramp<Int>(3, 100));
+        first.define("BASELINE", ramp<Int>(4, -2));
+        accessor.addHypercube(IPosition(4, 2, 3, 4, 0), IPosition(4, 2, 2, 3, 1), first);
         accessor.extendHypercube(2, cube_id(0));
         accessor.addHypercube(IPosition(4, 3, 2, 3, 2), IPosition(4, 2, 2, 2, 2), cube_id(1));
         accessor.extendHypercube(3, cube_id(0));
-        for (uInt row = 0; row < 26; row++)
+        for (uInt row = 0; row < 26; row++) {
             fill<Float>(table, row, row >= 8 && row < 14 ? IPosition(2, 3, 2)
                                                             : IPosition(2, 2, 3));
+            time.put(row, 7.0e9 + row);
+        }
     }
     return 0;
 }

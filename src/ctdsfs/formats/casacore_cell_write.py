@@ -30,6 +30,9 @@ def why_not_written(table, col):
         return f"{col.manager} is not decoded"
     if col.data_type == TP_STRING:
         return "String columns are not written"
+    if col.in_cube_records:
+        return ("the id and coordinate columns of a hypercolumn are not written (their values "
+                "are in the hypercubes' records, in the manager's header)")
     if col.manager not in WRITTEN_MANAGERS:
         return (f"{col.manager} columns are not written (their cells have no fixed place "
                 "in the file)")

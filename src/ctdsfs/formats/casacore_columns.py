@@ -24,6 +24,7 @@ import numpy as np
 from ..errors import FormatError
 from . import casacore_ism, casacore_ssm, casacore_stmanaipsio, casacore_tsm, tabledat
 from .casacore_base import NUMERIC_TYPES, TP_BOOL, TP_STRING, EndianAipsReader
+from .casacore_tsm_axes import decodable, hypercolumn_roles
 
 OPTION_DIRECT = 1
 MAX_TABLE_DAT = 64 << 20
@@ -46,6 +47,7 @@ class ColumnInfo:
     seqnr: int  # its sequence number: its files are table.f<seqnr>...
     keywords: dict
     decoded: bool
+    in_cube_records: bool = False  # a tiled hypercolumn's id or coordinate column
 
     @property
     def type_name(self):
@@ -123,16 +125,13 @@ class VarShapeColumn:
 
 
 def _hypercube_axis_columns(table):
-    """Coordinate and id columns of the hypercolumns: a tiled manager keeps their values
-    in its cubes' records, which are not decoded here."""
-    names = set()
+    """{name: "id" or "coordinate"} of the hypercolumns' id and coordinate columns: a tiled
+    manager keeps their values in its cubes' records (see casacore_tsm_axes)."""
+    roles = {}
     for key, hyper in tabledat.record_dict(table.desc.private_keywords).items():
-        if key.startswith("Hypercolumn_") and isinstance(hyper, dict):
-            for role in ("coord", "id"):
-                values = hyper.get(role, {})
-                if isinstance(values, dict) and isinstance(values.get("values"), list):
-                    names.update(n for n in values["values"] if isinstance(n, str))
-    return names
+        if key.startswith("Hypercolumn_"):
+            roles.update((n, role) for n, (role, _) in hypercolumn_roles(hyper).items())
+    return roles
 
 
 def _column_infos(table):
@@ -140,15 +139,16 @@ def _column_infos(table):
     axis_columns = _hypercube_axis_columns(table)
     infos = []
     for desc, binding in zip(table.desc.columns, table.column_set.columns):
-        shape = None
-        if not desc.is_array:
+        manager = managers.get(binding.seqnr, "?")
+        role = axis_columns.get(desc.name) if manager.startswith("Tiled") else None
+        shape = None  # an id or coordinate column's: its hypercubes' (a row may be in none)
+        if not desc.is_array and not role:
             shape = ()
-        else:
+        elif not role:
             fixed = binding.fixed_shape or (desc.shape if desc.shape and desc.shape.values
                                             and desc.options & 4 else None)
             if fixed is not None:
                 shape = tuple(int(n) for n in fixed.values[::-1])
-        manager = managers.get(binding.seqnr, "?")
         infos.append(ColumnInfo(
             name=desc.name, data_type=desc.data_type, is_array=desc.is_array, ndim=desc.ndim,
             cell_shape=shape, direct=bool(desc.options & OPTION_DIRECT),
@@ -157,7 +157,8 @@ def _column_infos(table):
             decoded=desc.kind in ("ScalarColumnDesc", "ArrayColumnDesc") and
             (desc.data_type in NUMERIC_TYPES or desc.data_type in (TP_BOOL, TP_STRING))
             and manager in _decoders() and
-            not (manager.startswith("Tiled") and desc.name in axis_columns)))
+            (not role or decodable(role, desc.data_type, desc.is_array, desc.ndim)),
+            in_cube_records=bool(role)))
     return infos
 
 
@@ -215,7 +216,8 @@ class CasacoreTable:
         """JSON-ready: table keywords and, per column, type, shape, manager, keywords."""
         return {"rows": self.nrow, "keywords": self.keywords, "columns": {
             c.name: {"type": c.type_name, "array": c.is_array,
-                     "shape": list(c.cell_shape) if c.cell_shape is not None else None,
+                     "shape": list(c.cell_shape) if c.cell_shape is not None else
+                     None if c.is_array else [],
                      "ndim": c.ndim, "data_manager": c.manager, "decoded": c.decoded,
                      "keywords": c.keywords} for c in self.columns.values()}}
 

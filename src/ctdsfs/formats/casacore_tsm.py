@@ -34,6 +34,7 @@ from .casacore_base import (
     disk_dtype,
     read_exact,
 )
+from .casacore_tsm_axes import HypercubeAxisValues
 
 MAX_NDIM = 32
 MAX_HEADER = 256 << 20
@@ -54,7 +55,9 @@ def _iposition(r):
 class Cube:
     def __init__(self, r, v3):
         version = r.u32()
-        r.skip_object()  # value record (TiledDataStMan's ids)
+        start = r.pos
+        r.skip_object()  # value record: decoded when read (see casacore_tsm_axes)
+        self.record_span = (start, r.pos)  # where it lies in the header
         r.bool()  # extensible
         self.ndim = checked_count(r.u32(), MAX_NDIM, "hypercube rank")
         self.shape, self.tile = _iposition(r), _iposition(r)
@@ -100,6 +103,7 @@ class TiledReader:
             self._read_data_maps(r, version, base_version)
         r.end()
         self._order_columns(table, columns)
+        self.axis_values = HypercubeAxisValues(self, table, columns)  # id, coordinate columns
 
     def _read_base(self, r, columns):
         version = r.start("TiledStMan")
@@ -358,6 +362,8 @@ class TiledReader:
 
     def uniform_shape(self, col):
         """The one cell shape (Python order) of every row, or None, from the cubes alone."""
+        if self.axis_values.holds(col):
+            return self.axis_values.uniform_shape(col)
         shapes = set()
         for cube_nr, pos, n in self._pieces(0, self.nrow):
             if cube_nr is None or self.cubes[cube_nr].file < 0:
@@ -370,6 +376,8 @@ class TiledReader:
         return shapes.pop() if shapes else col.cell_shape
 
     def read(self, col, start, stop):
+        if self.axis_values.holds(col):
+            return self.axis_values.read(col, start, stop)
         if self.kind == "TiledCellStMan" and len(self.cubes) != self.nrow:
             raise FormatError(f"{self.name}: {len(self.cubes)} cells for {self.nrow} rows")
         arrays = []
@@ -405,6 +413,9 @@ class TiledReader:
         """Where the cells of rows ``start..stop`` lie: [(file, places)], each ``places`` of
         shape (rows, *cell_shape) (see _slab), for consecutive rows; FormatError when
         a row has no stored cell (an undefined cell, a cube without storage)."""
+        if self.axis_values.holds(col):
+            raise FormatError(f"{self.name}: {col.name}'s values are in the hypercubes' "
+                              "records, not in tiles")
         out = []
         for cube_nr, pos, n in self._pieces(start, stop):
             cube = None if cube_nr is None else self.cubes[cube_nr]

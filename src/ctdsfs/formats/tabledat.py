@@ -202,25 +202,32 @@ class TableRecord:
     values: list
 
 
-def _read_record(r):
+def _read_record(r, object_type="TableRecord"):
     version = r.start()
-    if r.last_type != "TableRecord" or version != 1:
-        raise FormatError(f"keyword set of type {r.last_type!r} version {version} "
+    if r.last_type != object_type or version != 1:
+        what = "keyword set" if object_type == "TableRecord" else "record"
+        raise FormatError(f"{what} of type {r.last_type!r} version {version} "
                           "is not supported")
     desc = _read_record_desc(r)
     record_type = r.i32()
-    values = _read_values(r, desc)
+    values = _read_values(r, desc, object_type)
     r.end()
     return TableRecord(desc, record_type, values)
 
 
-def _read_values(r, desc):
+def read_value_record(r):
+    """A casacore ``Record`` object (a data manager's own values, e.g. a hypercube's in a
+    tiled manager's header): laid out as a TableRecord is."""
+    return _read_record(r, "Record")
+
+
+def _read_values(r, desc, object_type="TableRecord"):
     values = []
     for f in desc.fields:
         if f.type == TP_RECORD:
             # A nested record with fields stores only its values; an empty one, itself.
-            values.append(_read_record(r) if not f.extra.fields else
-                          TableRecord(f.extra, -1, _read_values(r, f.extra)))
+            values.append(_read_record(r, object_type) if not f.extra.fields else
+                          TableRecord(f.extra, -1, _read_values(r, f.extra, object_type)))
         elif f.type == TP_TABLE:
             values.append(r.string())
         elif f.type in ARRAY_ELEMENT:
