@@ -22,6 +22,8 @@ Its cubes may have more axes than a cell plus one: the axes after a cell's (as m
 the hypercolumn's first data column has) all walk the rows, the first fastest.
 """
 
+import math
+
 import numpy as np
 
 from ..errors import FormatError
@@ -32,7 +34,9 @@ from .casacore_base import (
     EndianAipsReader,
     checked_count,
     disk_dtype,
+    read_aligned,
     read_exact,
+    read_pieces,
 )
 
 MAX_NDIM = 32
@@ -272,21 +276,18 @@ class TiledReader:
         together in each of its tiles (the last axis is a tile's slowest), so only those
         bytes are read: in one read across the tiles when they fill them or the gaps
         between are under MERGE_GAP bytes, else one read per tile. Reads of one range go
-        from its end back to its start: a remote store takes reads that step forward into
-        its next chunk for a reader going through the file, and fetches chunks ahead
-        past the range (a reader going through a column reads whole tile rows, in one
-        read per block, and is still read ahead for)."""
+        from its end back to its start (see read_pieces), and a remote store fetches
+        chunks ahead past the range (a reader going through a column reads whole tile
+        rows, in one read per block, and is still read ahead for)."""
         file, start, count = self._tile_rows(col, cube, t0, t1)
         length = hi_byte - lo_byte
         if length == cube.tile_bytes or count == 1 or cube.tile_bytes - length <= MERGE_GAP:
             span = (count - 1) * cube.tile_bytes + length
-            raw = np.frombuffer(read_exact(self.source, file, start + lo_byte, span,
-                                           "tiles"), np.uint8)
+            raw = read_aligned(self.source, file, start + lo_byte, span, "tiles")
             return np.lib.stride_tricks.as_strided(raw, (count, length),
                                                    (cube.tile_bytes, 1), writeable=False)
-        pieces = [read_exact(self.source, file, start + n * cube.tile_bytes + lo_byte,
-                             length, "tiles") for n in reversed(range(count))]
-        return np.frombuffer(b"".join(pieces[::-1]), np.uint8).reshape(count, length)
+        return read_pieces(self.source, file, start + lo_byte, cube.tile_bytes, count, length,
+                           "tiles")
 
     def _pieces(self, start, stop):
         """(cube index or None, first row of the cube, row count) per interval of
@@ -335,7 +336,7 @@ class TiledReader:
 
     def _rows_per_position(self, cube):
         """Rows at one position of the cube's last axis (1 but in TiledDataStMan)."""
-        return int(np.prod(cube.shape[self._cell_axes(cube):-1], dtype=object))
+        return math.prod(cube.shape[self._cell_axes(cube):-1])
 
     def _row_slab(self, slab, cube, first, n):
         """Rows ``first..first + n`` of a cube, as (rows, ...reversed cell axes), from the
