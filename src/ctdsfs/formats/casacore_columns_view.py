@@ -96,11 +96,15 @@ class _ColumnNpy:
         return len(self.header) + self.table.nrow * self.row_bytes
 
     def _decode(self, first, stop):
-        """Rows ``first..stop`` as read-only bytes (the array's own: reads hand out slices)."""
-        values = self.table.read_column(self.name, first, stop)
+        """Rows ``first..stop`` as read-only bytes (the array's own: reads hand out slices);
+        rows that do not decode are a BlockError (EIO for the read)."""
+        try:
+            values = self.table.read_column(self.name, first, stop)
+        except FormatError as exc:
+            raise BlockError(str(exc)) from None
         if not isinstance(values, np.ndarray) or values.dtype != self.dtype or \
                 values.shape != (stop - first,) + self.cell_shape:
-            raise FormatError(f"column {self.name}: rows {first}..{stop} changed shape")
+            raise BlockError(f"column {self.name}: rows {first}..{stop} changed shape")
         return memoryview(np.ascontiguousarray(values)).cast("B").toreadonly()
 
     def _block(self, number):
