@@ -167,6 +167,8 @@ class TiledReader:
                  NUMERIC_TYPES[by_name[n].data_type][1] for n in names}
         self.data_columns = sorted(names, key=lambda n: -pixel[n])
         self.pixel = pixel
+        self.disk_dtypes = {n: disk_dtype(by_name[n].data_type, self.big_endian)
+                            for n in names if pixel[n]}
         if self.kind == "TiledDataStMan":
             self.cell_ndim = by_name[names[0]].ndim if names else 0  # as casacore does
             if self.cell_ndim < 1 or any(c.ndim <= self.cell_ndim for c in self.cubes):
@@ -252,8 +254,7 @@ class TiledReader:
                                        hi * inner * pixel)[:, ::pixel]
         else:
             tiles = self._read_tiles(col, cube, t0, t1, lo * inner * pixel, hi * inner * pixel)
-            values = np.ascontiguousarray(tiles).reshape(-1).view(
-                disk_dtype(col.data_type, self.big_endian))
+            values = np.ascontiguousarray(tiles).reshape(-1).view(self.disk_dtypes[col.name])
         values = values.reshape([t1 - t0] + cube.grid[-2::-1] + [rows] + cube.tile[-2::-1])
         return values.transpose([0, nd] + [i for d in range(1, nd) for i in (d, nd + d)])
 
@@ -284,6 +285,8 @@ class TiledReader:
         if length == cube.tile_bytes or count == 1 or cube.tile_bytes - length <= MERGE_GAP:
             span = (count - 1) * cube.tile_bytes + length
             raw = read_aligned(self.source, file, start + lo_byte, span, "tiles")
+            if length == cube.tile_bytes:
+                return raw.reshape(count, length)
             return np.lib.stride_tricks.as_strided(raw, (count, length),
                                                    (cube.tile_bytes, 1), writeable=False)
         return read_pieces(self.source, file, start + lo_byte, cube.tile_bytes, count, length,
