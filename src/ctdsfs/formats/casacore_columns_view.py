@@ -70,7 +70,8 @@ class _ColumnNpy:
     A read decodes the rows it covers and no others (a ranged read of rows a..b
     reaches only the tiles or buckets holding them; the kernel's 1 MiB reads of a
     sequential reader too: decoding about 1 MiB at a time keeps its copies in the CPU's
-    caches, and the kernel's reads in flight are decoded side by side, not in turn).
+    caches; reads in flight in worker threads are decoded side by side, not in turn,
+    and a local table's are decoded on the mount's loop: see ColumnsView.cached).
     A reader going through the file in smaller reads gets blocks of about BLOCK_BYTES,
     each decoded once and kept for the reads that follow; the kernel may hand two such
     reads over out of order, so a read up to a block past what is held still counts
