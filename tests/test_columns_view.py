@@ -247,7 +247,8 @@ def test_local_tables_read_into_aligned_buffers_and_decode_at_once(made):  # noq
     """A table of local files: tile bytes go into buffers that start as far past a
     64-byte boundary as their file offset does (the kernel copies into them at full
     speed), the pieces of a tile row each into its place, the same bytes as a source
-    without ``read_into`` gives; its rows are decoded on the mount's loop (``cached``).
+    without ``read_into`` gives; the rows of its tiled columns are decoded on the
+    mount's loop (``cached``), an indirect array's (StandardStMan) in worker threads.
     A MultiFile-stored table shown as a directory (TableView) reads its files through
     its container: neither."""
     from ctdsfs.formats.casacore_base import read_aligned, read_pieces
@@ -270,6 +271,7 @@ def test_local_tables_read_into_aligned_buffers_and_decode_at_once(made):  # noq
     header = len(ColumnsView(local, path).read("DATA.npy", 0, 128))
     assert ColumnsView(local, path).cached("DATA.npy", header, 1 << 20)
     assert not ColumnsView(plain, path).cached("DATA.npy", header, 1 << 20)
+    assert not ColumnsView(local, path).cached("WEIGHT.npy", header, 1 << 20)  # (SSM)
 
     stored = made("fixed", "TiledColumnStMan", multifile=True)
     shown = with_columns(directory_or_table(stored))

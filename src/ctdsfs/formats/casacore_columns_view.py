@@ -406,17 +406,20 @@ class ColumnsView(DerivedView):
         except FileNotFoundError:
             return False
         if isinstance(entry, _ColumnNpy):
-            return self._decodes_at_once() or entry.held(offset, size)
+            return self._decodes_at_once(entry) or entry.held(offset, size)
         return isinstance(entry, bytes) or (isinstance(entry, _Bytes) and
                                             entry._data is not None)
 
-    def _decodes_at_once(self):
-        """Whether the table's files are local (the source reads into buffers): their rows
-        decode in a fraction of a millisecond a MiB from the page cache, so the mount
-        decodes them on its loop, as it serves small reads, rather than in worker
-        threads, whose hops and contention for the GIL cost more than the decoding (a
-        third of the daemon's CPU over a 125 MiB MeasurementSet's tiled columns)."""
-        return getattr(self.source, "read_into", None) is not None
+    def _decodes_at_once(self, entry):
+        """Whether ``entry`` is a column of a tiled manager in local files (the source reads
+        into buffers): its rows decode in a fraction of a millisecond a MiB from the page
+        cache, so the mount decodes them on its loop, as it serves small reads, rather
+        than in worker threads, whose hops and contention for the GIL cost more than the
+        decoding (a third of the daemon's CPU over a 125 MiB MeasurementSet's tiled
+        columns). Other managers' cells may take tens of milliseconds a MiB (an
+        indirect array's cells one by one): they keep the loop free for other requests."""
+        return getattr(self.source, "read_into", None) is not None and \
+            entry.table.columns[entry.name].manager.startswith("Tiled")
 
     def _problem(self, text):
         self.problems.append(text)
