@@ -12,7 +12,8 @@ rounds (the machine is shared: its load moves every reader) with the best beside
   beside them the pyfuse3 floor: ``numpy.load`` of the same columns' .npy files (saved
   from ``getcol`` once) served from memory by pyfuse3_floor.py ``files`` (a fresh mount
   each round, timed as the mount is): what any pyfuse3+trio file system pays to hand
-  NumPy the decoded columns;
+  NumPy the decoded columns; beside both, the CPU their daemons spent meanwhile (the
+  machine's load moves it less than it moves wall times);
 * remote: the same columns of the MS packed by ``ctdsfs pack`` and put on a SeaweedFS on
   loopback, read through the fsspec filesystem (``columns=True``) as ``dask.array``s by
   the two worker processes of a ``distributed.LocalCluster`` (a new one each round:
@@ -92,24 +93,47 @@ def tiled_columns(path):
     return table, [name for name, col in table.columns.items() if col.manager.startswith("Tiled")]
 
 
+def daemon_cpu_seconds(pid):
+    """CPU seconds the threads of process ``pid`` have run so far (their schedstat:
+    nanoseconds, where /proc/PID/stat counts 10 ms ticks)."""
+    total = 0
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{task}/schedstat") as f:
+                total += int(f.read().split()[0])
+        except (OSError, ValueError):  # a thread that ended meanwhile
+            continue
+    return total / 1e9
+
+
+def timed_load(mounted, directory, names, cpu):
+    """``numpy.load`` seconds of ``names`` under ``directory``; the daemon's CPU seconds
+    meanwhile appended to ``cpu``."""
+    before = daemon_cpu_seconds(mounted.proc.pid)
+    wall = seconds(NPY_LOAD, directory, *names)
+    cpu.append(daemon_cpu_seconds(mounted.proc.pid) - before)
+    return wall
+
+
 def local_figures(tmp, ms, names, rounds):
-    """(getcol seconds, mount seconds, floor seconds), ``rounds`` each, alternated."""
+    """(getcol seconds, mount seconds, floor seconds), ``rounds`` each, alternated, and the
+    daemons' CPU seconds meanwhile: (the mount's, the floor's)."""
     mountpoint = tmp / "columns-mnt"
     decoded = tmp / "columns-npy"  # what the floor serves
     decoded.mkdir()
     subprocess.run([sys.executable, "-c", SAVE_NPY, ms, decoded, *names], check=True)
     npy_files = {f"{name}.npy": decoded / f"{name}.npy" for name in names}
-    ours, theirs, floor = [], [], []
+    ours, theirs, floor, cpu = [], [], [], ([], [])
     for _ in range(rounds):
         theirs.append(seconds(GETCOL, ms, *names))
         with Mounted(["mount.ctdsfs", "-f", "-o", "columns", str(ms), str(mountpoint)],
-                     str(mountpoint)):
-            ours.append(seconds(NPY_LOAD, mountpoint / "columns", *names))
-        with floor_of_files(npy_files, mountpoint):
-            floor.append(seconds(NPY_LOAD, mountpoint, *names))
+                     str(mountpoint)) as mounted:
+            ours.append(timed_load(mounted, mountpoint / "columns", names, cpu[0]))
+        with floor_of_files(npy_files, mountpoint) as mounted:
+            floor.append(timed_load(mounted, mountpoint, names, cpu[1]))
     for path in npy_files.values():
         path.unlink()
-    return theirs, ours, floor
+    return theirs, ours, floor, cpu
 
 
 def extra_bytes(url, s3, table, nrow, options):
@@ -187,7 +211,7 @@ def columns_figures(tmp, ms_mib, rounds=5):
                     "ms", str(ms), str(nrow)], check=True)
     table, names = tiled_columns(ms)
     size = sum(f.stat().st_size for f in ms.iterdir() if f.is_file()) / 2 ** 20
-    getcol, mounted, floor = local_figures(tmp, ms, names, rounds)
+    getcol, mounted, floor, (cpu, floor_cpu) = local_figures(tmp, ms, names, rounds)
     dask, ((moved, wanted), (moved_small, _)), tile_row = remote_figures(tmp, ms, table,
                                                                         names, rounds)
     ratio = statistics.median(getcol) / statistics.median(mounted)
@@ -198,7 +222,9 @@ def columns_figures(tmp, ms_mib, rounds=5):
         f"numpy.load through a fresh -o columns mount {summary(mounted)}, ratio of medians "
         f"{ratio:.2f} (target >= 1); the pyfuse3 floor (the same columns' .npy from memory, "
         f"numpy.load through a fresh mount) {summary(floor)}, ratio of medians to getcol "
-        f"{statistics.median(getcol) / statistics.median(floor):.2f}",
+        f"{statistics.median(getcol) / statistics.median(floor):.2f}; the daemons' CPU meanwhile "
+        f"(all threads): the mount's median {statistics.median(cpu):.3f} s, the floor's "
+        f"{statistics.median(floor_cpu):.3f} s",
         f"columns: the same through fsspec from SeaweedFS, dask.array on 2 worker processes "
         f"(a new cluster each round) {summary(dask)}, ratio to getcol from local disk "
         f"{dask_ratio:.2f}",

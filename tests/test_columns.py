@@ -286,6 +286,11 @@ class CountingSource(DirectorySource):
         self.bytes_read[name] = self.bytes_read.get(name, 0) + len(data)
         return data
 
+    def read_into(self, name, offset, buffer):
+        count = super().read_into(name, offset, buffer)
+        self.bytes_read[name] = self.bytes_read.get(name, 0) + count
+        return count
+
 
 def test_row_ranges_read_only_their_rows_bytes(made):
     """Rows 1234..1240: of a tiled column only those rows' bytes in each tile are read (a

@@ -2,6 +2,7 @@
 that does not decode costs its own files only, each bad case ends in EIO for one file or
 a one-line refusal, with bounded memory and no traceback."""
 
+import errno
 import json
 import os
 
@@ -100,3 +101,29 @@ def test_hostile_table_files_through_the_columns_view(made, manager, what):  # n
         failed += _everything_through_the_vfs(path) - intact
     assert failed > 0  # some mutations hit a checked field
     assert _everything_through_the_vfs(path) == intact
+
+
+def test_a_tile_file_cut_short_while_shown(made):  # noqa: F811
+    """The tiles' file of DATA cut to half its size after the view opened it (reads of a
+    local table go into buffers, no size asked first): EIO for the rows past the cut, a
+    one-line reason, and the rows before it still read as getcol gives them."""
+    import casacore.tables as ct
+
+    from ctdsfs.formats.casacore_base import DirectorySource
+    from ctdsfs.formats.casacore_columns import open_table
+
+    path = made("ms", "2000")
+    with ct.table(str(path), ack=False) as ref:
+        expected = ref.getcol("DATA", 0, 64)
+    fs, columns = columns_fs(path)
+    fh = fs.open(fs.lookup(columns, "DATA.npy").ino, os.O_RDONLY)
+    size = fs.getattr(fs.lookup(columns, "DATA.npy").ino).size
+    row, head = expected[0].nbytes, size - 2000 * expected[0].nbytes
+    (tiles,) = open_table(DirectorySource(path)).manager_files("DATA")
+    os.truncate(os.path.join(path, tiles), os.path.getsize(os.path.join(path, tiles)) // 2)
+    with pytest.raises(FSError) as failed:
+        fs.read(fh, head + 1900 * row, 50 * row)
+    assert failed.value.errno == errno.EIO and "\n" not in str(failed.value)
+    first = np.frombuffer(fs.read(fh, head, 64 * row), expected.dtype).reshape(expected.shape)
+    np.testing.assert_array_equal(first, expected)
+    fs.release(fh)

@@ -14,6 +14,7 @@ import pytest
 from ctdsfs.errors import ReadOnlyError
 from ctdsfs.formats import open_container
 from ctdsfs.formats.casacore_base import DirectorySource, LayeredSource
+from ctdsfs.formats.casacore_columns import open_table
 from ctdsfs.formats.casacore_columns_view import ColumnsView
 
 from .test_columns import CountingSource, made  # noqa: F401  (the module's table fixture)
@@ -227,3 +228,56 @@ def test_one_column_read_without_listing_the_view(made):  # noqa: F811 (the fixt
     with ct.table(path, ack=False) as ref:
         np.testing.assert_array_equal(data, ref.getcol("DATA"))
     assert "DATA.npy" in view.names() and "table.f3i" in source.bytes_read
+
+
+class _PlainSource:
+    """A source with only ``read`` and ``entry_size`` (a remote store's kind)."""
+
+    def __init__(self, path):
+        self.local = DirectorySource(path)
+
+    def entry_size(self, name):
+        return self.local.entry_size(name)
+
+    def read(self, name, offset, size):
+        return self.local.read(name, offset, size)
+
+
+def test_local_tables_read_into_aligned_buffers_and_decode_at_once(made):  # noqa: F811
+    """A table of local files: tile bytes go into buffers that start as far past a
+    64-byte boundary as their file offset does (the kernel copies into them at full
+    speed), the pieces of a tile row each into its place, the same bytes as a source
+    without ``read_into`` gives; the rows of its tiled columns are decoded on the
+    mount's loop (``cached``), an indirect array's (StandardStMan) in worker threads.
+    A MultiFile-stored table shown as a directory (TableView) reads its files through
+    its container: neither."""
+    from ctdsfs.formats.casacore_base import read_aligned, read_pieces
+    from ctdsfs.vfs.columns import with_columns
+    from ctdsfs.vfs.directory import directory_or_table
+
+    path = made("ms", "3000")
+    (tiles,) = open_table(DirectorySource(path)).manager_files("DATA")
+    raw = open(os.path.join(path, tiles), "rb").read()
+    local, plain = DirectorySource(path), _PlainSource(path)
+    for offset, size in [(0, 4096), (1, 100), (4095, 70_001), (65_536 + 48, 1 << 17)]:
+        got = read_aligned(local, tiles, offset, size, "tiles")
+        assert got.__array_interface__["data"][0] % 64 == offset % 64
+        assert got.tobytes() == raw[offset:offset + size] == \
+            read_aligned(plain, tiles, offset, size, "tiles").tobytes()
+        pieces = read_pieces(local, tiles, offset, 5000, 7, 333, "tiles")
+        assert pieces.tolist() == read_pieces(plain, tiles, offset, 5000, 7, 333,
+                                              "tiles").tolist()
+        assert pieces[6].tobytes() == raw[offset + 30_000:offset + 30_333]
+    header = len(ColumnsView(local, path).read("DATA.npy", 0, 128))
+    assert ColumnsView(local, path).cached("DATA.npy", header, 1 << 20)
+    assert not ColumnsView(plain, path).cached("DATA.npy", header, 1 << 20)
+    assert not ColumnsView(local, path).cached("WEIGHT.npy", header, 1 << 20)  # (SSM)
+
+    stored = made("fixed", "TiledColumnStMan", multifile=True)
+    shown = with_columns(directory_or_table(stored))
+    view = shown.nested("columns")
+    assert getattr(shown.inner, "read_into", None) is None
+    with ct.table(stored, ack=False) as ref:
+        for name in ref.colnames():
+            assert not view.cached(f"{name}.npy", 128, 1 << 20)
+            np.testing.assert_array_equal(load(view, f"{name}.npy"), ref.getcol(name))

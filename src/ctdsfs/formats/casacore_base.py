@@ -5,6 +5,9 @@ A table's files are reached through a *source*: any object with
 ``entry_size(name)``. A :class:`~ctdsfs.formats.multifile.MultiFile` is one; a
 :class:`DirectorySource` reads a table directory; a remote store can be another. So
 the decoders work the same over all of them and read only the byte ranges they need.
+A source of local files may also have ``read_into(name, offset, buffer)`` (the bytes
+read into a writable buffer, their count): bulk reads then go into buffers of
+:func:`read_aligned`'s alignment.
 
 Everything here is untrusted input: every count, size and offset read from a file is
 checked against the file's real size before anything is read or allocated.
@@ -29,6 +32,7 @@ NUMERIC_TYPES = {TP_UCHAR: ("u2", 1), TP_SHORT: ("i2", 2), TP_USHORT: ("u2", 2),
                  TP_DCOMPLEX: ("c16", 16)}
 # A bound for any single allocation a hostile file could ask for (cells, strings, maps).
 MAX_ITEMS = 1 << 31
+MAX_READ = 1 << 31  # bytes of one read_aligned (callers check their ranges against the file)
 
 
 class DirectorySource:
@@ -44,6 +48,13 @@ class DirectorySource:
         with open(os.path.join(self.path, name), "rb") as f:
             f.seek(offset)
             return f.read(size)
+
+    def read_into(self, name, offset, buffer):
+        fd = os.open(os.path.join(self.path, name), os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            return preadv_all(fd, buffer, offset)
+        finally:
+            os.close(fd)
 
 
 class LayeredSource:
@@ -142,6 +153,69 @@ def read_exact(source, name, offset, size, what):
     if len(data) != size:
         raise FormatError(f"{name}: {what} is short ({len(data)} of {size} bytes)")
     return data
+
+
+ALIGNMENT = 64
+
+
+def aligned_empty(size, offset=0):
+    """An uninitialised ``uint8`` array of ``size`` bytes for the bytes at ``offset`` of a
+    file: its start lies ``offset`` bytes past a multiple of ALIGNMENT. The kernel
+    copies from the page cache into a destination 1 to 31 bytes past its source (modulo
+    a page), which is where NumPy's and Python's large buffers tend to start, 3 to 4
+    times slower than otherwise (rep movsb: 530 against 150 us a MiB on AMD EPYC)."""
+    raw = np.empty(size + ALIGNMENT - 1, np.uint8)
+    skip = (offset - raw.__array_interface__["data"][0]) % ALIGNMENT
+    return raw[skip:skip + size]
+
+
+def preadv_all(fd, buffer, offset):
+    """Bytes of file descriptor ``fd`` from ``offset`` into ``buffer`` until it is full or
+    the file ends: their count."""
+    view, done = memoryview(buffer).cast("B"), 0
+    while done < len(view):
+        n = os.preadv(fd, [view[done:]], offset + done)
+        if n == 0:
+            break
+        done += n
+    return done
+
+
+def read_aligned(source, name, offset, size, what):
+    """:func:`read_exact`'s bytes as a ``uint8`` array: from a source that reads into
+    buffers (``read_into``), into an :func:`aligned_empty` one (a short read there says
+    the range passes the end of the file: no size asked first)."""
+    read_into = getattr(source, "read_into", None)
+    if read_into is None:
+        return np.frombuffer(read_exact(source, name, offset, size, what), np.uint8)
+    if offset < 0 or size < 0 or size > MAX_READ:
+        raise FormatError(f"{name}: {what} at offset {offset}, {size} bytes, is out of range")
+    buffer = aligned_empty(size, offset)
+    done = read_into(name, offset, buffer)
+    if done != size:
+        raise FormatError(f"{name}: {what} is short ({done} of {size} bytes)")
+    return buffer
+
+
+def read_pieces(source, name, first, step, count, length, what):
+    """``count`` pieces of ``length`` bytes, the n-th at ``first + n * step``, as a ``uint8``
+    array (count, length), read from the last piece back to the first (a remote store
+    takes reads that step forward into its next chunk for a reader going through the
+    file); from a source that reads into buffers, each into its place."""
+    read_into = getattr(source, "read_into", None)
+    if read_into is None:
+        pieces = [read_exact(source, name, first + n * step, length, what)
+                  for n in reversed(range(count))]
+        return np.frombuffer(b"".join(pieces[::-1]), np.uint8).reshape(count, length)
+    if first < 0 or step < 0 or length < 0 or count * length > MAX_READ:
+        raise FormatError(f"{name}: {what} at offset {first}, {count} x {length} bytes, is "
+                          "out of range")
+    out = aligned_empty(count * length, first).reshape(count, length)
+    for n in reversed(range(count)):
+        done = read_into(name, first + n * step, out[n])
+        if done != length:
+            raise FormatError(f"{name}: {what} is short ({done} of {length} bytes)")
+    return out
 
 
 def checked_count(n, limit, what):

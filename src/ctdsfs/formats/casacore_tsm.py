@@ -22,6 +22,8 @@ Its cubes may have more axes than a cell plus one: the axes after a cell's (as m
 the hypercolumn's first data column has) all walk the rows, the first fastest.
 """
 
+import math
+
 import numpy as np
 
 from ..errors import FormatError
@@ -32,7 +34,9 @@ from .casacore_base import (
     EndianAipsReader,
     checked_count,
     disk_dtype,
+    read_aligned,
     read_exact,
+    read_pieces,
 )
 from .casacore_tsm_axes import HypercubeAxisValues
 
@@ -167,6 +171,8 @@ class TiledReader:
                  NUMERIC_TYPES[by_name[n].data_type][1] for n in names}
         self.data_columns = sorted(names, key=lambda n: -pixel[n])
         self.pixel = pixel
+        self.disk_dtypes = {n: disk_dtype(by_name[n].data_type, self.big_endian)
+                            for n in names if pixel[n]}
         if self.kind == "TiledDataStMan":
             self.cell_ndim = by_name[names[0]].ndim if names else 0  # as casacore does
             if self.cell_ndim < 1 or any(c.ndim <= self.cell_ndim for c in self.cubes):
@@ -252,8 +258,7 @@ class TiledReader:
                                        hi * inner * pixel)[:, ::pixel]
         else:
             tiles = self._read_tiles(col, cube, t0, t1, lo * inner * pixel, hi * inner * pixel)
-            values = np.ascontiguousarray(tiles).reshape(-1).view(
-                disk_dtype(col.data_type, self.big_endian))
+            values = np.ascontiguousarray(tiles).reshape(-1).view(self.disk_dtypes[col.name])
         values = values.reshape([t1 - t0] + cube.grid[-2::-1] + [rows] + cube.tile[-2::-1])
         return values.transpose([0, nd] + [i for d in range(1, nd) for i in (d, nd + d)])
 
@@ -276,21 +281,20 @@ class TiledReader:
         together in each of its tiles (the last axis is a tile's slowest), so only those
         bytes are read: in one read across the tiles when they fill them or the gaps
         between are under MERGE_GAP bytes, else one read per tile. Reads of one range go
-        from its end back to its start: a remote store takes reads that step forward into
-        its next chunk for a reader going through the file, and fetches chunks ahead
-        past the range (a reader going through a column reads whole tile rows, in one
-        read per block, and is still read ahead for)."""
+        from its end back to its start (see read_pieces), and a remote store fetches
+        chunks ahead past the range (a reader going through a column reads whole tile
+        rows, in one read per block, and is still read ahead for)."""
         file, start, count = self._tile_rows(col, cube, t0, t1)
         length = hi_byte - lo_byte
         if length == cube.tile_bytes or count == 1 or cube.tile_bytes - length <= MERGE_GAP:
             span = (count - 1) * cube.tile_bytes + length
-            raw = np.frombuffer(read_exact(self.source, file, start + lo_byte, span,
-                                           "tiles"), np.uint8)
+            raw = read_aligned(self.source, file, start + lo_byte, span, "tiles")
+            if length == cube.tile_bytes:
+                return raw.reshape(count, length)
             return np.lib.stride_tricks.as_strided(raw, (count, length),
                                                    (cube.tile_bytes, 1), writeable=False)
-        pieces = [read_exact(self.source, file, start + n * cube.tile_bytes + lo_byte,
-                             length, "tiles") for n in reversed(range(count))]
-        return np.frombuffer(b"".join(pieces[::-1]), np.uint8).reshape(count, length)
+        return read_pieces(self.source, file, start + lo_byte, cube.tile_bytes, count, length,
+                           "tiles")
 
     def _pieces(self, start, stop):
         """(cube index or None, first row of the cube, row count) per interval of
@@ -339,7 +343,7 @@ class TiledReader:
 
     def _rows_per_position(self, cube):
         """Rows at one position of the cube's last axis (1 but in TiledDataStMan)."""
-        return int(np.prod(cube.shape[self._cell_axes(cube):-1], dtype=object))
+        return math.prod(cube.shape[self._cell_axes(cube):-1])
 
     def _row_slab(self, slab, cube, first, n):
         """Rows ``first..first + n`` of a cube, as (rows, ...reversed cell axes), from the

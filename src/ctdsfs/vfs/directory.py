@@ -36,6 +36,7 @@ from collections import OrderedDict
 from ..container import Container, Usage
 from ..errors import CtdsfsError, FormatError, NotAContainer, NotPermitted, ReadOnlyError
 from ..formats import directory_format, open_container, tabledat
+from ..formats.casacore_base import preadv_all
 from ..formats.store import create_exclusive
 from .filesystem import FSError
 
@@ -152,6 +153,12 @@ class DirectorySource(Container):
     def read(self, key, offset, size):
         fd = key.fd if isinstance(key, _Unlinked) else self._fd(key)
         return os.pread(fd, size, offset)
+
+    def read_into(self, key, offset, buffer):
+        """``read`` into a writable buffer (the caller's, aligned as it likes): the count.
+        A subclass whose files are not all the directory's sets it to None."""
+        return preadv_all(key.fd if isinstance(key, _Unlinked) else self._fd(key), buffer,
+                          offset)
 
     def symlink_target(self, name):
         try:
@@ -343,6 +350,7 @@ class TableView(DirectorySource):
     """A MultiFile-stored casacore table shown as a table stored in separate files."""
 
     format_name = "casacore table view"
+    read_into = None  # (most files are the container's)
 
     def __init__(self, path, **options):
         super().__init__(path, **options)

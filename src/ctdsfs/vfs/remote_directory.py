@@ -64,6 +64,7 @@ class RemotePrefix(DirectorySource):
     """One prefix of a bucket: its objects and sub-prefixes, read-only."""
 
     format_name = "object store prefix"
+    read_into = None  # (a local directory's; objects are read through their stores)
 
     def __init__(self, backend, prefix, options, *, recurse=True, verify_crc=True,
                  listing=None):
