@@ -1,7 +1,7 @@
-"""BYTESHUFFLE then ZSTD or LZ4, undone by python-blosc in one call a chunk: the same
+"""BYTESHUFFLE then ZSTD or LZ4, undone by python-blosc in one call a tile: the same
 bytes as tiledb-py for every value width and both codecs, the chunks Blosc must not be
-given (a part as long as its output) undone filter by filter, and a damaged part a
-clear error naming its tile."""
+given (a part as long as its output, chunks of other sizes) undone filter by filter,
+and a damaged part a clear error naming its tile."""
 
 import io
 import struct
@@ -12,7 +12,7 @@ import tiledb
 import zstandard
 
 from ctdsfs.errors import BlockError, FormatError
-from ctdsfs.formats import open_container
+from ctdsfs.formats import open_container, tiledb_blosc
 from ctdsfs.formats import tiledb_filters as tf
 
 CODECS = {"zstd": tiledb.ZstdFilter(level=1), "lz4": tiledb.LZ4Filter()}
@@ -46,15 +46,26 @@ def test_values_equal_tiledb_py(tmp_path, dtype, codec):
         assert got.dtype == values.dtype and got.tobytes() == values.tobytes()
 
 
-def shuffled_tile(values, data_frame):
-    """A one-chunk tile of BYTESHUFFLE then ZSTD: the shuffle's metadata in its own frame,
-    then ``data_frame`` (the shuffled values, compressed)."""
-    shuffle_meta = struct.pack("<II", 1, values.nbytes)
-    meta_frame = zstandard.ZstdCompressor().compress(shuffle_meta)
-    zstd_meta = struct.pack("<IIIIII", 1, 1, len(shuffle_meta), len(meta_frame),
-                            values.nbytes, len(data_frame))
-    body = meta_frame + data_frame
-    return struct.pack("<QIII", 1, values.nbytes, len(body), len(zstd_meta)) + zstd_meta + body
+def shuffled_tile(values, data_frame, *more):
+    """A tile of BYTESHUFFLE then ZSTD chunks, one for each (values, data_frame) pair: the
+    shuffle's metadata in its own frame, then ``data_frame`` (the shuffled values,
+    compressed)."""
+    chunks = [struct.pack("<Q", 1 + len(more) // 2)]
+    for values, data_frame in [(values, data_frame)] + list(zip(more[::2], more[1::2])):
+        shuffle_meta = struct.pack("<II", 1, values.nbytes)
+        meta_frame = zstandard.ZstdCompressor().compress(shuffle_meta)
+        zstd_meta = struct.pack("<IIIIII", 1, 1, len(shuffle_meta), len(meta_frame),
+                                values.nbytes, len(data_frame))
+        body = meta_frame + data_frame
+        chunks.append(struct.pack("<III", values.nbytes, len(body), len(zstd_meta)) +
+                      zstd_meta + body)
+    return b"".join(chunks)
+
+
+def frame_of(values, **options):
+    """``values`` byte-shuffled and compressed as one zstd frame."""
+    planes = values.view(np.uint8).reshape(-1, values.itemsize).T.tobytes()
+    return zstandard.ZstdCompressor(**options).compress(planes)
 
 
 PIPELINE = {"max_chunk_size": 65536, "filters": [
@@ -65,8 +76,7 @@ def test_part_as_long_as_its_values_is_decoded(tmp_path):
     """A ZSTD part exactly as long as the chunk (a frame, then a skippable frame filling
     the rest): Blosc would copy it as stored bytes, so it is decoded filter by filter."""
     values = np.arange(1024, dtype="<f8") * 1.5
-    planes = values.view(np.uint8).reshape(-1, 8).T.tobytes()
-    frame = zstandard.ZstdCompressor().compress(planes)
+    frame = frame_of(values)
     pad = values.nbytes - len(frame) - 8
     assert pad > 0
     part = frame + struct.pack("<II", 0x184D2A50, pad) + bytes(pad)
@@ -108,3 +118,67 @@ def test_damaged_tile_of_an_array_is_eio_for_that_tile(tmp_path):
         fragment.read("v.npy", size - 8, 8)
     head = bytes(fragment.read("v.npy", size - values.nbytes, 8))
     assert head == values[:1].tobytes()
+
+
+def test_tile_is_one_blosc_call(tmp_path, monkeypatch):
+    """Every chunk of a tile (4 KiB chunks, the last shorter) is undone by one python-blosc
+    call a tile, and gives tiledb-py's values."""
+    uri = str(tmp_path / "a")
+    values = write(uri, "<f8", "zstd")
+    calls = []
+    real_decode = tiledb_blosc.decode
+    monkeypatch.setattr(tiledb_blosc, "decode",
+                        lambda chunk, *rest: calls.append(len(chunk)) or real_decode(chunk, *rest))
+    fragments = open_container(uri).nested("fragments")
+    fragment = fragments.nested(fragments.names()[0])
+    data = bytes(fragment.read("v.npy", 0, fragment.entry_size("v.npy")))
+    assert np.load(io.BytesIO(data)).tobytes() == values.tobytes()
+    assert len(calls) == 3  # (tiles of 20,000 values: 39 chunks of 4096 bytes and one of 256)
+
+
+def test_chunks_blosc_cannot_take_as_blocks_are_decoded():
+    """Chunks that are not Blosc blocks (a chunk shorter than the next; a part as long as
+    its chunk in the middle of a tile) are undone chunk by chunk, to the same values."""
+    a, b, c = (np.arange(k, k + 512, dtype="<f8") * 1.25 for k in (0, 512, 1024))
+    short = b[:256]
+    tile = shuffled_tile(a, frame_of(a), short, frame_of(short), c, frame_of(c))
+    expected = np.concatenate((a, short, c)).tobytes()
+    assert bytes(tf.unfilter_tile(tile, PIPELINE, 3, 8, len(expected), "t")) == expected
+    frame = frame_of(b)
+    pad = b.nbytes - len(frame) - 8
+    stored_size = frame + struct.pack("<II", 0x184D2A50, pad) + bytes(pad)
+    tile = shuffled_tile(a, frame_of(a), b, stored_size, c, frame_of(c))
+    expected = np.concatenate((a, b, c)).tobytes()
+    assert bytes(tf.unfilter_tile(tile, PIPELINE, 3, 8, len(expected), "t")) == expected
+
+
+def test_damaged_chunk_inside_a_tile_is_a_clear_error():
+    """A chunk in the middle of a tile cut short, or declaring more values than its part
+    gives: a FormatError naming the tile, never other bytes."""
+    a, b, c = (np.arange(k, k + 512, dtype="<f8") for k in (0, 512, 1024))
+    tile = shuffled_tile(a, frame_of(a), b, frame_of(b, write_content_size=False)[:-9],
+                         c, frame_of(c))
+    with pytest.raises(FormatError, match="tile 7 of v: ZSTD does not decompress"):
+        tf.unfilter_tile(tile, PIPELINE, 3, 8, 3 * a.nbytes, "tile 7 of v")
+    tile = shuffled_tile(a, frame_of(a), b, frame_of(b[:256], write_content_size=False),
+                         c, frame_of(c))  # (its chunk declares 512 values, its part has 256)
+    with pytest.raises(FormatError, match="tile 7 of v: ZSTD does not decompress"):
+        tf.unfilter_tile(tile, PIPELINE, 3, 8, 3 * a.nbytes, "tile 7 of v")
+
+
+def test_changed_bytes_give_the_values_or_a_clear_error():
+    """Any one byte of a tile of four chunks changed: the tile decodes to its size or is a
+    FormatError, nothing else (Blosc is handed sizes and starts it checks)."""
+    chunks = [np.arange(k, k + 512, dtype="<f8") for k in range(0, 2048, 512)]
+    tile = shuffled_tile(*[x for v in chunks for x in (v, frame_of(v))])
+    expected = np.concatenate(chunks).tobytes()
+    assert bytes(tf.unfilter_tile(tile, PIPELINE, 3, 8, len(expected), "t")) == expected
+    rng = np.random.default_rng(24)
+    for place in rng.integers(0, len(tile), 300):
+        changed = bytearray(tile)
+        changed[place] ^= int(rng.integers(1, 256))
+        try:
+            out = tf.unfilter_tile(bytes(changed), PIPELINE, 3, 8, len(expected), "t")
+        except FormatError:
+            continue
+        assert len(out) == len(expected)
