@@ -152,8 +152,10 @@ def _stage_types(pipeline, datatype):
 
 
 def unfilter_tile(data, pipeline, datatype, cell_size, expected, what, string_offsets=None,
-                  parallel=True):
-    """The unfiltered bytes of one tile (``data``: its on-disk bytes, chunk count first).
+                  parallel=True, room=0):
+    """The unfiltered bytes of one tile (``data``: its on-disk bytes, chunk count first,
+    after ``room`` bytes of a writable buffer that may be written: the tile is then
+    decoded in place where Blosc can, see ``tiledb_blosc.decode_blocks``).
 
     ``expected`` bounds the result (the tile's size as the schema and metadata
     declare it); a tile that claims more, or whose chunks do not add up, is a
@@ -167,22 +169,24 @@ def unfilter_tile(data, pipeline, datatype, cell_size, expected, what, string_of
         raise FormatError(f"{what}: {problem}")
     try:
         return _unfilter_tile(data, pipeline, datatype, cell_size, expected, what,
-                              string_offsets, parallel)
+                              string_offsets, parallel, room)
     except MemoryError:
         raise FormatError(f"{what}: the tile needs more memory than there is") from None
 
 
 def _unfilter_tile(data, pipeline, datatype, cell_size, expected, what, string_offsets,
-                   parallel):
-    reader = Reader(data, what)
+                   parallel, room):
+    reader = Reader(memoryview(data)[room:], what)
     count = reader.count("Q", 12)
-    chunks, total = [], 0
+    chunks, places, total = [], [], 0
     for _ in range(count):
         original, filtered, meta_len = reader.unpack("III")
         total += original
         if total > expected:
             raise FormatError(f"{what}: chunks declare more than the tile's {expected} bytes")
-        chunks.append((original, bytes(reader.take(meta_len)), reader.take(filtered)))
+        meta = bytes(reader.take(meta_len))
+        places.append(reader.pos)  # (where the chunk's filtered bytes start in the tile)
+        chunks.append((original, meta, reader.take(filtered)))
     if reader.left():
         raise FormatError(f"{what}: {reader.left()} bytes after the last chunk")
     stages = list(reversed(list(zip(pipeline["filters"], _stage_types(pipeline, datatype)))))
@@ -198,7 +202,8 @@ def _unfilter_tile(data, pipeline, datatype, cell_size, expected, what, string_o
         stages[-2][0]["type"] in tiledb_blosc.BLOSC_CODECS
     if fused:
         address, width = out.ctypes.data, dtype_of(stages[-1][1], what).itemsize
-        if len(stages) == 2 and _blosc_tile(stages[0][0], width, chunks, address, what):
+        if len(stages) == 2 and _blosc_tile(stages[0][0], width, chunks, address, what,
+                                            data, places, room):
             return memoryview(out)
 
     def unfilter(index):
@@ -232,16 +237,16 @@ def _unfilter_tile(data, pipeline, datatype, cell_size, expected, what, string_o
     return memoryview(out) if out is not None else b"".join(bodies)
 
 
-def _blosc_tile(f, width, chunks, address, what):
+def _blosc_tile(f, width, chunks, address, what, data, places, room):
     """ZSTD or LZ4 (``f``) then BYTESHUFFLE of values ``width`` bytes wide undone on every
     chunk of a tile by one python-blosc call, the tile written at ``address``: each
-    chunk's data part is a block of one Blosc chunk (see ``tiledb_blosc``), the size
-    that precedes each block's stream the compressed size that ends the chunk's
-    metadata. False (nothing done) where a chunk is not the plain case: other than one
-    metadata part (the shuffle's, of one part as long as the chunk) and one data part,
-    or chunks Blosc cannot take as its blocks."""
-    sizes, streams = [], []
-    for original, meta, body in chunks:
+    chunk's data part is a block of one Blosc chunk (see ``tiledb_blosc``), read from
+    ``data`` where the chunks' filtered bytes start at ``places`` (after ``room``).
+    False (nothing done) where a chunk is not the plain case: other than one metadata
+    part (the shuffle's, of one part as long as the chunk) and one data part, or chunks
+    Blosc cannot take as its blocks."""
+    sizes, streams, packed = [], [], []
+    for (original, meta, body), place in zip(chunks, places):
         if len(meta) != ONE_PART_EACH.size:
             return False
         metas, datas, meta_size, meta_packed, data_size, data_packed = \
@@ -252,9 +257,10 @@ def _blosc_tile(f, width, chunks, address, what):
         if _shuffle_parts(f, bytes(body[:meta_packed]), what) != (1, original):
             return False
         sizes.append(original)
-        streams.append((meta[-4:], body[meta_packed:]))
-    return tiledb_blosc.decode_streams(f["type"], f["name"], width, sizes[0] if sizes else 0,
-                                       sizes, streams, address, what)
+        streams.append(place + meta_packed)
+        packed.append(data_packed)
+    return tiledb_blosc.decode_blocks(f["type"], f["name"], width, sizes, data, streams,
+                                      packed, address, what, room)
 
 
 def _shuffle_parts(f, packed, what):
@@ -287,8 +293,8 @@ def _uncompress_unshuffle(f, datatype, width, meta, body, address, size, what):
     part = datas[0][1]
     if f["type"] == 2:
         _zstd_declares(part, size, what)
-    return tiledb_blosc.decode_streams(f["type"], f["name"], width, size, [size],
-                                       [(struct.pack("<i", len(part)), part)], address, what)
+    return tiledb_blosc.decode_blocks(f["type"], f["name"], width, [size], part, [0],
+                                      [len(part)], address, what)
 
 
 def _byte_unshuffle_chunk(datatype, meta, body, into, what):

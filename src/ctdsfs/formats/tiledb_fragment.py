@@ -15,6 +15,7 @@ import numpy as np
 
 from ..container import DerivedView, name_problem
 from ..errors import BlockError, CtdsfsError, FormatError
+from . import tiledb_blosc
 from . import tiledb_filters as tf
 from .beneath import lstat_beneath
 from .decoded_cache import DecodedCache, shared_pool
@@ -387,9 +388,16 @@ class Fragment(TileDBDirectory):
                 cell = 8 if field.var else field.cell_size
             if expected > MAX_TILE_BYTES:
                 raise FormatError(f"{where}: {expected} bytes is more than ctdsfs decodes")
-            raw = self._tile_bytes(file_name, offsets, i, file_size, where)
-            data = tf.unfilter_tile(raw, pipeline, datatype, cell, expected, where,
-                                    string_offsets, parallel)
+            start, size = self._tile_range(offsets, i, file_size, where)
+            with tiledb_blosc.spare_buffer(tiledb_blosc.ROOM + size) as spare:
+                raw = memoryview(spare)[:tiledb_blosc.ROOM + size]
+                if self._file(file_name).pread_into(start, raw[tiledb_blosc.ROOM:], where) \
+                        != size:
+                    raise FormatError(f"{where}: bytes {start}..{start + size} run past the "
+                                      f"end of the file")
+                data = tf.unfilter_tile(raw, pipeline, datatype, cell, expected, where,
+                                        string_offsets, parallel, tiledb_blosc.ROOM)
+                del raw
             if len(data) != expected:
                 raise FormatError(f"{where}: {len(data)} bytes, not the {expected} the "
                                   f"metadata declares")
@@ -412,18 +420,16 @@ class Fragment(TileDBDirectory):
         cells = cells.reshape(-1, dims).T if meta.coords_zipped() else cells.reshape(dims, -1)
         return cells[index - coords - 1].tobytes()
 
-    def _tile_bytes(self, file_name, offsets, i, file_size, where):
-        """The on-disk bytes of tile i: from its offset to the next (or the file's end)."""
+    def _tile_range(self, offsets, i, file_size, where):
+        """(start, size) of tile i's on-disk bytes: from its offset to the next (or the
+        file's end)."""
         if i >= len(offsets):
             raise FormatError(f"{where}: no offset for this tile")
         start = int(offsets[i])
         end = int(offsets[i + 1]) if i + 1 < len(offsets) else int(file_size)
         if end < start or end - start > MAX_TILE_BYTES:
             raise FormatError(f"{where}: tile offsets {start}..{end} are not a tile")
-        raw = self._file(file_name).pread(start, end - start, where)
-        if len(raw) != end - start:
-            raise FormatError(f"{where}: bytes {start}..{end} run past the end of the file")
-        return raw
+        return start, end - start
 
     def _describe_fragment(self):
         meta = self.meta
