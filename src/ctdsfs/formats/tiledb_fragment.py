@@ -336,9 +336,9 @@ class Fragment(TileDBDirectory):
         return TILES.get((self.path, index, kind, i), self) is not None
 
     def _decode_ahead(self, index, kind, i, tile_bytes):
-        """Have tiles i+1.. decoded ahead (each by one thread, the other threads have the
-        other cores), as many as the cache holds beside tiles of ``tile_bytes`` (the
-        requested one; the first one ahead alone while that is not known)."""
+        """Have tiles i+1.. decoded ahead by the pool's threads, as many as the cache holds
+        beside tiles of ``tile_bytes`` (the requested one's; the first one ahead alone
+        while that is not known)."""
         room = 1 if tile_bytes is None else max(0, TILES.limit // max(tile_bytes, 1) - 2)
         for ahead in range(i + 1, min(i + 1 + min(TILES_AHEAD, room), len(self._counts or ()))):
             TILES.load_ahead((self.path, index, kind, ahead), self,
