@@ -216,3 +216,19 @@ def test_tile_in_a_writable_buffer_is_decoded_in_place(tmp_path, codec):
             contextlib.nullcontext():
         tf.unfilter_tile(memoryview(damaged), field.filters, field.type, 8, size, "t",
                          room=tiledb_blosc.ROOM)
+
+
+def test_spare_buffers_are_never_shared_and_few_are_kept():
+    """Buffers for tiles' bytes: two users at once never get the same one (even when
+    their contents are equal), a kept one is reused, and no more than a few (none
+    larger than the limit) stay kept."""
+    with tiledb_blosc.spare_buffer(1000) as first, tiledb_blosc.spare_buffer(1000) as second:
+        assert first is not second
+    with tiledb_blosc.spare_buffer(1000) as again:
+        assert again is first or again is second
+    with contextlib.ExitStack() as uses:
+        held = [uses.enter_context(tiledb_blosc.spare_buffer(n << 20)) for n in range(1, 7)]
+        held.append(uses.enter_context(tiledb_blosc.spare_buffer(tiledb_blosc.SPARE_MAX + 1)))
+    kept = tiledb_blosc._SPARES
+    assert len(kept) == tiledb_blosc.SPARES_KEPT
+    assert sorted(map(len, kept)) == [n << 20 for n in (4, 5, 6)]

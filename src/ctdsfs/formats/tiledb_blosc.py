@@ -30,8 +30,8 @@ BLOSC_VERSION = 2, 1  # Blosc's format version, and its codec format version
 MAX_BLOSC_BYTES = (1 << 31) - 1  # Blosc's sizes are signed 32-bit
 ROOM = BLOSC_HEAD.size + 4 * 16384  # kept before a tile's bytes: the header and starts of
 # a tile of up to 16384 chunks (a tile of 8 MiB in 512-byte chunks) decoded in place
-SPARES_KEPT = 4  # buffers kept for the next tiles' bytes (a fresh one costs a page fault
-SPARE_MAX = 32 << 20  # every 4 KiB, more than decoding in place saves), each up to this
+SPARES_KEPT = 3  # buffers kept for the next tiles' bytes (a fresh one costs a page fault
+SPARE_MAX = 16 << 20  # every 4 KiB, more than decoding in place saves), each up to this
 _SPARES = []
 _SPARES_LOCK = threading.Lock()
 # python-blosc holds the GIL while it decodes unless told not to (a process-wide switch,
@@ -96,17 +96,18 @@ def decode_blocks(codec, codec_name, width, sizes, source, places, packed, addre
 @contextlib.contextmanager
 def spare_buffer(size):
     """A writable buffer of at least ``size`` bytes for one tile's decoding, one of the few
-    kept for the next ones where one is large enough (never two users at once)."""
-    with _SPARES_LOCK:
-        fits = [b for b in _SPARES if len(b) >= size]
-        buffer = min(fits, key=len) if fits else None
-        if buffer is not None:
-            _SPARES.remove(buffer)
+    kept for the next ones where one is large enough (never two users at once); kept
+    after, in place of a smaller one if as many are kept already."""
+    with _SPARES_LOCK:  # (by place, not ==: equal bytearrays are other buffers)
+        fits = [k for k, spare in enumerate(_SPARES) if len(spare) >= size]
+        buffer = _SPARES.pop(min(fits, key=lambda k: len(_SPARES[k]))) if fits else None
     if buffer is None:
         buffer = bytearray(-(-size // (1 << 20)) << 20)  # (whole MiB: fits the next tiles)
     try:
         yield buffer
     finally:
         with _SPARES_LOCK:
-            if len(buffer) <= SPARE_MAX and len(_SPARES) < SPARES_KEPT:
+            if len(buffer) <= SPARE_MAX:
                 _SPARES.append(buffer)
+                if len(_SPARES) > SPARES_KEPT:
+                    _SPARES.pop(min(range(len(_SPARES)), key=lambda k: len(_SPARES[k])))
