@@ -233,3 +233,14 @@ def test_spare_buffers_are_never_shared_and_few_are_kept(monkeypatch):
     kept = tiledb_blosc._SPARES
     assert len(kept) == tiledb_blosc.SPARES_KEPT
     assert sorted(map(len, kept)) == [n << 20 for n in (4, 5, 6)]
+
+
+def test_large_tile_starts_on_a_huge_page():
+    """A tile of 4 MiB or more is decoded into a buffer that starts on a 2 MiB border
+    (no small pages at its start), with the right values."""
+    chunks = [np.arange(k, k + 8192, dtype="<f8") for k in range(0, 8192 * 64, 8192)]
+    tile = shuffled_tile(*[x for v in chunks for x in (v, frame_of(v))])
+    out = tf.unfilter_tile(tile, PIPELINE, 3, 8, 4 << 20, "t")
+    values = np.frombuffer(out, np.uint8)
+    assert values.ctypes.data % (2 << 20) == 0
+    assert values.tobytes() == np.concatenate(chunks).tobytes()

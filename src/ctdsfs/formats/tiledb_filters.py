@@ -64,6 +64,8 @@ PARALLEL_CHUNKS = 8  # a tile of this many chunks or more is unfiltered by sever
 ONE_PART_EACH = struct.Struct("<IIIIII")
 SHUFFLE_METAS = {}  # a BYTESHUFFLE metadata part as compressed -> its parts' sizes
 SHUFFLE_METAS_KEPT = 256  # (every chunk of a size has the same one: a few are kept)
+HUGE_PAGE = 2 << 20  # (x86-64)
+HUGE_TILE = 4 << 20  # NumPy asks for huge pages from this size on
 _POOL = None
 _POOL_LOCK = threading.Lock()
 _THREAD = threading.local()
@@ -192,9 +194,8 @@ def _unfilter_tile(data, pipeline, datatype, cell_size, expected, what, string_o
     stages = list(reversed(list(zip(pipeline["filters"], _stage_types(pipeline, datatype)))))
     starts = np.cumsum([0] + [original for original, _, _ in chunks]).tolist()
     # BYTESHUFFLE undone last (the usual pipeline's first filter) writes each chunk's
-    # values straight into the tile (no second copy to put the chunks together); the
-    # tile is left unset (NumPy asks for huge pages: fewer page faults than zeroed bytes)
-    out = np.empty(total, np.uint8) if string_offsets is None and stages and \
+    # values straight into the tile (no second copy to put the chunks together)
+    out = _tile_buffer(total) if string_offsets is None and stages and \
         stages[-1][0]["type"] == 9 else None
     # ... and where ZSTD or LZ4 comes just before it, python-blosc undoes the two at once:
     # the whole tile in one call where those are the only filters
@@ -235,6 +236,17 @@ def _unfilter_tile(data, pipeline, datatype, cell_size, expected, what, string_o
     else:
         bodies = unfilter_run(range(len(chunks)))
     return memoryview(out) if out is not None else b"".join(bodies)
+
+
+def _tile_buffer(size):
+    """An unset buffer of ``size`` bytes for a tile, a large one starting on a huge page:
+    NumPy asks for huge pages for it, but a buffer across a huge page's border gets small
+    ones there, each a page fault (a quarter of an 8 MiB tile's, on average)."""
+    if size < HUGE_TILE:
+        return np.empty(size, np.uint8)
+    whole = np.empty(size + HUGE_PAGE, np.uint8)  # (the pages never touched cost nothing)
+    skip = -whole.ctypes.data % HUGE_PAGE
+    return whole[skip:skip + size]
 
 
 def _blosc_tile(f, width, chunks, address, what, data, places, room):
