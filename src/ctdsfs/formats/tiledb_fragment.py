@@ -397,7 +397,6 @@ class Fragment(TileDBDirectory):
                                       f"end of the file")
                 data = tf.unfilter_tile(raw, pipeline, datatype, cell, expected, where,
                                         string_offsets, parallel, tiledb_blosc.ROOM)
-                del raw
             if len(data) != expected:
                 raise FormatError(f"{where}: {len(data)} bytes, not the {expected} the "
                                   f"metadata declares")
