@@ -170,3 +170,26 @@ def test_mounted_dense_view_from_tiles(tmp_path, mount):
     for start in (99000, 45000, 8000, 0):
         assert np.array_equal(mapped[start:start + 1000], ref["k"][start:start + 1000])
     assert (ref["k"][40960:57344] == -3).all()  # (a fill band in between)
+
+
+def test_reads_of_decoded_tiles_are_answered_at_once(tmp_path):
+    """A read whose tiles are decoded says so (the mount then answers it without a
+    thread's hop), in a fragment's file and in dense/; one that needs a tile not
+    decoded, or before the file's layout is worked out, does not."""
+    uri = str(tmp_path / "held")
+    make(uri, [("i", (0, 999), 100)])
+    write(uri, 1, [slice(0, 1000)])
+    for view in (open_container(uri).nested("dense"), open_container(uri).nested("fragments")):
+        if "a.npy" not in view.names():
+            view = view.nested(view.names()[0])
+            view.names()
+        assert not view.cached("a.npy", 0, 64)  # (no layout yet)
+        size = view.entry_size("a.npy")
+        header = size - 8000
+        assert view.cached("a.npy", 0, header)  # (the header alone)
+        assert not view.cached("a.npy", header, 800)
+        view.read("a.npy", header, 800)  # tile 0
+        assert view.cached("a.npy", header + 8, 500)
+        assert not view.cached("a.npy", size - 800, 800)  # (tile 9: not decoded)
+        assert not view.cached("a.npy", header + 700, 8000)  # (every tile)
+        assert not view.cached("s.data", 0, 1) and not view.cached("no such file", 0, 1)

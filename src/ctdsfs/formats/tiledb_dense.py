@@ -90,7 +90,12 @@ class DenseView:
                                          lambda: self._fill_band(attr_index, part))
             frag, own, tile = source
             return frag._tile(own, "validity" if part == "validity" else "data", tile)
-        return LazyFile(layout, load)
+
+        def held(i):
+            source = bands[0][i][0] if bands else None
+            return source is not None and source[0].tile_held(
+                source[1], "validity" if part == "validity" else "data", source[2])
+        return LazyFile(layout, load, held)
 
     def _fill_band(self, attr_index, part):
         """A whole band (one tile's cells) of the attribute's fill value."""

@@ -7,8 +7,9 @@ its own header from the front of the chunk metadata and hands the rest on
 (compressors hand on the metadata they decompress). Codecs come from their
 libraries (zlib, zstandard, lz4, bz2); TileDB's own transforms are done here
 with NumPy, but for the usual BYTESHUFFLE then ZSTD (or LZ4), undone by python-blosc
-in one pass (see ``_uncompress_unshuffle``). Everything is untrusted: every length is checked against what is
-there, and no output grows past the size the chunk declares.
+in one pass, a whole tile in one call (see ``_blosc_tile`` and ``tiledb_blosc``).
+Everything is untrusted: every length is checked against what is there, and no output
+grows past the size the chunk declares.
 """
 
 import bz2
@@ -19,12 +20,12 @@ import threading
 import zlib
 from concurrent.futures import ThreadPoolExecutor
 
-import blosc
 import lz4.block
 import numpy as np
 import zstandard
 
 from ..errors import FormatError
+from . import tiledb_blosc
 from .byte_reader import Reader
 
 # datatype id -> (name, NumPy dtype string); sizes follow from the dtype
@@ -58,15 +59,13 @@ LZ4_MAX_RATIO = 255  # an LZ4 block never expands more than this
 DOUBLE_DELTA_BLOCK = 1 << 15  # values undone at a time (their bits unpacked as bytes)
 PARALLEL_CHUNKS = 8  # a tile of this many chunks or more is unfiltered by several threads,
 # each taking a run of consecutive chunks
-# a TileDB compressor Blosc also decodes -> its number in a Blosc header's flags (bits 5-7)
-BLOSC_CODECS = {2: 4, 3: 1}  # ZSTD, LZ4 (a raw LZ4 block, as TileDB writes it)
-# a Blosc (1.x) chunk of one block in one split: version, codec version, flags, typesize,
-# nbytes, blocksize, cbytes, the block's start, the split's compressed size
-BLOSC_HEAD = struct.Struct("<BBBBIIIii")
-BLOSC_SHUFFLE_ONE_SPLIT = 0x11  # byte shuffle (bit 0), one split per block (bit 4)
-# python-blosc holds the GIL while it decodes unless told not to (a process-wide switch,
-# so bcolz chunks too): the chunk threads below decode side by side only without it
-blosc.set_releasegil(True)
+# a compressor chunk's metadata with one metadata part and one data part: the part counts,
+# then (decompressed, compressed) sizes of each
+ONE_PART_EACH = struct.Struct("<IIIIII")
+SHUFFLE_METAS = {}  # a BYTESHUFFLE metadata part as compressed -> its parts' sizes
+SHUFFLE_METAS_KEPT = 256  # (every chunk of a size has the same one: a few are kept)
+HUGE_PAGE = 2 << 20  # (x86-64)
+HUGE_TILE = 4 << 20  # NumPy asks for huge pages from this size on
 _POOL = None
 _POOL_LOCK = threading.Lock()
 _THREAD = threading.local()
@@ -155,8 +154,10 @@ def _stage_types(pipeline, datatype):
 
 
 def unfilter_tile(data, pipeline, datatype, cell_size, expected, what, string_offsets=None,
-                  parallel=True):
-    """The unfiltered bytes of one tile (``data``: its on-disk bytes, chunk count first).
+                  parallel=True, room=0):
+    """The unfiltered bytes of one tile (``data``: its on-disk bytes, chunk count first,
+    after ``room`` bytes of a writable buffer that may be written: the tile is then
+    decoded in place where Blosc can, see ``tiledb_blosc.decode_blocks``).
 
     ``expected`` bounds the result (the tile's size as the schema and metadata
     declare it); a tile that claims more, or whose chunks do not add up, is a
@@ -170,35 +171,41 @@ def unfilter_tile(data, pipeline, datatype, cell_size, expected, what, string_of
         raise FormatError(f"{what}: {problem}")
     try:
         return _unfilter_tile(data, pipeline, datatype, cell_size, expected, what,
-                              string_offsets, parallel)
+                              string_offsets, parallel, room)
     except MemoryError:
         raise FormatError(f"{what}: the tile needs more memory than there is") from None
 
 
 def _unfilter_tile(data, pipeline, datatype, cell_size, expected, what, string_offsets,
-                   parallel):
-    reader = Reader(data, what)
+                   parallel, room):
+    reader = Reader(memoryview(data)[room:], what)
     count = reader.count("Q", 12)
-    chunks, total = [], 0
+    chunks, places, total = [], [], 0
     for _ in range(count):
         original, filtered, meta_len = reader.unpack("III")
         total += original
         if total > expected:
             raise FormatError(f"{what}: chunks declare more than the tile's {expected} bytes")
-        chunks.append((original, bytes(reader.take(meta_len)), reader.take(filtered)))
+        meta = bytes(reader.take(meta_len))
+        places.append(reader.pos)  # (where the chunk's filtered bytes start in the tile)
+        chunks.append((original, meta, reader.take(filtered)))
     if reader.left():
         raise FormatError(f"{what}: {reader.left()} bytes after the last chunk")
     stages = list(reversed(list(zip(pipeline["filters"], _stage_types(pipeline, datatype)))))
     starts = np.cumsum([0] + [original for original, _, _ in chunks]).tolist()
     # BYTESHUFFLE undone last (the usual pipeline's first filter) writes each chunk's
-    # values straight into the tile (no second copy to put the chunks together); the
-    # tile is left unset (NumPy asks for huge pages: fewer page faults than zeroed bytes)
-    out = np.empty(total, np.uint8) if string_offsets is None and stages and \
+    # values straight into the tile (no second copy to put the chunks together)
+    out = _tile_buffer(total) if string_offsets is None and stages and \
         stages[-1][0]["type"] == 9 else None
-    # ... and where ZSTD or LZ4 comes just before it, python-blosc undoes the two at once
-    fused = out is not None and len(stages) > 1 and stages[-2][0]["type"] in BLOSC_CODECS
+    # ... and where ZSTD or LZ4 comes just before it, python-blosc undoes the two at once:
+    # the whole tile in one call where those are the only filters
+    fused = out is not None and len(stages) > 1 and \
+        stages[-2][0]["type"] in tiledb_blosc.BLOSC_CODECS
     if fused:
         address, width = out.ctypes.data, dtype_of(stages[-1][1], what).itemsize
+        if len(stages) == 2 and _blosc_tile(stages[0][0], width, chunks, address, what,
+                                            data, places, room):
+            return memoryview(out)
 
     def unfilter(index):
         original, meta, body = chunks[index]
@@ -231,16 +238,65 @@ def _unfilter_tile(data, pipeline, datatype, cell_size, expected, what, string_o
     return memoryview(out) if out is not None else b"".join(bodies)
 
 
+def _tile_buffer(size):
+    """An unset buffer of ``size`` bytes for a tile, a large one starting on a huge page:
+    NumPy asks for huge pages for it, but a buffer across a huge page's border gets small
+    ones there, each a page fault (a quarter of an 8 MiB tile's, on average)."""
+    if size < HUGE_TILE:
+        return np.empty(size, np.uint8)
+    whole = np.empty(size + HUGE_PAGE, np.uint8)  # (the pages never touched cost nothing)
+    skip = -whole.ctypes.data % HUGE_PAGE
+    return whole[skip:skip + size]
+
+
+def _blosc_tile(f, width, chunks, address, what, data, places, room):
+    """ZSTD or LZ4 (``f``) then BYTESHUFFLE of values ``width`` bytes wide undone on every
+    chunk of a tile by one python-blosc call, the tile written at ``address``: each
+    chunk's data part is a block of one Blosc chunk (see ``tiledb_blosc``), read from
+    ``data`` where the chunks' filtered bytes start at ``places`` (after ``room``).
+    False (nothing done) where a chunk is not the plain case: other than one metadata
+    part (the shuffle's, of one part as long as the chunk) and one data part, or chunks
+    Blosc cannot take as its blocks."""
+    sizes, streams, packed = [], [], []
+    for (original, meta, body), place in zip(chunks, places):
+        if len(meta) != ONE_PART_EACH.size:
+            return False
+        metas, datas, meta_size, meta_packed, data_size, data_packed = \
+            ONE_PART_EACH.unpack(meta)
+        if (metas, datas, meta_size, data_size) != (1, 1, 8, original) or \
+                meta_packed + data_packed != len(body):
+            return False
+        if _shuffle_parts(f, bytes(body[:meta_packed]), what) != (1, original):
+            return False
+        sizes.append(original)
+        streams.append(place + meta_packed)
+        packed.append(data_packed)
+    return tiledb_blosc.decode_blocks(f["type"], f["name"], width, sizes, data, streams,
+                                      packed, address, what, room)
+
+
+def _shuffle_parts(f, packed, what):
+    """(part count, first part's size) of a BYTESHUFFLE metadata part compressed by ``f``
+    (8 bytes decompressed): every chunk of a size has the same, so it is decompressed once."""
+    parts = SHUFFLE_METAS.get(packed)
+    if parts is None:
+        parts = struct.unpack("<II", _decompress(f["type"], f, 6, 0, packed, 8, what))
+        if len(SHUFFLE_METAS) >= SHUFFLE_METAS_KEPT:
+            SHUFFLE_METAS.clear()
+        SHUFFLE_METAS[packed] = parts
+    return parts
+
+
 def _uncompress_unshuffle(f, datatype, width, meta, body, address, size, what):
     """ZSTD or LZ4 (``f``, given ``datatype``), then BYTESHUFFLE of values ``width`` bytes
     wide, undone by python-blosc in one call, the chunk's ``size`` bytes written at
     ``address`` (its place in the tile): its codec decodes the part into a scratch block
     its unshuffle (SIMD) then writes out, half the CPU of doing the two here. The part is
-    handed to Blosc as a chunk of one block in one split, byte-shuffled; Blosc's shuffle
-    is TileDB's. False (nothing done) where the chunk is not that plain case: more than
-    one part, or a part as long as its output (Blosc would take it for a stored copy)."""
+    handed to Blosc as a chunk of one block (see ``tiledb_blosc``). False (nothing done)
+    where the chunk is not that plain case: more than one part, or a part Blosc cannot
+    take as a block (as long as its output)."""
     metas, datas = _compressed_parts(f, meta, body, size, what)
-    if len(datas) != 1 or datas[0][0] != size or len(datas[0][1]) == size:
+    if len(datas) != 1 or datas[0][0] != size:
         return False
     shuffle_meta = Reader(b"".join(_decompress(f["type"], f, datatype, 0, part, n, what)
                                    for n, part in metas), what)
@@ -249,14 +305,8 @@ def _uncompress_unshuffle(f, datatype, width, meta, body, address, size, what):
     part = datas[0][1]
     if f["type"] == 2:
         _zstd_declares(part, size, what)
-    chunk = BLOSC_HEAD.pack(2, 1, BLOSC_SHUFFLE_ONE_SPLIT | BLOSC_CODECS[f["type"]] << 5, width,
-                            size, size, BLOSC_HEAD.size + len(part), BLOSC_HEAD.size - 4,
-                            len(part))
-    try:  # (Blosc writes exactly nbytes, the size the chunk declares, or fails)
-        blosc.decompress_ptr(chunk + part, address)
-    except blosc.blosc_extension.error as exc:
-        raise FormatError(f"{what}: {f['name']} does not decompress: {exc}") from None
-    return True
+    return tiledb_blosc.decode_blocks(f["type"], f["name"], width, [size], part, [0],
+                                      [len(part)], address, what)
 
 
 def _byte_unshuffle_chunk(datatype, meta, body, into, what):

@@ -15,6 +15,7 @@ import numpy as np
 
 from ..container import DerivedView, name_problem
 from ..errors import BlockError, CtdsfsError, FormatError
+from . import tiledb_blosc
 from . import tiledb_filters as tf
 from .beneath import lstat_beneath
 from .decoded_cache import DecodedCache, shared_pool
@@ -41,19 +42,28 @@ class TileDBDirectory(DerivedView):
     def _file_size(self, entry):
         return entry.size  # (a LazyFile's size is a property)
 
+    def cached(self, key, offset, size):
+        """Whether the read's tiles are decoded already (then the mount answers it without
+        a thread's hop); never builds the entries."""
+        entry = (self._built or {}).get(key) if isinstance(key, str) else None
+        return isinstance(entry, bytes) or (isinstance(entry, LazyFile) and
+                                            entry.held(offset, size))
+
 
 class LazyFile:
     """A file whose bytes are a header followed by the concatenation of pieces.
 
     ``layout()`` gives the header and every piece's size, worked out when the
     size or the bytes are first asked for; ``load(i)`` gives piece i (a tile,
-    decoded when a read first touches it). A layout that cannot be worked out
-    is EIO for that file.
+    decoded when a read first touches it), and ``held(i)``, where given, whether
+    piece i is in memory already. A layout that cannot be worked out is EIO for
+    that file.
     """
 
-    def __init__(self, layout, load):
+    def __init__(self, layout, load, held=None):
         self._layout = layout
         self.load = load
+        self._held = held
         self._ready = None
         self._lock = threading.Lock()
 
@@ -74,6 +84,19 @@ class LazyFile:
     @property
     def size(self):
         return self._parts()[2]
+
+    def held(self, offset, size):
+        """Whether ``read(offset, size)`` needs no piece that is not in memory (False while
+        the layout is not worked out)."""
+        ready = self._ready
+        if ready is None or self._held is None:
+            return False
+        header, ends, total = ready
+        pos, stop = max(offset, len(header)) - len(header), min(offset + size, total) - len(header)
+        if pos >= stop:
+            return True
+        first, last = np.searchsorted(ends, [pos, stop - 1], side="right").tolist()
+        return all(self._held(i) for i in range(first, last + 1))
 
     def read(self, offset, size):
         header, ends, total = self._parts()
@@ -204,12 +227,14 @@ class Fragment(TileDBDirectory):
                 dtype, tail = field.user_dtype
                 return (npy_header(dtype.str, (sum(counts),) + tail, False),
                         [c * field.cell_size for c in counts])
-            files = {f"{name}.npy": LazyFile(layout, lambda i: self._tile(index, "data", i))}
+            files = {f"{name}.npy": LazyFile(layout, lambda i: self._tile(index, "data", i),
+                                             lambda i: self.tile_held(index, "data", i))}
         if field.nullable:
             files[f"{name}.validity.npy"] = LazyFile(
                 lambda: (npy_header("|u1", (sum(self.cell_counts()),), False),
                          self.cell_counts()),
-                lambda i: self._tile(index, "validity", i))
+                lambda i: self._tile(index, "validity", i),
+                lambda i: self.tile_held(index, "validity", i))
         return files
 
     def _var_sizes(self, index):
@@ -291,18 +316,34 @@ class Fragment(TileDBDirectory):
             self._tile(index, "var", i)
             data = TILES.get((self.path, index, kind, i), self)
             return data if data is not None else self._decode(index, "var", i)[1]
-        data = TILES.get_or_load((self.path, index, kind, i), self,
-                                 lambda: self._decoded(index, kind, i, parallel=True))
-        tiles = len(self._counts or ())
-        if i and TILES.get((self.path, index, kind, i - 1), self) is None:
-            return data  # (a random read: nothing decoded ahead for it)
-        room = max(0, TILES.limit // max(len(data), 1) - 2)  # the ahead ones must not evict
-        for ahead in range(i + 1, min(i + 1 + min(TILES_AHEAD, room), tiles)):
-            # (its chunks one after another: the other threads have the other cores)
+        key = (self.path, index, kind, i)
+        data = TILES.get(key, self)
+        before = TILES.get((self.path, index, kind, i - 1), self) if i else None
+        in_order = i == 0 or before is not None  # (a random read has nothing decoded ahead)
+        if in_order:  # (asked for before this tile is decoded: the next tiles' disk reads
+            # and decoding overlap this one's, the first tile of a file's too)
+            known = data if data is not None else before
+            self._decode_ahead(index, kind, i, None if known is None else len(known))
+        if data is None:
+            data = TILES.get_or_load(key, self,
+                                     lambda: self._decoded(index, kind, i, parallel=True))
+            if in_order:
+                self._decode_ahead(index, kind, i, len(data))
+        return data
+
+    def tile_held(self, index, kind, i):
+        """Whether ``_tile(index, kind, i)`` is decoded and in the cache."""
+        return TILES.get((self.path, index, kind, i), self) is not None
+
+    def _decode_ahead(self, index, kind, i, tile_bytes):
+        """Have tiles i+1.. decoded ahead by the pool's threads, as many as the cache holds
+        beside tiles of ``tile_bytes`` (the requested one's; the first one ahead alone
+        while that is not known)."""
+        room = 1 if tile_bytes is None else max(0, TILES.limit // max(tile_bytes, 1) - 2)
+        for ahead in range(i + 1, min(i + 1 + min(TILES_AHEAD, room), len(self._counts or ()))):
             TILES.load_ahead((self.path, index, kind, ahead), self,
                              lambda ahead=ahead: self._decoded(index, kind, ahead, False),
                              shared_pool("tiledb-ahead", TILES_AHEAD).submit)
-        return data
 
     def _decoded(self, index, kind, i, parallel):
         """``_decode``'s tile; the offsets it finds in a var tile go into the cache."""
@@ -347,9 +388,15 @@ class Fragment(TileDBDirectory):
                 cell = 8 if field.var else field.cell_size
             if expected > MAX_TILE_BYTES:
                 raise FormatError(f"{where}: {expected} bytes is more than ctdsfs decodes")
-            raw = self._tile_bytes(file_name, offsets, i, file_size, where)
-            data = tf.unfilter_tile(raw, pipeline, datatype, cell, expected, where,
-                                    string_offsets, parallel)
+            start, size = self._tile_range(offsets, i, file_size, where)
+            with tiledb_blosc.spare_buffer(tiledb_blosc.ROOM + size) as spare:
+                raw = memoryview(spare)[:tiledb_blosc.ROOM + size]
+                if self._file(file_name).pread_into(start, raw[tiledb_blosc.ROOM:], where) \
+                        != size:
+                    raise FormatError(f"{where}: bytes {start}..{start + size} run past the "
+                                      f"end of the file")
+                data = tf.unfilter_tile(raw, pipeline, datatype, cell, expected, where,
+                                        string_offsets, parallel, tiledb_blosc.ROOM)
             if len(data) != expected:
                 raise FormatError(f"{where}: {len(data)} bytes, not the {expected} the "
                                   f"metadata declares")
@@ -372,18 +419,16 @@ class Fragment(TileDBDirectory):
         cells = cells.reshape(-1, dims).T if meta.coords_zipped() else cells.reshape(dims, -1)
         return cells[index - coords - 1].tobytes()
 
-    def _tile_bytes(self, file_name, offsets, i, file_size, where):
-        """The on-disk bytes of tile i: from its offset to the next (or the file's end)."""
+    def _tile_range(self, offsets, i, file_size, where):
+        """(start, size) of tile i's on-disk bytes: from its offset to the next (or the
+        file's end)."""
         if i >= len(offsets):
             raise FormatError(f"{where}: no offset for this tile")
         start = int(offsets[i])
         end = int(offsets[i + 1]) if i + 1 < len(offsets) else int(file_size)
         if end < start or end - start > MAX_TILE_BYTES:
             raise FormatError(f"{where}: tile offsets {start}..{end} are not a tile")
-        raw = self._file(file_name).pread(start, end - start, where)
-        if len(raw) != end - start:
-            raise FormatError(f"{where}: bytes {start}..{end} run past the end of the file")
-        return raw
+        return start, end - start
 
     def _describe_fragment(self):
         meta = self.meta

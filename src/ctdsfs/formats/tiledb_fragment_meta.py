@@ -63,6 +63,19 @@ class ArrayFile:
         finally:
             os.close(fd)
 
+    def pread_into(self, offset, into, what):
+        """Fill ``into`` (a writable buffer) from ``offset`` on, as far as the file goes;
+        the byte count."""
+        if not 0 <= offset < 1 << 62:
+            raise FormatError(f"{what}: offset {offset} is past any file")
+        fd = open_regular_beneath(self.root, self.rel, what)
+        try:
+            return os.preadv(fd, [into], offset)
+        except OSError as exc:
+            raise FormatError(f"{what}: {exc.strerror}") from None
+        finally:
+            os.close(fd)
+
     def read_small(self, what):
         """The whole file, up to MAX_SMALL_FILE bytes."""
         return read_small_beneath(self.root, self.rel, MAX_SMALL_FILE, what)
