@@ -49,7 +49,7 @@ import os
 import threading
 import time
 import weakref
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from types import SimpleNamespace
 from urllib.parse import urlsplit
@@ -82,6 +82,11 @@ LIST_PAGE_BYTES = 1 << 20  # what a page of a listing may take as long as (its d
 # it may bring remote_wire.LIST_PAGE_MOST bytes)
 LIST_IDLE_PAGES = 3  # pages in a row that bring no new name: the listing goes in circles
 UNREACHABLE_RECHECK = 10.0  # seconds between version checks while the server does not answer
+RECENT_ENDS = 8  # read ends remembered: a read starting at one carries on (a stream; several
+# streams may take turns)
+WHOLE_AFTER = 16  # exact GETs into one chunk after which it is fetched whole (a reader
+# dense there; one row range of a tiled column reads up to twice its tiles across)
+EXACT_GETS_KEPT = 4096  # chunks whose exact GETs are counted (the oldest forgotten)
 
 
 def is_remote(source):
@@ -461,6 +466,8 @@ class RemoteStore:
         self._stale = False  # a GET found another version: check at once
         self._next_chunk = None  # where a sequential reader goes on
         self._read_ahead_to = 0  # the chunks before it were asked for by readahead
+        self._ends = deque(maxlen=RECENT_ENDS)  # where the latest reads ended
+        self._exact_gets = OrderedDict()  # (etag, chunk index) -> exact GETs into it so far
         self._siblings = []
         self._disk = DiskCache(self.options.cache_dir, self.options.cache_dir_size) \
             if self.options.cache_dir else None
@@ -550,18 +557,43 @@ class RemoteStore:
 
     def _chunk(self, version, index):
         """Chunk ``index`` of ``version`` if cached, else the Future of its GET (in flight,
-        or asked for now)."""
+        or asked for now). Called with the lock."""
         key = (version.etag, index)
-        with self._lock:
-            data = self._cache.get(key)
-            if data is not None:
-                self._cache.move_to_end(key)
-                return data
-            future = self._pending.get(key)
-            if future is None:
-                future = self._pending[key] = self._executor().submit(self._fetch, version,
-                                                                      index)
-            return future
+        data = self._cache.get(key)
+        if data is not None:
+            self._cache.move_to_end(key)
+            return data
+        future = self._pending.get(key)
+        if future is None:
+            future = self._pending[key] = self._executor().submit(self._fetch, version, index)
+        return future
+
+    def _wants_whole(self, version, index, lo, hi, carries_on):
+        """Whether bytes ``lo..hi`` of chunk ``index`` come from the whole chunk, else from
+        a GET of exactly those bytes: a reader that jumps to a chunk neither fetched nor
+        being fetched reads only its own bytes (a row range of a column), one that goes on
+        where a read ended gets whole chunks and readahead (a stream). Chunk 0 (the
+        header), a chunk read whole, chunks kept in a cache_dir, and a chunk that got
+        WHOLE_AFTER exact GETs already are fetched whole. Called with the lock."""
+        key = (version.etag, index)
+        if carries_on or index == 0 or self._disk or key in self._cache \
+                or key in self._pending or hi - lo == self._chunk_length(version, index):
+            return True
+        gets = self._exact_gets.pop(key, 0) + 1
+        if gets > WHOLE_AFTER:
+            return True
+        self._exact_gets[key] = gets
+        while len(self._exact_gets) > EXACT_GETS_KEPT:
+            self._exact_gets.popitem(last=False)
+        return False
+
+    def _chunk_length(self, version, index):
+        step = self.options.chunk_size
+        return min(step, version.size - index * step)
+
+    def _fetch_exact(self, version, start, end):
+        """Bytes ``start..end`` alone (checked as a chunk's GET is), kept nowhere."""
+        return self._attempts(f"GET bytes {start}-{end - 1}", self._get, start, end, version)
 
     def _executor(self):
         """The pool of request threads (made at the first request; called with the lock)."""
@@ -600,12 +632,21 @@ class RemoteStore:
             return b""
         step = self.options.chunk_size
         first, last = offset // step, (end - 1) // step
-        chunks = [self._chunk(version, i) for i in range(first, last + 1)]
+        spans = [(max(offset, i * step), min(end, (i + 1) * step))
+                 for i in range(first, last + 1)]
         with self._lock:
-            # readahead starts when a reader moves on into the next chunk, never while it
+            carries_on = offset in self._ends
+            self._ends.append(end)
+            parts = []  # per chunk: its data or Future, or None for bytes GET exactly
+            for i, (lo, hi) in zip(range(first, last + 1), spans):
+                whole = self._wants_whole(version, i, lo - i * step, hi - i * step, carries_on)
+                parts.append(self._chunk(version, i) if whole else None)
+            exact = self._exact_requests(version, spans, parts)
+            # readahead starts when a reader carries on into the next chunk, never while it
             # stays in one (opening a container reads its first chunk more than once)
             was = self._next_chunk
-            moved_on = was is not None and first in (was - 1, was) and last >= was
+            moved_on = carries_on and was is not None and first in (was - 1, was) \
+                and last >= was
             stays = was is not None and first == last == was - 1
             self._next_chunk = last + 1
             ahead = range(max(last + 1, self._read_ahead_to),
@@ -615,20 +656,48 @@ class RemoteStore:
                 self._read_ahead_to = max(ahead.start, ahead.stop)
             elif not stays:
                 self._read_ahead_to = 0
-        for i in ahead:
-            self._chunk(version, i)
+            for i in ahead:
+                self._chunk(version, i)
         pieces = []
-        for i, data in zip(range(first, last + 1), chunks):
-            if isinstance(data, Future):
-                try:
-                    data = data.result()
-                except CancelledError:  # closed meanwhile: its object was replaced or removed
-                    raise RemoteError(f"{self.label}: replaced on the server while being read",
-                                      "replaced on the server while being read") from None
-            lo = max(offset, i * step) - i * step
-            hi = min(end, (i + 1) * step) - i * step
+        for i, (lo, hi), data in zip(range(first, last + 1), spans, parts):
+            if data is None:
+                pieces.append(self._exact_piece(exact, lo, hi))
+                continue
+            data = self._result(data)
+            lo, hi = lo - i * step, hi - i * step
             pieces.append(data if (lo, hi) == (0, len(data)) else memoryview(data)[lo:hi])
         return pieces[0] if len(pieces) == 1 else b"".join(pieces)
+
+    def _exact_requests(self, version, spans, parts):
+        """``[(start, end, Future)]``: one exact GET per run of neighbouring spans whose
+        chunk is not read whole (called with the lock)."""
+        runs = []
+        for (lo, hi), data in zip(spans, parts):
+            if data is not None:
+                continue
+            if runs and runs[-1][1] == lo:
+                runs[-1][1] = hi
+            else:
+                runs.append([lo, hi])
+        return [(lo, hi, self._executor().submit(self._fetch_exact, version, lo, hi))
+                for lo, hi in runs]
+
+    def _exact_piece(self, exact, lo, hi):
+        """Bytes ``lo..hi`` out of the exact GET that holds them."""
+        start, _, future = next(e for e in exact if e[0] <= lo and hi <= e[1])
+        data = self._result(future)
+        return data if (lo - start, hi - start) == (0, len(data)) \
+            else memoryview(data)[lo - start:hi - start]
+
+    def _result(self, data):
+        """What a GET brought (waited for), or ``data`` itself if it is no Future."""
+        if not isinstance(data, Future):
+            return data
+        try:
+            return data.result()
+        except CancelledError:  # closed meanwhile: its object was replaced or removed
+            raise RemoteError(f"{self.label}: replaced on the server while being read",
+                              "replaced on the server while being read") from None
 
     def size(self):
         return self.version().size
@@ -657,6 +726,7 @@ class RemoteStore:
             self._cache.clear()
             self._next_chunk = None
             self._read_ahead_to = 0
+            self._exact_gets.clear()
             for sibling in self._siblings:
                 sibling._version = None
         log.info("%s: replaced on the server (ETag %s -> %s): reloaded", self.label,
