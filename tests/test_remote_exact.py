@@ -67,11 +67,19 @@ def test_a_stream_gets_whole_chunks_and_readahead(object_and_gets):
 
 
 def test_a_reader_dense_in_a_chunk_gets_it_whole(object_and_gets):
+    """Reads scattered over a chunk get it whole after WHOLE_AFTER GETs of their own;
+    one reader's pieces close together (a row range's parts of its tiles) never do."""
     data, gets, store = object_and_gets
     store = store()
     try:
-        places = [CHUNK + n * 65536 for n in range(remote.WHOLE_AFTER + 3)][::-1]
-        for offset in places:
+        pieces = [2 * CHUNK + n * 40960 for n in range(4 * remote.WHOLE_AFTER)][::-1]
+        for offset in pieces:  # as a tiled column's range: backwards, a tile apart
+            assert store.pread(offset, 6144) == data[offset:offset + 6144]
+        assert gets == [(offset, offset + 6144) for offset in pieces]
+        gets.clear()
+        apart = CHUNK // (remote.WHOLE_AFTER + 2)
+        assert apart > remote.NEAR
+        for offset in [CHUNK + n * apart for n in range(remote.WHOLE_AFTER + 2)]:
             assert store.pread(offset, 4096) == data[offset:offset + 4096]
         assert gets[remote.WHOLE_AFTER] == (CHUNK, 2 * CHUNK)
         assert len(gets) == 1 + remote.WHOLE_AFTER  # then from memory

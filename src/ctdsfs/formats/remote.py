@@ -1,12 +1,16 @@
 """A container's bytes on object storage (``s3://``) or a web server (``http(s)://``).
 
 A :class:`RemoteStore` stands where a :class:`~ctdsfs.formats.store.FileStore`
-stands for a local file, read-only: ``pread`` becomes ranged GETs of whole
-chunks (``chunk_size``), run by a small thread pool (``concurrency``), kept in
-a bounded memory cache (``cache_size``; the header's chunk 0 always stays) and
-read ahead (``readahead`` chunks) once a reader moves on into the next chunk,
-so a FUSE read of 128 KiB costs no request of its own, and opening a container
-costs the GET of its header's chunk and nothing more.
+stands for a local file, read-only: ``pread`` becomes ranged GETs run by a small
+thread pool (``concurrency``). A stream (a read starting where a recent one
+ended) gets whole chunks (``chunk_size``), kept in a bounded memory cache
+(``cache_size``; the header's chunk 0 always stays) and read ahead
+(``readahead`` chunks) once it moves on into the next chunk, so a FUSE read of
+128 KiB costs no request of its own; a read that jumps into a chunk neither
+cached nor being fetched GETs exactly its own bytes (a row range of a column
+moves its rows' bytes, not 8 MiB), until a reader scattered over a chunk makes
+it worth fetching whole (``WHOLE_AFTER``). Opening a container costs the GET of
+its header's chunk and nothing more.
 
 Libraries: botocore (synchronous) for S3, since it brings the whole AWS
 configuration chain (``AWS_*`` variables, ``~/.aws/config`` and credentials,
@@ -82,8 +86,10 @@ LIST_IDLE_PAGES = 3  # pages in a row that bring no new name: the listing goes i
 UNREACHABLE_RECHECK = 10.0  # seconds between version checks while the server does not answer
 RECENT_ENDS = 8  # read ends remembered: a read starting at one carries on (a stream; several
 # streams may take turns)
-WHOLE_AFTER = 16  # exact GETs into one chunk after which it is fetched whole (a reader
-# dense there; one row range of a tiled column reads up to twice its tiles across)
+WHOLE_AFTER = 2  # scattered exact GETs into one chunk after which it is fetched whole (a
+# reader dense there: a GET's wait costs as much as moving a MiB or two)
+NEAR = 1 << 20  # an exact read this close to the chunk's last one, not overlapping it, is
+# the same reader's next piece (a row range's parts of its tiles) and does not count
 EXACT_GETS_KEPT = 4096  # chunks whose exact GETs are counted (the oldest forgotten)
 
 
@@ -383,7 +389,8 @@ class RemoteStore:
         self._next_chunk = None  # where a sequential reader goes on
         self._read_ahead_to = 0  # the chunks before it were asked for by readahead
         self._ends = deque(maxlen=RECENT_ENDS)  # where the latest reads ended
-        self._exact_gets = OrderedDict()  # (etag, chunk index) -> exact GETs into it so far
+        self._exact_gets = OrderedDict()  # (etag, chunk index) -> [scattered exact GETs, last's
+        # start, end]
         self._siblings = []
         self._disk = DiskCache(self.options.cache_dir, self.options.cache_dir_size) \
             if self.options.cache_dir else None
@@ -490,15 +497,19 @@ class RemoteStore:
         being fetched reads only its own bytes (a row range of a column), one that goes on
         where a read ended gets whole chunks and readahead (a stream). Chunk 0 (the
         header), a chunk read whole, chunks kept in a cache_dir, and a chunk that got
-        WHOLE_AFTER exact GETs already are fetched whole. Called with the lock."""
+        WHOLE_AFTER scattered exact GETs already (a read NEAR the last one and apart from
+        it is not scattered) are fetched whole. Called with the lock."""
         key = (version.etag, index)
         if carries_on or index == 0 or self._disk or key in self._cache \
                 or key in self._pending or hi - lo == self._chunk_length(version, index):
             return True
-        gets = self._exact_gets.pop(key, 0) + 1
+        gets, last_lo, last_hi = self._exact_gets.pop(key, (0, None, None))
+        near = last_lo is not None and (last_hi <= lo < last_hi + NEAR
+                                        or last_lo - NEAR < hi <= last_lo)
+        gets += not near
         if gets > WHOLE_AFTER:
             return True
-        self._exact_gets[key] = gets
+        self._exact_gets[key] = (gets, lo, hi)
         while len(self._exact_gets) > EXACT_GETS_KEPT:
             self._exact_gets.popitem(last=False)
         return False
