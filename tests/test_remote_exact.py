@@ -30,8 +30,10 @@ def object_and_gets(seaweed, monkeypatch):  # noqa: F811 (the fixture)
 
 
 def test_reads_that_jump_fetch_their_own_bytes(object_and_gets):
-    data, gets, store = object_and_gets
-    store = store()
+    """Each read less than 1 MiB from the last (not overlapping it) or in another chunk
+    GETs its own bytes; a read's whole chunks come whole."""
+    data, gets, fresh = object_and_gets
+    store = fresh()
     try:
         places = [(CHUNK + 12345, 6000), (2 * CHUNK + 999, READ), (CHUNK + 4096, 100),
                   (CHUNK - 50, 100)]  # the last: the header chunk's end and the next's start
@@ -42,6 +44,10 @@ def test_reads_that_jump_fetch_their_own_bytes(object_and_gets):
                             (CHUNK + 4096, CHUNK + 4196)]
         assert sorted(gets[3:]) == [(0, CHUNK), (CHUNK, CHUNK + 50)]  # the header's: whole
         assert not store.cached(CHUNK + 12345, 6000)  # kept nowhere: a mount asks a thread
+    finally:
+        store.close()
+    store = fresh()
+    try:
         across = CHUNK + CHUNK // 2  # a read over a whole chunk: that chunk whole, once
         gets.clear()
         assert store.pread(across, 2 * CHUNK) == data[across:across + 2 * CHUNK]

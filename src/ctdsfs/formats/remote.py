@@ -86,8 +86,8 @@ LIST_IDLE_PAGES = 3  # pages in a row that bring no new name: the listing goes i
 UNREACHABLE_RECHECK = 10.0  # seconds between version checks while the server does not answer
 RECENT_ENDS = 8  # read ends remembered: a read starting at one carries on (a stream; several
 # streams may take turns)
-WHOLE_AFTER = 2  # scattered exact GETs into one chunk after which it is fetched whole (a
-# reader dense there: a GET's wait costs as much as moving a MiB or two)
+WHOLE_AFTER = 1  # scattered exact GETs into one chunk after which it is fetched whole (a
+# reader dense there: a small GET's wait costs about a quarter of a whole chunk's)
 NEAR = 1 << 20  # an exact read this close to the chunk's last one, not overlapping it, is
 # the same reader's next piece (a row range's parts of its tiles) and does not count
 EXACT_GETS_KEPT = 4096  # chunks whose exact GETs are counted (the oldest forgotten)
