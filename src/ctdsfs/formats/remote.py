@@ -569,11 +569,11 @@ class RemoteStore:
                 whole = self._wants_whole(version, i, lo - i * step, hi - i * step, carries_on)
                 parts.append(self._chunk(version, i) if whole else None)
             exact = self._exact_requests(version, spans, parts)
-            # readahead starts when a reader carries on into the next chunk, never while it
-            # stays in one (opening a container reads its first chunk more than once)
+            # readahead starts when a reader carries on past the header's chunk, or from it
+            # into the next chunk (opening a container reads its first chunk piece by piece)
             was = self._next_chunk
-            moved_on = carries_on and was is not None and first in (was - 1, was) \
-                and last >= was
+            moved_on = carries_on and was is not None and (
+                first > 0 or first in (was - 1, was) and last >= was)
             stays = was is not None and first == last == was - 1
             self._next_chunk = last + 1
             ahead = range(max(last + 1, self._read_ahead_to),
