@@ -5,8 +5,8 @@ stands for a local file, read-only: ``pread`` becomes ranged GETs run by a small
 thread pool (``concurrency``). A stream (a read starting where a recent one
 ended) gets whole chunks (``chunk_size``), kept in a bounded memory cache
 (``cache_size``; the header's chunk 0 always stays) and read ahead
-(``readahead`` chunks) once it moves on into the next chunk, so a FUSE read of
-128 KiB costs no request of its own; a read that jumps into a chunk neither
+(``readahead`` chunks) at once (from chunk 0, once it moves on into the next
+chunk), so a FUSE read of 128 KiB costs no request of its own; a read that jumps into a chunk neither
 cached nor being fetched GETs exactly its own bytes (a row range of a column
 moves its rows' bytes, not 8 MiB), until a reader scattered over a chunk makes
 it worth fetching whole (``WHOLE_AFTER``). Opening a container costs the GET of
@@ -389,8 +389,8 @@ class RemoteStore:
         self._next_chunk = None  # where a sequential reader goes on
         self._read_ahead_to = 0  # the chunks before it were asked for by readahead
         self._ends = deque(maxlen=RECENT_ENDS)  # where the latest reads ended
-        self._exact_gets = OrderedDict()  # (etag, chunk index) -> [scattered exact GETs, last's
-        # start, end]
+        self._exact_gets = OrderedDict()  # (etag, chunk index) -> (scattered exact GETs
+        # into it, the last one's start and end in it)
         self._siblings = []
         self._disk = DiskCache(self.options.cache_dir, self.options.cache_dir_size) \
             if self.options.cache_dir else None
