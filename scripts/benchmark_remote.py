@@ -3,6 +3,8 @@ against the raw GETs of the object by botocore, obstore and s3fs, and the pyfuse
 of that read; every column of a MeasurementSet through s3:// and a local mount."""
 
 import os
+import random
+import statistics
 import subprocess
 import sys
 import time
@@ -24,6 +26,25 @@ from benchmark_common import (
 REMOTE_CONCURRENCY = 8  # GETs in flight: the mount's default, and the baselines'
 
 REMOTE_CHUNK = 8 << 20
+RANDOM_READS = 64  # 4 KiB reads at random places of the file through a fresh s3:// mount
+
+
+def random_read_seconds(path, count, seed):
+    """Seconds for ``count`` 4 KiB preads at random page-aligned places of ``path``, the
+    kernel's readahead off (POSIX_FADV_RANDOM): what a reader jumping about pays."""
+    rng = random.Random(seed)
+    size = path.stat().st_size
+    places = [rng.randrange(0, size - 4096) // 4096 * 4096 for _ in range(count)]
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+        start = time.perf_counter()
+        for place in places:
+            if len(os.pread(fd, 4096, place)) != 4096:
+                raise RuntimeError(f"{path}: a short read at {place}")
+        return time.perf_counter() - start
+    finally:
+        os.close(fd)
 
 
 def raw_get_figures(client, bucket, key, size):
@@ -138,6 +159,17 @@ def remote_figures(tmp, pool, size, ms_mib, rounds=3, read_rounds=8):
                          f"read: the daemon {', '.join(f'{r[2]:.2f}' for r in seen[name])} s, "
                          f"SeaweedFS {', '.join(f'{r[3]:.2f}' for r in seen[name])} s, "
                          f"the reader {', '.join(f'{r[4]:.2f}' for r in seen[name])} s")
+
+        command, path, _ = readers["s3:// mount"]
+        jumps = []
+        for round_ in range(rounds):  # each a fresh mount, cache dropped
+            with Mounted(command, str(tmp / "r1")):
+                drop_caches()
+                jumps.append(random_read_seconds(path, RANDOM_READS, round_))
+        lines.append(f"s3:// mount: {RANDOM_READS} random 4 KiB reads of the {size >> 20} MiB "
+                     f"file (a fresh mount, cache dropped, POSIX_FADV_RANDOM), {rounds} "
+                     f"rounds: median {statistics.median(jumps):.2f} s (best {min(jumps):.2f}); "
+                     f"each GETs its own bytes, or its chunk at the chunk's second")
 
         print(f"remote: every column of a {ms_mib} MiB MeasurementSet, s3:// vs local ...",
               flush=True)

@@ -23,6 +23,7 @@ from .test_remote import BUCKET, objects, seaweed, web  # noqa: F401 (the sessio
 
 NROW = 2048  # DATA: 64 channels x 4 correlations, tiles of 64 rows x 16 channels (32 KiB)
 TILE_ROW_BYTES = 4 * 32 << 10  # the four tiles that hold 64 rows of DATA
+LARGE_NROW = 8192  # an MS whose DATA lies past the first 8 MiB (the default chunk) of its container
 
 
 @pytest.fixture(scope="module")
@@ -35,6 +36,10 @@ def store(seaweed, web, objects, tmp_path_factory):  # noqa: F811 (the fixtures)
     where = tmp_path_factory.mktemp("columns-s3")
     plain = write_table(where / "plain.ms", "ms", str(NROW))
     pack(plain, str(where / "obs.mf"), quiet=True)
+    large = write_table(where / "large.ms", "ms", str(LARGE_NROW))
+    pack(large, str(where / "large.mf"), quiet=True)
+    seaweed.client.put_object(Bucket=BUCKET, Key="columns/large.mf",
+                              Body=(where / "large.mf").read_bytes())
     shutil.copy(where / "obs.mf", objects / "columns-obs.mf")  # what nginx serves
     seaweed.client.put_object(Bucket=BUCKET, Key="columns/obs.mf",
                               Body=(where / "obs.mf").read_bytes())
@@ -48,6 +53,7 @@ def store(seaweed, web, objects, tmp_path_factory):  # noqa: F811 (the fixtures)
                       dashboard_address=None, host="127.0.0.1") as cluster, \
             Client(cluster) as client:
         yield SimpleNamespace(plain=plain, url=seaweed.url("columns/obs.mf"), s3=s3,
+                              large=large, large_url=seaweed.url("columns/large.mf"),
                               endpoint=seaweed.endpoint, dask=client,
                               prefix=seaweed.url("columns/plain.ms/"),
                               http=web.url("columns-obs.mf"))
@@ -76,28 +82,30 @@ def test_fsspec_columns_pickle_and_match_getcol(store):
                                   getcol(store.plain, "UVW"))
 
 
-@pytest.mark.parametrize("chunk", [16 << 10, 64 << 10])
+@pytest.mark.parametrize("chunk", [None, 16 << 10, 64 << 10])
 def test_a_row_range_fetches_only_the_rows_bytes_of_its_tiles(store, monkeypatch, chunk):
-    """Rows 1000..1100 of DATA lie in three rows of tiles (each tile of 16 of the 64
-    channels): only the rows' bytes in each tile are fetched, at most one tile row and a
-    chunk of rounding beyond those rows' own bytes (whole tiles: 400 KiB with 16 KiB
-    chunks; 448 KiB with 64 KiB chunks, one read ahead past the range)."""
+    """Rows 5000..5100 of DATA lie in three rows of tiles (each tile of 16 of the 64
+    channels), past the container's first chunk: only the rows' bytes in each tile are
+    fetched, at most one tile row beyond them, with the default chunks of 8 MiB as with
+    small ones (a read that jumps into a chunk GETs its own bytes)."""
     fetched = []
     original = remote.RemoteStore._get
     monkeypatch.setattr(remote.RemoteStore, "_get", lambda self, start, end, version: (
-        fetched.append(end - start), original(self, start, end, version))[1])
-    options = dict(store.s3, chunk_size=chunk, readahead=1)
-    fs = fsspec.filesystem("ctdsfs", fo=store.url, columns=True, target_options=options,
-                           skip_instance_cache=True)
+        fetched.append((start, end)), original(self, start, end, version))[1])
+    options = dict(store.s3, **({"chunk_size": chunk} if chunk else {}))
+    fs = fsspec.filesystem("ctdsfs", fo=store.large_url, columns=True,
+                           target_options=options, skip_instance_cache=True)
     path = "columns/DATA.npy"
     size = fs.size(path)
-    header = size - NROW * 64 * 4 * 8
+    header = size - LARGE_NROW * 64 * 4 * 8
     fs.cat_file(path, 0, header)  # the view is listed (table.dat, managers' headers)
     fetched.clear()
     row = 64 * 4 * 8
-    piece = fs.cat_file(path, header + 1000 * row, header + 1100 * row)
-    assert piece == getcol(store.plain, "DATA", 1000, 100).tobytes()
-    assert 100 * row <= sum(fetched) <= 100 * row + TILE_ROW_BYTES + chunk, sum(fetched)
+    piece = fs.cat_file(path, header + 5000 * row, header + 5100 * row)
+    assert piece == getcol(store.large, "DATA", 5000, 100).tobytes()
+    assert min(start for start, _ in fetched) >= remote.RemoteOptions.chunk_size
+    got = sum(end - start for start, end in fetched)
+    assert 100 * row <= got <= 100 * row + TILE_ROW_BYTES, got
 
 
 def test_s3_mounts_show_columns(store, mount):

@@ -1,12 +1,16 @@
 """A container's bytes on object storage (``s3://``) or a web server (``http(s)://``).
 
 A :class:`RemoteStore` stands where a :class:`~ctdsfs.formats.store.FileStore`
-stands for a local file, read-only: ``pread`` becomes ranged GETs of whole
-chunks (``chunk_size``), run by a small thread pool (``concurrency``), kept in
-a bounded memory cache (``cache_size``; the header's chunk 0 always stays) and
-read ahead (``readahead`` chunks) once a reader moves on into the next chunk,
-so a FUSE read of 128 KiB costs no request of its own, and opening a container
-costs the GET of its header's chunk and nothing more.
+stands for a local file, read-only: ``pread`` becomes ranged GETs run by a small
+thread pool (``concurrency``). A stream (a read starting where a recent one
+ended) gets whole chunks (``chunk_size``), kept in a bounded memory cache
+(``cache_size``; the header's chunk 0 always stays) and read ahead
+(``readahead`` chunks) at once (from chunk 0, once it moves on into the next
+chunk), so a FUSE read of 128 KiB costs no request of its own; a read that jumps into a chunk neither
+cached nor being fetched GETs exactly its own bytes (a row range of a column
+moves its rows' bytes, not 8 MiB), until a reader scattered over a chunk makes
+it worth fetching whole (``WHOLE_AFTER``). Opening a container costs the GET of
+its header's chunk and nothing more.
 
 Libraries: botocore (synchronous) for S3, since it brings the whole AWS
 configuration chain (``AWS_*`` variables, ``~/.aws/config`` and credentials,
@@ -38,10 +42,8 @@ allows (``remote_wire.answer_bytes``, LIST_PAGE_MOST for a listing page), botoco
 whole-body reads of error bodies and listings included.
 """
 
-import contextlib
 import copy
 import dataclasses
-import hashlib
 import io
 import json
 import logging
@@ -49,12 +51,13 @@ import os
 import threading
 import time
 import weakref
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from types import SimpleNamespace
 from urllib.parse import urlsplit
 
 from ..errors import CtdsfsError
+from .remote_disk import DiskCache
 from .remote_http import HTTPObject, timed_pool_classes
 from .remote_wire import (
     ANSWER_BYTES,
@@ -72,7 +75,6 @@ from .remote_wire import (
     parsed_size,
 )
 from .schemes import REMOTE_SCHEMES
-from .store import create_exclusive
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +84,13 @@ LIST_PAGE_BYTES = 1 << 20  # what a page of a listing may take as long as (its d
 # it may bring remote_wire.LIST_PAGE_MOST bytes)
 LIST_IDLE_PAGES = 3  # pages in a row that bring no new name: the listing goes in circles
 UNREACHABLE_RECHECK = 10.0  # seconds between version checks while the server does not answer
+RECENT_ENDS = 8  # read ends remembered: a read starting at one carries on (a stream; several
+# streams may take turns)
+WHOLE_AFTER = 1  # scattered exact GETs into one chunk after which it is fetched whole (a
+# reader dense there: a small GET's wait costs about a quarter of a whole chunk's)
+NEAR = 1 << 20  # an exact read this close to the chunk's last one, not overlapping it, is
+# the same reader's next piece (a row range's parts of its tiles) and does not count
+EXACT_GETS_KEPT = 4096  # chunks whose exact GETs are counted (the oldest forgotten)
 
 
 def is_remote(source):
@@ -110,88 +119,6 @@ class RemoteOptions:
     key: str = dataclasses.field(default=None, repr=False)
     secret: str = dataclasses.field(default=None, repr=False)
     token: str = dataclasses.field(default=None, repr=False)
-
-
-class DiskCache:
-    """Chunks of remote objects in a local directory that survives remounts, bounded by
-    ``limit`` bytes (the oldest written go first).
-
-    A chunk is named by a hash of the object's address, ETag and chunk size, so a
-    replaced object never meets its old chunks. The directory must be private (it is
-    made mode 0700): its chunks are served as they are, checked only for length. It is written whole under a temporary
-    name and renamed into place, so two mounts sharing the directory never read half a
-    chunk; a chunk of the wrong length, or one the other mount just evicted, is a miss.
-    """
-
-    STALE_TEMPORARY = 600  # seconds after which a temporary file is a crashed writer's
-
-    def __init__(self, directory, limit):
-        self.directory, self.limit = directory, limit
-        self._lock = threading.Lock()
-        self._used = None  # bytes in the directory, counted at the first write
-        self._failed = False  # a failed write is logged once
-        try:
-            os.makedirs(directory, mode=0o700, exist_ok=True)  # its chunks are served as read
-        except OSError as exc:
-            raise CtdsfsError(f"cache_dir {directory}: {exc.strerror}") from None
-
-    def _path(self, url, etag, chunk_size, index):
-        name = hashlib.sha256(f"{url}\0{etag}\0{chunk_size}".encode()).hexdigest()
-        return os.path.join(self.directory, f"{name}-{index}")
-
-    def get(self, url, etag, chunk_size, index, length):
-        try:
-            with open(self._path(url, etag, chunk_size, index), "rb") as f:
-                data = f.read(length + 1)
-        except OSError:
-            return None
-        return data if len(data) == length else None
-
-    def put(self, url, etag, chunk_size, index, data):
-        path = self._path(url, etag, chunk_size, index)
-        temporary = f"{path}.{os.getpid()}-{threading.get_ident()}.tmp"
-        try:
-            with os.fdopen(create_exclusive(temporary), "wb") as f:  # (never a planted link)
-                f.write(data)
-            os.replace(temporary, path)
-        except OSError as exc:
-            if not self._failed:
-                log.warning("%s: cannot keep chunks there (%s)", self.directory, exc.strerror)
-            self._failed = True
-            with contextlib.suppress(OSError):
-                os.unlink(temporary)
-            return
-        with self._lock:  # (the first count finds the chunk just written)
-            self._used = self._scan()[1] if self._used is None else self._used + len(data)
-            over = self._used > self.limit
-        if over:
-            self._evict()
-
-    def _scan(self):
-        """``([(mtime, size, path)], total bytes)`` of the directory's chunks."""
-        files, now = [], time.time()
-        with os.scandir(self.directory) as entries:
-            for entry in entries:
-                try:
-                    st = entry.stat(follow_symlinks=False)
-                except OSError:
-                    continue  # evicted by the other mount meanwhile
-                if entry.name.endswith(".tmp") and now - st.st_mtime < self.STALE_TEMPORARY:
-                    continue  # being written
-                files.append((st.st_mtime, st.st_size, entry.path))
-        return files, sum(f[1] for f in files)
-
-    def _evict(self):
-        """Remove the oldest chunks until 90 % of the limit is left."""
-        with self._lock:
-            files, used = self._scan()
-            for _, size, path in sorted(files):
-                if used <= self.limit * 0.9:
-                    break
-                with contextlib.suppress(OSError):
-                    os.unlink(path)
-                used -= size
-            self._used = used
 
 
 class _Redirected(Exception):
@@ -461,6 +388,9 @@ class RemoteStore:
         self._stale = False  # a GET found another version: check at once
         self._next_chunk = None  # where a sequential reader goes on
         self._read_ahead_to = 0  # the chunks before it were asked for by readahead
+        self._ends = deque(maxlen=RECENT_ENDS)  # where the latest reads ended
+        self._exact_gets = OrderedDict()  # (etag, chunk index) -> (scattered exact GETs
+        # into it, the last one's start and end in it)
         self._siblings = []
         self._disk = DiskCache(self.options.cache_dir, self.options.cache_dir_size) \
             if self.options.cache_dir else None
@@ -550,18 +480,47 @@ class RemoteStore:
 
     def _chunk(self, version, index):
         """Chunk ``index`` of ``version`` if cached, else the Future of its GET (in flight,
-        or asked for now)."""
+        or asked for now). Called with the lock."""
         key = (version.etag, index)
-        with self._lock:
-            data = self._cache.get(key)
-            if data is not None:
-                self._cache.move_to_end(key)
-                return data
-            future = self._pending.get(key)
-            if future is None:
-                future = self._pending[key] = self._executor().submit(self._fetch, version,
-                                                                      index)
-            return future
+        data = self._cache.get(key)
+        if data is not None:
+            self._cache.move_to_end(key)
+            return data
+        future = self._pending.get(key)
+        if future is None:
+            future = self._pending[key] = self._executor().submit(self._fetch, version, index)
+        return future
+
+    def _wants_whole(self, version, index, lo, hi, carries_on):
+        """Whether bytes ``lo..hi`` of chunk ``index`` come from the whole chunk, else from
+        a GET of exactly those bytes: a reader that jumps to a chunk neither fetched nor
+        being fetched reads only its own bytes (a row range of a column), one that goes on
+        where a read ended gets whole chunks and readahead (a stream). Chunk 0 (the
+        header), a chunk read whole, chunks kept in a cache_dir, and a chunk that got
+        WHOLE_AFTER scattered exact GETs already (a read NEAR the last one and apart from
+        it is not scattered) are fetched whole. Called with the lock."""
+        key = (version.etag, index)
+        if carries_on or index == 0 or self._disk or key in self._cache \
+                or key in self._pending or hi - lo == self._chunk_length(version, index):
+            return True
+        gets, last_lo, last_hi = self._exact_gets.pop(key, (0, None, None))
+        near = last_lo is not None and (last_hi <= lo < last_hi + NEAR
+                                        or last_lo - NEAR < hi <= last_lo)
+        gets += not near
+        if gets > WHOLE_AFTER:
+            return True
+        self._exact_gets[key] = (gets, lo, hi)
+        while len(self._exact_gets) > EXACT_GETS_KEPT:
+            self._exact_gets.popitem(last=False)
+        return False
+
+    def _chunk_length(self, version, index):
+        step = self.options.chunk_size
+        return min(step, version.size - index * step)
+
+    def _fetch_exact(self, version, start, end):
+        """Bytes ``start..end`` alone (checked as a chunk's GET is), kept nowhere."""
+        return self._attempts(f"GET bytes {start}-{end - 1}", self._get, start, end, version)
 
     def _executor(self):
         """The pool of request threads (made at the first request; called with the lock)."""
@@ -600,12 +559,21 @@ class RemoteStore:
             return b""
         step = self.options.chunk_size
         first, last = offset // step, (end - 1) // step
-        chunks = [self._chunk(version, i) for i in range(first, last + 1)]
+        spans = [(max(offset, i * step), min(end, (i + 1) * step))
+                 for i in range(first, last + 1)]
         with self._lock:
-            # readahead starts when a reader moves on into the next chunk, never while it
-            # stays in one (opening a container reads its first chunk more than once)
+            carries_on = offset in self._ends
+            self._ends.append(end)
+            parts = []  # per chunk: its data or Future, or None for bytes GET exactly
+            for i, (lo, hi) in zip(range(first, last + 1), spans):
+                whole = self._wants_whole(version, i, lo - i * step, hi - i * step, carries_on)
+                parts.append(self._chunk(version, i) if whole else None)
+            exact = self._exact_requests(version, spans, parts)
+            # readahead starts when a reader carries on past the header's chunk, or from it
+            # into the next chunk (opening a container reads its first chunk piece by piece)
             was = self._next_chunk
-            moved_on = was is not None and first in (was - 1, was) and last >= was
+            moved_on = carries_on and was is not None and (
+                first > 0 or first in (was - 1, was) and last >= was)
             stays = was is not None and first == last == was - 1
             self._next_chunk = last + 1
             ahead = range(max(last + 1, self._read_ahead_to),
@@ -615,20 +583,48 @@ class RemoteStore:
                 self._read_ahead_to = max(ahead.start, ahead.stop)
             elif not stays:
                 self._read_ahead_to = 0
-        for i in ahead:
-            self._chunk(version, i)
+            for i in ahead:
+                self._chunk(version, i)
         pieces = []
-        for i, data in zip(range(first, last + 1), chunks):
-            if isinstance(data, Future):
-                try:
-                    data = data.result()
-                except CancelledError:  # closed meanwhile: its object was replaced or removed
-                    raise RemoteError(f"{self.label}: replaced on the server while being read",
-                                      "replaced on the server while being read") from None
-            lo = max(offset, i * step) - i * step
-            hi = min(end, (i + 1) * step) - i * step
+        for i, (lo, hi), data in zip(range(first, last + 1), spans, parts):
+            if data is None:
+                pieces.append(self._exact_piece(exact, lo, hi))
+                continue
+            data = self._result(data)
+            lo, hi = lo - i * step, hi - i * step
             pieces.append(data if (lo, hi) == (0, len(data)) else memoryview(data)[lo:hi])
         return pieces[0] if len(pieces) == 1 else b"".join(pieces)
+
+    def _exact_requests(self, version, spans, parts):
+        """``[(start, end, Future)]``: one exact GET per run of neighbouring spans whose
+        chunk is not read whole (called with the lock)."""
+        runs = []
+        for (lo, hi), data in zip(spans, parts):
+            if data is not None:
+                continue
+            if runs and runs[-1][1] == lo:
+                runs[-1][1] = hi
+            else:
+                runs.append([lo, hi])
+        return [(lo, hi, self._executor().submit(self._fetch_exact, version, lo, hi))
+                for lo, hi in runs]
+
+    def _exact_piece(self, exact, lo, hi):
+        """Bytes ``lo..hi`` out of the exact GET that holds them."""
+        start, _, future = next(e for e in exact if e[0] <= lo and hi <= e[1])
+        data = self._result(future)
+        return data if (lo - start, hi - start) == (0, len(data)) \
+            else memoryview(data)[lo - start:hi - start]
+
+    def _result(self, data):
+        """What a GET brought (waited for), or ``data`` itself if it is no Future."""
+        if not isinstance(data, Future):
+            return data
+        try:
+            return data.result()
+        except CancelledError:  # closed meanwhile: its object was replaced or removed
+            raise RemoteError(f"{self.label}: replaced on the server while being read",
+                              "replaced on the server while being read") from None
 
     def size(self):
         return self.version().size
@@ -657,6 +653,7 @@ class RemoteStore:
             self._cache.clear()
             self._next_chunk = None
             self._read_ahead_to = 0
+            self._exact_gets.clear()
             for sibling in self._siblings:
                 sibling._version = None
         log.info("%s: replaced on the server (ETag %s -> %s): reloaded", self.label,
