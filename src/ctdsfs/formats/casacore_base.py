@@ -20,6 +20,7 @@ import numpy as np
 
 from ..errors import FormatError
 from .aipsio import AipsReader
+from .store import preadv_all
 
 # casacore DataType codes (casa/Utilities/DataType.h) of the column types decoded.
 TP_BOOL, TP_UCHAR, TP_SHORT, TP_USHORT, TP_INT, TP_UINT = 0, 2, 3, 4, 5, 6
@@ -167,18 +168,6 @@ def aligned_empty(size, offset=0):
     raw = np.empty(size + ALIGNMENT - 1, np.uint8)
     skip = (offset - raw.__array_interface__["data"][0]) % ALIGNMENT
     return raw[skip:skip + size]
-
-
-def preadv_all(fd, buffer, offset):
-    """Bytes of file descriptor ``fd`` from ``offset`` into ``buffer`` until it is full or
-    the file ends: their count."""
-    view, done = memoryview(buffer).cast("B"), 0
-    while done < len(view):
-        n = os.preadv(fd, [view[done:]], offset + done)
-        if n == 0:
-            break
-        done += n
-    return done
 
 
 def read_aligned(source, name, offset, size, what):

@@ -173,6 +173,18 @@ def create_exclusive(path, mode=0o644):
                    mode)
 
 
+def preadv_all(fd, buffer, offset):
+    """Bytes of file descriptor ``fd`` from ``offset`` into ``buffer`` until it is full or
+    the file ends: their count."""
+    view, done = memoryview(buffer).cast("B"), 0
+    while done < len(view):
+        n = os.preadv(fd, [view[done:]], offset + done)
+        if n == 0:
+            break
+        done += n
+    return done
+
+
 def write_synced(path, data):
     """Write ``data`` as the whole content of a new file ``path`` (create_exclusive) and
     fsync it."""

@@ -36,8 +36,7 @@ from collections import OrderedDict
 from ..container import Container, Usage
 from ..errors import CtdsfsError, FormatError, NotAContainer, NotPermitted, ReadOnlyError
 from ..formats import directory_format, open_container, tabledat
-from ..formats.casacore_base import preadv_all
-from ..formats.store import create_exclusive
+from ..formats.store import create_exclusive, preadv_all
 from .filesystem import FSError
 
 log = logging.getLogger(__name__)
