@@ -30,6 +30,7 @@ from .bcolz_view import (
     refuse,
     replace_file,
 )
+from .bcolz_windows import ChunkWindows
 from .beneath import kind_beneath, listdir_beneath, lstat_beneath, open_regular_beneath
 from .blosc_chunk import Chunk, file_identity
 from .decoded_cache import DecodedCache, shared_pool
@@ -109,6 +110,7 @@ class Carray(View):
             raise FormatError(f"{where}: chunks of {chunklen} items of {self.item_bytes} "
                               f"bytes (ctdsfs reads chunks of 1 to {CHUNK_BYTES_MAX} bytes)")
         self.chunk_bytes = self.item_bytes * chunklen
+        self.windows = ChunkWindows(self.chunk_bytes)
         self.cparams = self._cparams()
         try:
             present = {int(m.group(1)) for m in map(SUPERCHUNK_NAME.match,
@@ -201,9 +203,32 @@ class Carray(View):
         data = self._cached_chunk(number)
         if data is None:
             data = self._with_chunk(number, lambda chunk, fd, identity: self.cache.get_or_load(
-                (self.path, number), identity, lambda: chunk.decompress(fd)))
+                (self.path, number), identity, lambda: self._decode(chunk, fd, number)))
         self._read_ahead(number)
         return data
+
+    def _decode(self, chunk, fd, number):
+        """Chunk ``number`` decoded into its place in ``windows``, as a read-only view."""
+        windows = self.windows
+        buffer, keep = windows.place(number)
+        view = memoryview(buffer[:chunk.decompress_into(fd, buffer)]).toreadonly()
+        keep(view)
+        return view
+
+    def held(self, start, end):
+        """Whether items' bytes ``start`` .. ``end`` are all in decoded chunks in memory
+        (then the mount answers the read at once, without a thread's hop)."""
+        if end > self.shape[0] * self.item_bytes:
+            return False
+        for number in range(start // self.chunk_bytes, (end - 1) // self.chunk_bytes + 1):
+            identity = self._chunks.get(number, (None, None))[0]
+            if identity is None or self.cache.get((self.path, number), identity) is None:
+                return False
+        return True
+
+    def cached(self, key, offset, size):
+        entry = self._entries.get(key) if key == "array.npy" else None
+        return isinstance(entry, NpyFile) and entry.held(offset, size)
 
     def _cached_chunk(self, number):
         """Chunk ``number`` from the cache if its file is unchanged, else None."""
@@ -235,22 +260,32 @@ class Carray(View):
         with contextlib.suppress(CtdsfsError, OSError):
             if self._cached_chunk(number) is None:
                 self._with_chunk(number, lambda chunk, fd, identity: self.cache.get_or_load(
-                    (self.path, number), identity, lambda: chunk.decompress(fd)))
+                    (self.path, number), identity, lambda: self._decode(chunk, fd, number)))
 
     def read_data(self, start, end):
         """Bytes ``start`` .. ``end`` of the items, decompressing only the chunks they touch
-        (then appended bytes still short of an item); a read within one chunk is a view
-        of the decoded chunk, not a copy."""
+        (then appended bytes still short of an item); a read within one chunk, or across
+        chunks decoded side by side, is a view of the decoded bytes, not a copy. The
+        chunks after the first are decoded in other threads meanwhile."""
         stored = self.shape[0] * self.item_bytes
+        first = start // self.chunk_bytes
+        last = (min(end, stored) - 1) // self.chunk_bytes
+        for number in range(first + 1, last + 1):
+            if self._cached_chunk(number) is None:
+                shared_pool("bcolz-ahead", CHUNKS_AHEAD).submit(self._decode_quietly, number)
+        chunks = [self.chunk_data(number) for number in range(first, last + 1)]
+        if end <= stored and chunks:
+            whole = self.windows.joined(first, chunks) if len(chunks) > 1 else chunks[0]
+            if whole is not None:
+                within = start - first * self.chunk_bytes
+                return memoryview(whole)[within:within + end - start]
         parts = []
         at = start
-        while at < min(end, stored):
-            number, within = divmod(at, self.chunk_bytes)
+        for number, data in zip(range(first, last + 1), chunks):
+            within = at - number * self.chunk_bytes
             take = min(min(end, stored) - at, self.chunk_bytes - within)
-            parts.append(memoryview(self.chunk_data(number))[within:within + take])
+            parts.append(memoryview(data)[within:within + take])
             at += take
-        if len(parts) == 1 and end <= stored:
-            return parts[0]
         if end > stored:
             parts.append(bytes(self._partial[max(start, stored) - stored:end - stored]))
         return b"".join(parts)
@@ -304,8 +339,8 @@ class Carray(View):
             old = self.chunk_data(number)
             take = min(len(data) - done, len(old) - within)
             if data[done:done + take] != old[within:within + take]:
-                self._store_chunk(number, old[:within] + data[done:done + take]
-                                  + old[within + take:])
+                self._store_chunk(number, bytes(old[:within]) + data[done:done + take]
+                                  + bytes(old[within + take:]))
             done += take
 
     def _append(self, items):
@@ -313,7 +348,7 @@ class Carray(View):
         meta/sizes, so a crash never leaves meta/sizes ahead of the data."""
         length = self.shape[0]
         first = length // self.chunklen
-        kept = self.chunk_data(first)[:(length - first * self.chunklen) * self.item_bytes] \
+        kept = bytes(self.chunk_data(first)[:(length - first * self.chunklen) * self.item_bytes]) \
             if length % self.chunklen else b""
         joined = kept + items
         for index in range(0, len(joined), self.chunk_bytes):

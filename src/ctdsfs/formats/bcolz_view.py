@@ -133,6 +133,13 @@ class NpyFile:
     def size(self):
         return len(self._header.data()) + self.source.data_bytes()
 
+    def held(self, offset, size):
+        """Whether ``read(offset, size)`` needs nothing that is not in memory."""
+        header = len(self._header.data())
+        start = max(offset, header) - header
+        end = min(offset + size - header, self.source.data_bytes())
+        return start >= end or self.source.held(start, end)
+
     def read(self, offset, size):
         header = self._header.data()
         end = min(offset + size, len(header) + self.source.data_bytes())

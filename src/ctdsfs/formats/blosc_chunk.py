@@ -17,6 +17,8 @@ import zlib
 import blosc
 
 from ..errors import BlockError
+from .store import preadv_all
+from .tiledb_blosc import spare_buffer
 
 BLOSC_HEADER = struct.Struct("<BBBBIII")  # (also Blosc's most overhead: a stored copy)
 CODECS = {0: "blosclz", 1: "lz4", 2: "snappy", 3: "zlib", 4: "zstd"}  # Blosc flags >> 5
@@ -81,16 +83,44 @@ class Chunk:
             self.header = header
         return self.header
 
+    def _check_digest(self, raw, digest):
+        """Checksum of the compressed bytes ``raw`` against ``digest``."""
+        _, digest_size, digest_of = CHECKSUMS[self.checksum]
+        if digest_size and digest_of(raw) != digest:
+            raise self.fail(f"{CHECKSUMS[self.checksum][0]} checksum mismatch")
+
+    def decompress_into(self, fd, out):
+        """Decode the chunk into the writable uint8 array ``out`` (at least as long as its
+        place allows); its byte count. The compressed bytes go to a reused buffer (a
+        fresh one costs a page fault every 4 KiB), and the header Blosc reads there is
+        checked again: the file may have been replaced since ``read_header``."""
+        header = self.read_header(fd)
+        digest_size = CHECKSUMS[self.checksum][1]
+        cbytes, nbytes = header["cbytes"], header["nbytes"]
+        with spare_buffer(cbytes + digest_size) as spare:
+            view = memoryview(spare)[:cbytes + digest_size]
+            if preadv_all(fd, view, self.offset) != len(view):
+                raise self.fail("truncated")
+            raw = view[:cbytes]
+            self._check_digest(raw, bytes(view[cbytes:]))
+            now = BLOSC_HEADER.unpack(raw[:BLOSC_HEADER.size])
+            if (now[4], now[6]) != (nbytes, cbytes) or nbytes > len(out):
+                raise self.fail("changed while it was read")
+            try:
+                blosc.decompress_ptr(raw, out.ctypes.data)
+            except Exception as exc:  # python-blosc raises RuntimeError, ValueError, ...
+                raise self.fail(f"does not decompress ({exc})") from None
+        return nbytes
+
     def decompress(self, fd):
         """The chunk's bytes: header checked first, then the checksum, then python-blosc."""
         header = self.read_header(fd)
-        _, digest_size, digest_of = CHECKSUMS[self.checksum]
+        digest_size = CHECKSUMS[self.checksum][1]
         raw = os.pread(fd, header["cbytes"] + digest_size, self.offset)
         if len(raw) != header["cbytes"] + digest_size:
             raise self.fail("truncated")
         raw, digest = raw[:header["cbytes"]], raw[header["cbytes"]:]
-        if digest_size and digest_of(raw) != digest:
-            raise self.fail(f"{CHECKSUMS[self.checksum][0]} checksum mismatch")
+        self._check_digest(raw, digest)
         try:
             data = blosc.decompress(raw)
         except Exception as exc:  # python-blosc raises RuntimeError, ValueError, ...
