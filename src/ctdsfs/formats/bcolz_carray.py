@@ -32,9 +32,11 @@ from .bcolz_view import (
 )
 from .bcolz_windows import ChunkWindows
 from .beneath import kind_beneath, listdir_beneath, lstat_beneath, open_regular_beneath
-from .blosc_chunk import Chunk, file_identity
+from .blosc_chunk import BLOSC_HEADER, Chunk, file_identity
 from .decoded_cache import DecodedCache, shared_pool
 from .npy import npy_header
+from .store import preadv_all
+from .tiledb_blosc import spare_buffer
 
 CHUNKS_AHEAD = 3  # chunks decoded ahead of a sequential reader
 PENDING_BYTES_MAX = 16 << 20  # appended bytes held back until they end on an item boundary
@@ -156,13 +158,14 @@ class Carray(View):
         """Superchunk ``number``'s path inside the rootdir."""
         return self._rel("data", f"__{number}.blp")
 
-    def _chunk(self, number, fd, identity):
-        """The chunk of superchunk ``number`` (its 16-byte header checked), kept while the
-        file is the same (``identity``: inode, mtime, size)."""
+    def _chunk(self, number, fd, identity, head=None):
+        """The chunk of superchunk ``number`` (its 16-byte header checked: ``head``, else
+        read), kept while the file is the same (``identity``: inode, mtime, size)."""
         known, chunk = self._chunks.get(number, (None, None))
         if known != identity:
             path = os.path.join(self.root, self._superchunk(number))
-            head = os.pread(fd, SUPERCHUNK_HEADER.size, 0)
+            if head is None:
+                head = os.pread(fd, SUPERCHUNK_HEADER.size, 0)
             room = identity[2] - SUPERCHUNK_HEADER.size
             if len(head) < SUPERCHUNK_HEADER.size:
                 raise Chunk(path, number, 0, 0, (0, 0)).fail("truncated superchunk header")
@@ -177,8 +180,9 @@ class Carray(View):
             self._chunks[number] = (identity, chunk)
         return chunk
 
-    def _with_chunk(self, number, use):
-        """``use(chunk, fd, identity)`` with superchunk ``number`` open (links not followed)."""
+    def _with_chunk(self, number, use, parse=True):
+        """``use(chunk, fd, identity)`` with superchunk ``number`` open (links not followed);
+        without ``parse``, chunk is None (nothing read yet)."""
         try:
             fd = open_regular_beneath(self.root, self._superchunk(number),
                                       os.path.join(self.root, self._superchunk(number)))
@@ -186,7 +190,7 @@ class Carray(View):
             raise BlockError(str(exc), str(exc)) from None
         try:
             identity = file_identity(os.fstat(fd))
-            return use(self._chunk(number, fd, identity), fd, identity)
+            return use(self._chunk(number, fd, identity) if parse else None, fd, identity)
         finally:
             os.close(fd)
 
@@ -202,16 +206,29 @@ class Carray(View):
         lstat tells that (a link or anything not a regular file goes the opening way)."""
         data = self._cached_chunk(number)
         if data is None:
-            data = self._with_chunk(number, lambda chunk, fd, identity: self.cache.get_or_load(
-                (self.path, number), identity, lambda: self._decode(chunk, fd, number)))
+            data = self._with_chunk(number, lambda _, fd, identity: self._cached_or_decoded(
+                number, fd, identity), parse=False)
         self._read_ahead(number)
         return data
 
-    def _decode(self, chunk, fd, number):
-        """Chunk ``number`` decoded into its place in ``windows``, as a read-only view."""
+    def _cached_or_decoded(self, number, fd, identity):
+        return self.cache.get_or_load((self.path, number), identity,
+                                      lambda: self._decode(number, fd, identity))
+
+    def _decode(self, number, fd, identity):
+        """Chunk ``number`` as a read-only view of its place in ``windows``: its file read
+        by one call (as a reader of the whole superchunk, bcolz does one disk request,
+        not one for the headers and one for the rest) into a reused buffer (a fresh one
+        costs a page fault every 4 KiB), up to what a chunk may take."""
+        want = min(identity[2], SUPERCHUNK_HEADER.size + BLOSC_HEADER.size + self.chunk_bytes)
         windows = self.windows
-        buffer, keep = windows.place(number)
-        view = memoryview(buffer[:chunk.decompress_into(fd, buffer)]).toreadonly()
+        with spare_buffer(want) as spare:
+            raw = memoryview(spare)[:want]
+            raw = raw[:preadv_all(fd, raw, 0)]
+            chunk = self._chunk(number, fd, identity, bytes(raw[:SUPERCHUNK_HEADER.size]))
+            buffer, keep = windows.place(number)
+            view = memoryview(buffer[:chunk.decode_into(raw[chunk.offset:], buffer)])
+        view = view.toreadonly()
         keep(view)
         return view
 
@@ -259,8 +276,8 @@ class Carray(View):
         """Chunk ``number`` into the cache; a problem is for the reader who wants it."""
         with contextlib.suppress(CtdsfsError, OSError):
             if self._cached_chunk(number) is None:
-                self._with_chunk(number, lambda chunk, fd, identity: self.cache.get_or_load(
-                    (self.path, number), identity, lambda: self._decode(chunk, fd, number)))
+                self._with_chunk(number, lambda _, fd, identity: self._cached_or_decoded(
+                number, fd, identity), parse=False)
 
     def read_data(self, start, end):
         """Bytes ``start`` .. ``end`` of the items, decompressing only the chunks they touch
@@ -271,7 +288,7 @@ class Carray(View):
         first = start // self.chunk_bytes
         last = (min(end, stored) - 1) // self.chunk_bytes
         for number in range(first + 1, last + 1):
-            if self._cached_chunk(number) is None:
+            if CHUNKS_AHEAD and self._cached_chunk(number) is None:
                 shared_pool("bcolz-ahead", CHUNKS_AHEAD).submit(self._decode_quietly, number)
         chunks = [self.chunk_data(number) for number in range(first, last + 1)]
         if end <= stored and chunks:

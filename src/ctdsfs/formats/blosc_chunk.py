@@ -17,8 +17,6 @@ import zlib
 import blosc
 
 from ..errors import BlockError
-from .store import preadv_all
-from .tiledb_blosc import spare_buffer
 
 BLOSC_HEADER = struct.Struct("<BBBBIII")  # (also Blosc's most overhead: a stored copy)
 CODECS = {0: "blosclz", 1: "lz4", 2: "snappy", 3: "zlib", 4: "zstd"}  # Blosc flags >> 5
@@ -67,21 +65,24 @@ class Chunk:
 
     def read_header(self, fd):
         if self.header is None:
-            raw = os.pread(fd, BLOSC_HEADER.size, self.offset)
-            if self.room < BLOSC_HEADER.size or len(raw) < BLOSC_HEADER.size:
-                raise self.fail("truncated Blosc header")
-            header = blosc_header(raw)
-            least, most = self.nbytes_range
-            if not least <= header["nbytes"] <= most:
-                want = least if least == most else f"{least} to {most}"
-                raise self.fail(f"Blosc header says {header['nbytes']} bytes, its place "
-                                f"holds {want}")
-            if not BLOSC_HEADER.size <= header["cbytes"] <= min(
-                    self.room, header["nbytes"] + BLOSC_HEADER.size):
-                raise self.fail(f"Blosc header says {header['cbytes']} compressed bytes, "
-                                f"{self.room} are there for {header['nbytes']} bytes")
-            self.header = header
+            self.header = self._checked_header(os.pread(fd, BLOSC_HEADER.size, self.offset))
         return self.header
+
+    def _checked_header(self, raw):
+        """The Blosc header at the start of ``raw``, if it fits the chunk's place."""
+        if self.room < BLOSC_HEADER.size or len(raw) < BLOSC_HEADER.size:
+            raise self.fail("truncated Blosc header")
+        header = blosc_header(raw[:BLOSC_HEADER.size])
+        least, most = self.nbytes_range
+        if not least <= header["nbytes"] <= most:
+            want = least if least == most else f"{least} to {most}"
+            raise self.fail(f"Blosc header says {header['nbytes']} bytes, its place "
+                            f"holds {want}")
+        if not BLOSC_HEADER.size <= header["cbytes"] <= min(
+                self.room, header["nbytes"] + BLOSC_HEADER.size):
+            raise self.fail(f"Blosc header says {header['cbytes']} compressed bytes, "
+                            f"{self.room} are there for {header['nbytes']} bytes")
+        return header
 
     def _check_digest(self, raw, digest):
         """Checksum of the compressed bytes ``raw`` against ``digest``."""
@@ -89,27 +90,22 @@ class Chunk:
         if digest_size and digest_of(raw) != digest:
             raise self.fail(f"{CHECKSUMS[self.checksum][0]} checksum mismatch")
 
-    def decompress_into(self, fd, out):
-        """Decode the chunk into the writable uint8 array ``out`` (at least as long as its
-        place allows); its byte count. The compressed bytes go to a reused buffer (a
-        fresh one costs a page fault every 4 KiB), and the header Blosc reads there is
-        checked again: the file may have been replaced since ``read_header``."""
-        header = self.read_header(fd)
-        digest_size = CHECKSUMS[self.checksum][1]
+    def decode_into(self, raw, out):
+        """Decode the chunk from ``raw`` (the file's bytes from its offset, as many as were
+        read) into the writable uint8 array ``out``; its byte count. The header checked
+        is the one Blosc reads (the file may have changed since ``read_header``)."""
+        header = self._checked_header(raw)
         cbytes, nbytes = header["cbytes"], header["nbytes"]
-        with spare_buffer(cbytes + digest_size) as spare:
-            view = memoryview(spare)[:cbytes + digest_size]
-            if preadv_all(fd, view, self.offset) != len(view):
-                raise self.fail("truncated")
-            raw = view[:cbytes]
-            self._check_digest(raw, bytes(view[cbytes:]))
-            now = BLOSC_HEADER.unpack(raw[:BLOSC_HEADER.size])
-            if (now[4], now[6]) != (nbytes, cbytes) or nbytes > len(out):
-                raise self.fail("changed while it was read")
-            try:
-                blosc.decompress_ptr(raw, out.ctypes.data)
-            except Exception as exc:  # python-blosc raises RuntimeError, ValueError, ...
-                raise self.fail(f"does not decompress ({exc})") from None
+        digest_size = CHECKSUMS[self.checksum][1]
+        if len(raw) < cbytes + digest_size:
+            raise self.fail("truncated")
+        self._check_digest(raw[:cbytes], bytes(raw[cbytes:cbytes + digest_size]))
+        if nbytes > len(out):
+            raise self.fail(f"{nbytes} bytes do not fit the {len(out)} of its place")
+        try:
+            blosc.decompress_ptr(raw[:cbytes], out.ctypes.data)
+        except Exception as exc:  # python-blosc raises RuntimeError, ValueError, ...
+            raise self.fail(f"does not decompress ({exc})") from None
         return nbytes
 
     def decompress(self, fd):
