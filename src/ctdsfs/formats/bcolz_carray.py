@@ -38,7 +38,7 @@ from .npy import npy_header
 from .store import preadv_all
 from .tiledb_blosc import spare_buffer
 
-CHUNKS_AHEAD = 3  # chunks decoded ahead of a sequential reader
+CHUNKS_AHEAD = 8  # chunks decoded ahead of a sequential reader (3 left the disk idle)
 PENDING_BYTES_MAX = 16 << 20  # appended bytes held back until they end on an item boundary
 PAGE_BYTES = mmap.PAGESIZE
 KERNEL_PIECE_MAX = 256 * PAGE_BYTES  # libfuse 3's max_write: the longest piece of a write
@@ -202,31 +202,36 @@ class Carray(View):
             return min(self.chunklen, self.shape[0] - number * self.chunklen) * self.item_bytes
 
     def chunk_data(self, number):
+        """Chunk ``number`` decompressed (the next ones decoded ahead of a reader in order)."""
+        self._read_ahead(number, number)
+        return self._chunk_data(number)
+
+    def _chunk_data(self, number):
         """Chunk ``number`` decompressed, from the cache while its file is unchanged: one
         lstat tells that (a link or anything not a regular file goes the opening way)."""
         data = self._cached_chunk(number)
         if data is None:
             data = self._with_chunk(number, lambda _, fd, identity: self._cached_or_decoded(
                 number, fd, identity), parse=False)
-        self._read_ahead(number)
         return data
 
-    def _cached_or_decoded(self, number, fd, identity):
+    def _cached_or_decoded(self, number, fd, identity, ahead=False):
         return self.cache.get_or_load((self.path, number), identity,
-                                      lambda: self._decode(number, fd, identity))
+                                      lambda: self._decode(number, fd, identity, ahead))
 
-    def _decode(self, number, fd, identity):
+    def _decode(self, number, fd, identity, ahead):
         """Chunk ``number`` as a read-only view of its place in ``windows``: its file read
         by one call (as a reader of the whole superchunk, bcolz does one disk request,
         not one for the headers and one for the rest) into a reused buffer (a fresh one
-        costs a page fault every 4 KiB), up to what a chunk may take."""
+        costs a page fault every 4 KiB), up to what a chunk may take. A chunk decoded
+        ahead of a sequential reader starts a new window where needed."""
         want = min(identity[2], SUPERCHUNK_HEADER.size + BLOSC_HEADER.size + self.chunk_bytes)
         windows = self.windows
         with spare_buffer(want) as spare:
             raw = memoryview(spare)[:want]
             raw = raw[:preadv_all(fd, raw, 0)]
             chunk = self._chunk(number, fd, identity, bytes(raw[:SUPERCHUNK_HEADER.size]))
-            buffer, keep = windows.place(number)
+            buffer, keep = windows.place(number, ahead)
             view = memoryview(buffer[:chunk.decode_into(raw[chunk.offset:], buffer)])
         view = view.toreadonly()
         keep(view)
@@ -257,11 +262,13 @@ class Carray(View):
             return None
         return self.cache.get((self.path, number), file_identity(st))
 
-    def _read_ahead(self, number):
-        """A reader going through the chunks in order (this one, or one next to the last it
-        read) has the next CHUNKS_AHEAD decoded in other threads meanwhile (pread and
-        Blosc release the GIL), as many as the cache holds beside the one it is in."""
-        sequential = abs(number - self._last_read) <= 1  # (the kernel's reads overlap a bit)
+    def _read_ahead(self, first, number):
+        """A reader going through the chunks in order (a read from chunk ``first`` to
+        ``number`` that starts in, or next to, the last chunk of its previous read) has
+        the next CHUNKS_AHEAD decoded in other threads meanwhile (pread and Blosc release
+        the GIL), as many as the cache holds beside the one it is in. A read across two
+        chunks at a new place (as a mapped reader's page fault asks) is no such reader."""
+        sequential = abs(first - self._last_read) <= 1  # (the kernel's reads overlap a bit)
         self._last_read = number
         if not sequential:
             self._ahead_until = number  # (coming back to read in order asks ahead again)
@@ -269,15 +276,15 @@ class Carray(View):
         room = max(0, self.cache.limit // self.chunk_bytes - 2)
         last = min(number + min(CHUNKS_AHEAD, room), self.chunk_count() - 1)
         for ahead in range(max(number, self._ahead_until) + 1, last + 1):
-            shared_pool("bcolz-ahead", CHUNKS_AHEAD).submit(self._decode_quietly, ahead)
+            shared_pool("bcolz-ahead", CHUNKS_AHEAD).submit(self._decode_quietly, ahead, True)
         self._ahead_until = max(self._ahead_until, last)
 
-    def _decode_quietly(self, number):
+    def _decode_quietly(self, number, ahead=False):
         """Chunk ``number`` into the cache; a problem is for the reader who wants it."""
         with contextlib.suppress(CtdsfsError, OSError):
             if self._cached_chunk(number) is None:
                 self._with_chunk(number, lambda _, fd, identity: self._cached_or_decoded(
-                number, fd, identity), parse=False)
+                    number, fd, identity, ahead), parse=False)
 
     def read_data(self, start, end):
         """Bytes ``start`` .. ``end`` of the items, decompressing only the chunks they touch
@@ -287,10 +294,12 @@ class Carray(View):
         stored = self.shape[0] * self.item_bytes
         first = start // self.chunk_bytes
         last = (min(end, stored) - 1) // self.chunk_bytes
+        if first <= last:
+            self._read_ahead(first, last)
         for number in range(first + 1, last + 1):
             if CHUNKS_AHEAD and self._cached_chunk(number) is None:
                 shared_pool("bcolz-ahead", CHUNKS_AHEAD).submit(self._decode_quietly, number)
-        chunks = [self.chunk_data(number) for number in range(first, last + 1)]
+        chunks = [self._chunk_data(number) for number in range(first, last + 1)]
         if end <= stored and chunks:
             whole = self.windows.joined(first, chunks) if len(chunks) > 1 else chunks[0]
             if whole is not None:

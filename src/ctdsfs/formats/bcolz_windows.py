@@ -37,12 +37,17 @@ class ChunkWindows:
         self._windows = OrderedDict()  # number -> (buffer, {slot: the view decoded there})
         self._lock = threading.Lock()
 
-    def place(self, number):
+    def place(self, number, new_window):
         """``(buffer, keep)``: where chunk ``number`` is to be decoded, and ``keep(view)``
-        to call with the view of its decoded bytes (what ``joined`` recognises)."""
+        to call with the view of its decoded bytes (what ``joined`` recognises). Without
+        ``new_window`` (a reader jumping about: a window's fresh pages would cost more
+        than the copy they save), a chunk whose window is not there gets a buffer of its
+        own, which the allocator hands out again once it is dropped."""
         index, slot = divmod(number, self.per_window)
         with self._lock:
             window = self._windows.get(index)
+            if window is None and not new_window:
+                return np.empty(self.chunk_bytes, np.uint8), lambda view: None
             if window is None:
                 window = self._windows[index] = (
                     huge_page_buffer(self.per_window * self.chunk_bytes), {})
