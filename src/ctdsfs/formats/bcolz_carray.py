@@ -242,11 +242,15 @@ class Carray(View):
         (then the mount answers the read at once, without a thread's hop)."""
         if end > self.shape[0] * self.item_bytes:
             return False
-        for number in range(start // self.chunk_bytes, (end - 1) // self.chunk_bytes + 1):
-            identity = self._chunks.get(number, (None, None))[0]
-            if identity is None or self.cache.get((self.path, number), identity) is None:
-                return False
-        return True
+        return all(map(self._held_chunk, range(start // self.chunk_bytes,
+                                               (end - 1) // self.chunk_bytes + 1)))
+
+    def _held_chunk(self, number):
+        """Whether chunk ``number`` is decoded in memory for its file as last seen (no
+        system call: a read checks the file again)."""
+        identity = self._chunks.get(number, (None, None))[0]
+        return identity is not None and \
+            self.cache.get((self.path, number), identity) is not None
 
     def cached(self, key, offset, size):
         entry = self._entries.get(key) if key == "array.npy" else None
@@ -297,7 +301,7 @@ class Carray(View):
         if first <= last:
             self._read_ahead(first, last)
         for number in range(first + 1, last + 1):
-            if CHUNKS_AHEAD and self._cached_chunk(number) is None:
+            if CHUNKS_AHEAD and not self._held_chunk(number):
                 shared_pool("bcolz-ahead", CHUNKS_AHEAD).submit(self._decode_quietly, number)
         chunks = [self._chunk_data(number) for number in range(first, last + 1)]
         if end <= stored and chunks:
