@@ -15,7 +15,8 @@ import numpy as np
 
 HUGE_PAGE = 2 << 20  # (x86-64)
 WINDOW_BYTES = 4 << 20  # chunks per window: as many as fit this (one at least)
-WINDOWS_KEPT = 8  # windows still taking chunks; a chunk of an older one gets its own buffer
+WINDOWS_BYTES_KEPT = 32 << 20  # windows still taking chunks (one at least); a chunk of an
+# older one gets its own buffer (a window the cache no longer holds a chunk of is freed)
 
 
 def huge_page_buffer(size):
@@ -34,6 +35,7 @@ class ChunkWindows:
     def __init__(self, chunk_bytes):
         self.chunk_bytes = chunk_bytes
         self.per_window = max(1, WINDOW_BYTES // chunk_bytes)
+        self.kept = max(1, WINDOWS_BYTES_KEPT // (self.per_window * chunk_bytes))
         self._windows = OrderedDict()  # number -> (buffer, {slot: the view decoded there})
         self._lock = threading.Lock()
 
@@ -51,7 +53,7 @@ class ChunkWindows:
             if window is None:
                 window = self._windows[index] = (
                     huge_page_buffer(self.per_window * self.chunk_bytes), {})
-                while len(self._windows) > WINDOWS_KEPT:
+                while len(self._windows) > self.kept:
                     self._windows.popitem(last=False)
             buffer, views = window
             if slot in views:
