@@ -13,7 +13,7 @@ import tiledb
 import zstandard
 
 from ctdsfs.errors import BlockError, FormatError
-from ctdsfs.formats import open_container, tiledb_blosc
+from ctdsfs.formats import buffers, open_container, tiledb_blosc
 from ctdsfs.formats import tiledb_filters as tf
 
 CODECS = {"zstd": tiledb.ZstdFilter(level=1), "lz4": tiledb.LZ4Filter()}
@@ -222,16 +222,16 @@ def test_spare_buffers_are_never_shared_and_few_are_kept(monkeypatch):
     """Buffers for tiles' bytes: two users at once never get the same one (even when
     their contents are equal), a kept one is reused, and no more than a few (none
     larger than the limit) stay kept."""
-    monkeypatch.setattr(tiledb_blosc, "_SPARES", [])  # (none kept by the tests before)
-    with tiledb_blosc.spare_buffer(1000) as first, tiledb_blosc.spare_buffer(1000) as second:
+    monkeypatch.setattr(buffers, "_SPARES", [])  # (none kept by the tests before)
+    with buffers.spare_buffer(1000) as first, buffers.spare_buffer(1000) as second:
         assert first is not second
-    with tiledb_blosc.spare_buffer(1000) as again:
+    with buffers.spare_buffer(1000) as again:
         assert any(again is kept for kept in (first, second))
     with contextlib.ExitStack() as uses:
-        held = [uses.enter_context(tiledb_blosc.spare_buffer(n << 20)) for n in range(1, 7)]
-        held.append(uses.enter_context(tiledb_blosc.spare_buffer(tiledb_blosc.SPARE_MAX + 1)))
-    kept = tiledb_blosc._SPARES
-    assert len(kept) == tiledb_blosc.SPARES_KEPT
+        held = [uses.enter_context(buffers.spare_buffer(n << 20)) for n in range(1, 7)]
+        held.append(uses.enter_context(buffers.spare_buffer(buffers.SPARE_MAX + 1)))
+    kept = buffers._SPARES
+    assert len(kept) == buffers.SPARES_KEPT
     assert sorted(map(len, kept)) == [n << 20 for n in (4, 5, 6)]
 
 

@@ -33,10 +33,10 @@ from .bcolz_view import (
 from .bcolz_windows import ChunkWindows
 from .beneath import kind_beneath, listdir_beneath, lstat_beneath, open_regular_beneath
 from .blosc_chunk import BLOSC_HEADER, Chunk, file_identity
+from .buffers import spare_buffer
 from .decoded_cache import DecodedCache, shared_pool
 from .npy import npy_header
 from .store import preadv_all
-from .tiledb_blosc import spare_buffer
 
 CHUNKS_AHEAD = 8  # chunks decoded ahead of a sequential reader (3 left the disk idle)
 PENDING_BYTES_MAX = 16 << 20  # appended bytes held back until they end on an item boundary

@@ -13,18 +13,11 @@ from collections import OrderedDict
 
 import numpy as np
 
-HUGE_PAGE = 2 << 20  # (x86-64)
+from .buffers import huge_page_buffer
+
 WINDOW_BYTES = 4 << 20  # chunks per window: as many as fit this (one at least)
 WINDOWS_BYTES_KEPT = 32 << 20  # windows still taking chunks (one at least); a chunk of an
 # older one gets its own buffer (a window the cache no longer holds a chunk of is freed)
-
-
-def huge_page_buffer(size):
-    """An unset uint8 array of ``size`` bytes starting on a huge page's border (the pages
-    of the slack before it are never touched, so they cost nothing)."""
-    whole = np.empty(size + HUGE_PAGE, np.uint8)
-    skip = -whole.ctypes.data % HUGE_PAGE
-    return whole[skip:skip + size]
 
 
 class ChunkWindows:

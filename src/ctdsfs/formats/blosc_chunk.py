@@ -19,6 +19,9 @@ import blosc
 from ..errors import BlockError
 
 BLOSC_HEADER = struct.Struct("<BBBBIII")  # (also Blosc's most overhead: a stored copy)
+# python-blosc holds the GIL while it decodes unless told not to (a process-wide switch:
+# TileDB's tiles too, see tiledb_blosc): threads decode side by side only without it
+blosc.set_releasegil(True)
 CODECS = {0: "blosclz", 1: "lz4", 2: "snappy", 3: "zlib", 4: "zstd"}  # Blosc flags >> 5
 
 

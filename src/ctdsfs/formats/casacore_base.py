@@ -20,6 +20,7 @@ import numpy as np
 
 from ..errors import FormatError
 from .aipsio import AipsReader
+from .buffers import aligned_empty
 from .store import preadv_all
 
 # casacore DataType codes (casa/Utilities/DataType.h) of the column types decoded.
@@ -154,20 +155,6 @@ def read_exact(source, name, offset, size, what):
     if len(data) != size:
         raise FormatError(f"{name}: {what} is short ({len(data)} of {size} bytes)")
     return data
-
-
-ALIGNMENT = 64
-
-
-def aligned_empty(size, offset=0):
-    """An uninitialised ``uint8`` array of ``size`` bytes for the bytes at ``offset`` of a
-    file: its start lies ``offset`` bytes past a multiple of ALIGNMENT. The kernel
-    copies from the page cache into a destination 1 to 31 bytes past its source (modulo
-    a page), which is where NumPy's and Python's large buffers tend to start, 3 to 4
-    times slower than otherwise (rep movsb: 530 against 150 us a MiB on AMD EPYC)."""
-    raw = np.empty(size + ALIGNMENT - 1, np.uint8)
-    skip = (offset - raw.__array_interface__["data"][0]) % ALIGNMENT
-    return raw[skip:skip + size]
 
 
 def read_aligned(source, name, offset, size, what):

@@ -13,35 +13,26 @@ output against its size, and writes exactly nbytes or fails; it takes a stream a
 as its block for a stored copy, so such a stream is never handed to it.
 """
 
-import contextlib
 import struct
-import threading
 
 import blosc
 import numpy as np
 
 from ..errors import FormatError
+from .blosc_chunk import BLOSC_HEADER
 
 # a TileDB compressor Blosc also decodes -> its number in a Blosc header's flags (bits 5-7)
 BLOSC_CODECS = {2: 4, 3: 1}  # ZSTD, LZ4 (a raw LZ4 block, as TileDB writes it)
-BLOSC_HEAD = struct.Struct("<BBBBIII")
 BLOSC_SHUFFLE_NO_SPLIT = 0x11  # byte shuffle (bit 0), one stream a block (bit 4)
 BLOSC_VERSION = 2, 1  # Blosc's format version, and its codec format version
 MAX_BLOSC_BYTES = (1 << 31) - 1  # Blosc's sizes are signed 32-bit
-ROOM = BLOSC_HEAD.size + 4 * 16384  # kept before a tile's bytes: the header and starts of
+ROOM = BLOSC_HEADER.size + 4 * 16384  # kept before a tile's bytes: the header and starts of
 # a tile of up to 16384 chunks (a tile of 8 MiB in 512-byte chunks) decoded in place
-SPARES_KEPT = 3  # buffers kept for the next tiles' bytes (a fresh one costs a page fault
-SPARE_MAX = 16 << 20  # every 4 KiB, more than decoding in place saves), each up to this
-_SPARES = []
-_SPARES_LOCK = threading.Lock()
-# python-blosc holds the GIL while it decodes unless told not to (a process-wide switch,
-# so bcolz chunks too): threads decode side by side only without it
-blosc.set_releasegil(True)
 
 
 def head(codec, width, nbytes, blocksize, cbytes):
     """The 16-byte header of a byte-shuffled Blosc chunk of unsplit blocks."""
-    return BLOSC_HEAD.pack(*BLOSC_VERSION, BLOSC_SHUFFLE_NO_SPLIT | BLOSC_CODECS[codec] << 5,
+    return BLOSC_HEADER.pack(*BLOSC_VERSION, BLOSC_SHUFFLE_NO_SPLIT | BLOSC_CODECS[codec] << 5,
                            width, nbytes, blocksize, cbytes)
 
 
@@ -68,7 +59,7 @@ def decode_blocks(codec, codec_name, width, sizes, source, places, packed, addre
     if not count or any(n != sizes[0] for n in sizes[:-1]) or not 0 < sizes[-1] <= sizes[0] \
             or any(n == p for n, p in zip(sizes, packed)):
         return False
-    source, table = memoryview(source), BLOSC_HEAD.size + 4 * count
+    source, table = memoryview(source), BLOSC_HEADER.size + 4 * count
     in_place = not source.readonly and table <= room and places[0] >= 4 and all(
         places[k] - 4 >= places[k - 1] + packed[k - 1] for k in range(1, count))
     first = room - table  # (in place: where the chunk starts in ``source``)
@@ -91,23 +82,3 @@ def decode_blocks(codec, codec_name, width, sizes, source, places, packed, addre
         chunk = b"".join(pieces)
     decode(chunk, address, codec_name, what)
     return True
-
-
-@contextlib.contextmanager
-def spare_buffer(size):
-    """A writable buffer of at least ``size`` bytes for one tile's decoding, one of the few
-    kept for the next ones where one is large enough (never two users at once); kept
-    after, in place of a smaller one if as many are kept already."""
-    with _SPARES_LOCK:  # (by place, not ==: equal bytearrays are other buffers)
-        fits = [k for k, spare in enumerate(_SPARES) if len(spare) >= size]
-        buffer = _SPARES.pop(min(fits, key=lambda k: len(_SPARES[k]))) if fits else None
-    if buffer is None:
-        buffer = bytearray(-(-size // (1 << 20)) << 20)  # (whole MiB: fits the next tiles)
-    try:
-        yield buffer
-    finally:
-        with _SPARES_LOCK:
-            if len(buffer) <= SPARE_MAX:
-                _SPARES.append(buffer)
-                if len(_SPARES) > SPARES_KEPT:
-                    _SPARES.pop(min(range(len(_SPARES)), key=lambda k: len(_SPARES[k])))

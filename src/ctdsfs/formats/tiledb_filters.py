@@ -26,6 +26,7 @@ import zstandard
 
 from ..errors import FormatError
 from . import tiledb_blosc
+from .buffers import huge_page_buffer
 from .byte_reader import Reader
 
 # datatype id -> (name, NumPy dtype string); sizes follow from the dtype
@@ -64,7 +65,6 @@ PARALLEL_CHUNKS = 8  # a tile of this many chunks or more is unfiltered by sever
 ONE_PART_EACH = struct.Struct("<IIIIII")
 SHUFFLE_METAS = {}  # a BYTESHUFFLE metadata part as compressed -> its parts' sizes
 SHUFFLE_METAS_KEPT = 256  # (every chunk of a size has the same one: a few are kept)
-HUGE_PAGE = 2 << 20  # (x86-64)
 HUGE_TILE = 4 << 20  # NumPy asks for huge pages from this size on
 _POOL = None
 _POOL_LOCK = threading.Lock()
@@ -242,11 +242,7 @@ def _tile_buffer(size):
     """An unset buffer of ``size`` bytes for a tile, a large one starting on a huge page:
     NumPy asks for huge pages for it, but a buffer across a huge page's border gets small
     ones there, each a page fault (a quarter of an 8 MiB tile's, on average)."""
-    if size < HUGE_TILE:
-        return np.empty(size, np.uint8)
-    whole = np.empty(size + HUGE_PAGE, np.uint8)  # (the pages never touched cost nothing)
-    skip = -whole.ctypes.data % HUGE_PAGE
-    return whole[skip:skip + size]
+    return np.empty(size, np.uint8) if size < HUGE_TILE else huge_page_buffer(size)
 
 
 def _blosc_tile(f, width, chunks, address, what, data, places, room):

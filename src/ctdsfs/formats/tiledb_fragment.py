@@ -18,6 +18,7 @@ from ..errors import BlockError, CtdsfsError, FormatError
 from . import tiledb_blosc
 from . import tiledb_filters as tf
 from .beneath import lstat_beneath
+from .buffers import spare_buffer
 from .decoded_cache import DecodedCache, shared_pool
 from .npy import npy_header
 from .tiledb_fragment_meta import ArrayFile, LegacyFragmentMetadata, fragment_metadata, timestamps
@@ -389,7 +390,7 @@ class Fragment(TileDBDirectory):
             if expected > MAX_TILE_BYTES:
                 raise FormatError(f"{where}: {expected} bytes is more than ctdsfs decodes")
             start, size = self._tile_range(offsets, i, file_size, where)
-            with tiledb_blosc.spare_buffer(tiledb_blosc.ROOM + size) as spare:
+            with spare_buffer(tiledb_blosc.ROOM + size) as spare:
                 raw = memoryview(spare)[:tiledb_blosc.ROOM + size]
                 if self._file(file_name).pread_into(start, raw[tiledb_blosc.ROOM:], where) \
                         != size:
