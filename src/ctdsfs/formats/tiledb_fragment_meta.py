@@ -17,6 +17,7 @@ from ..errors import FormatError
 from . import tiledb_filters as tf
 from .beneath import open_regular_beneath, read_small_beneath
 from .byte_reader import Reader
+from .store import preadv_all
 from .tiledb_schema import (
     GENERIC_HEAD,
     LEGACY_SCHEMA,
@@ -70,7 +71,7 @@ class ArrayFile:
             raise FormatError(f"{what}: offset {offset} is past any file")
         fd = open_regular_beneath(self.root, self.rel, what)
         try:
-            return os.preadv(fd, [into], offset)
+            return preadv_all(fd, into, offset)
         except OSError as exc:
             raise FormatError(f"{what}: {exc.strerror}") from None
         finally:
