@@ -2,6 +2,7 @@
 on tables it writes here: every type in every decoded storage manager, both byte orders,
 MultiFile storage, a MeasurementSet, and hostile table files."""
 
+import contextlib
 import os
 import resource
 import subprocess
@@ -13,7 +14,8 @@ import numpy as np
 import pytest
 
 from ctdsfs.errors import FormatError
-from ctdsfs.formats.casacore_base import DirectorySource
+from ctdsfs.formats import open_container
+from ctdsfs.formats.casacore_base import DirectorySource, LayeredSource
 from ctdsfs.formats.casacore_columns import NotDecoded, StringColumn, open_table
 
 from .tiled_data_table import write_tiled_data_table
@@ -39,6 +41,21 @@ def made(tmp_path_factory):
         shutil.copytree(written[key], target)
         return str(target)
     return copy
+
+
+@contextlib.contextmanager
+def table_source(path):
+    """The files of a table stored in separate files, or in MultiFile (``table.dat`` beside
+    ``table.mf``), as the decoders read them."""
+    multifile = os.path.join(path, "table.mf")
+    if not os.path.exists(multifile):
+        yield DirectorySource(path)
+        return
+    container = open_container(multifile)
+    try:
+        yield LayeredSource(DirectorySource(path), container)
+    finally:
+        container.close()
 
 
 def write_table(path, what, manager, multifile=False):
@@ -146,18 +163,12 @@ def test_big_endian_copy(made, tmp_path):
 
 
 def test_multifile_storage_read_through_ctdsfs_multifile(tmp_path):
-    from ctdsfs.formats import open_container
-    from ctdsfs.formats.casacore_base import LayeredSource
     for manager, what in [("StandardStMan", "fixed"), ("TiledShapeStMan", "var")]:
         path = write_table(tmp_path / f"{manager}.mf", what, manager, multifile=True)
         assert sorted(os.listdir(path)) == ["table.dat", "table.info", "table.lock", "table.mf"]
-        container = open_container(os.path.join(path, "table.mf"))
-        try:
-            source = LayeredSource(DirectorySource(path), container)
+        with table_source(path) as source:
             table, checked = assert_same_as_casacore(path, source)
             assert checked == len(table.columns)
-        finally:
-            container.close()
 
 
 def test_measurement_set_and_subtables(tmp_path):

@@ -17,26 +17,17 @@ import numpy as np
 import pytest
 
 from ctdsfs.errors import FormatError, NotPermitted
-from ctdsfs.formats import open_container
 from ctdsfs.formats.aipsio import AipsWriter
-from ctdsfs.formats.casacore_base import DirectorySource, LayeredSource
+from ctdsfs.formats.casacore_base import DirectorySource
 from ctdsfs.formats.casacore_columns import StringColumn, open_table
 from ctdsfs.formats.casacore_columns_view import ColumnsView
 from ctdsfs.vfs.directory import TableView
 
-from .test_columns import made  # noqa: F401  (the module's table fixture)
+from .test_columns import made, table_source  # noqa: F401  (made: the module's table fixture)
 from .tiled_data_table import write_tiled_data_table
 
 AXIS_COLUMNS = {"uniform": ["ID", "NAME", "TIME", "FREQ"],
                 "mixed": ["ID", "NAME", "TIME", "CHAN", "BASELINE"]}
-
-
-def source_of(path):
-    """(source, container to close or None) of a table in separate files or MultiFile."""
-    if not os.path.exists(os.path.join(path, "table.mf")):
-        return DirectorySource(path), None
-    container = open_container(os.path.join(path, "table.mf"))
-    return LayeredSource(DirectorySource(path), container), container
 
 
 def assert_as_casacore(table, path, name, start=0, stop=None):
@@ -73,8 +64,7 @@ def test_tiled_data_manager_id_and_coordinate_columns(tmp_path, variant, endian,
     """Id columns (Int, String), a Double coordinate vector and scalar (uniform), an Int
     vector of two lengths, scalars on both row axes (mixed: rows 26-27 in no cube)."""
     path = write_tiled_data_table(tmp_path / "t.tab", variant, endian, multifile=multifile)
-    source, container = source_of(path)
-    try:
+    with table_source(path) as source:
         table = open_table(source)
         for name in AXIS_COLUMNS[variant]:
             col = table.columns[name]
@@ -106,9 +96,6 @@ def test_tiled_data_manager_id_and_coordinate_columns(tmp_path, variant, endian,
             assert (table.read_column("TIME")[30:40] >= 5e9).all()
         else:
             assert set(got.tolist()) == {-2, -1, 0, 1}  # BASELINE: the inner row axis
-    finally:
-        if container is not None:
-            container.close()
 
 
 def coordinate_tables(made, manager):  # noqa: F811
@@ -125,8 +112,7 @@ def test_coordinate_columns_written_by_python_casacore(made, manager):  # noqa: 
     cube 0) undefined in a vector column, and a scalar column there refused."""
     tables = coordinate_tables(made, manager)
     for path in tables:
-        source, container = source_of(path)
-        try:
+        with table_source(path) as source:
             table = open_table(source)
             assert table.big_endian == (path == tables[1])
             names = [n for n, c in table.columns.items() if c.in_cube_records]
@@ -143,9 +129,6 @@ def test_coordinate_columns_written_by_python_casacore(made, manager):  # noqa: 
                 assert np.count_nonzero(values) > len(values) // 2, name  # values put
                 for a, b in [(2, 5), (6, 11)]:
                     assert_as_casacore(table, path, name, a, b)
-        finally:
-            if container is not None:
-                container.close()
 
 
 def test_records_decoded_in_batches(made, monkeypatch):  # noqa: F811

@@ -11,13 +11,13 @@ import numpy as np
 import pytest
 
 from ctdsfs.errors import FormatError
-from ctdsfs.formats import open_container
-from ctdsfs.formats.casacore_base import DirectorySource, LayeredSource
+from ctdsfs.formats.casacore_base import DirectorySource
 from ctdsfs.formats.casacore_columns import open_table
 from ctdsfs.vfs import ROOT_INO, ContainerFS
 from ctdsfs.vfs.columns import with_columns
 from ctdsfs.vfs.directory import directory_or_table
 
+from .test_columns import table_source
 from .tiled_data_table import write_tiled_data_table
 
 
@@ -101,14 +101,11 @@ def test_multifile_written_by_casacore(tmp_path):
                                       multifile=True)
         assert sorted(os.listdir(path)) == ["table.dat", "table.info", "table.lock",
                                             "table.mf"]
-        container = open_container(os.path.join(path, "table.mf"))
-        try:
-            table = open_table(LayeredSource(DirectorySource(path), container))
+        with table_source(path) as source:
+            table = open_table(source)
             for name in ("DATA", "FLAG"):
                 got = assert_cells_as_casacore(table, path, name)
                 assert isinstance(got, np.ndarray) == (variant == "uniform")
-        finally:
-            container.close()
 
 
 def test_columns_directory_shows_data_columns_npy(tmp_path):

@@ -12,12 +12,11 @@ import numpy as np
 import pytest
 
 from ctdsfs.errors import ReadOnlyError
-from ctdsfs.formats import open_container
-from ctdsfs.formats.casacore_base import DirectorySource, LayeredSource
+from ctdsfs.formats.casacore_base import DirectorySource
 from ctdsfs.formats.casacore_columns import open_table
 from ctdsfs.formats.casacore_columns_view import ColumnsView
 
-from .test_columns import CountingSource, made  # noqa: F401  (the module's table fixture)
+from .test_columns import CountingSource, made, table_source  # noqa: F401  (made: the fixture)
 
 
 def read_in_pieces(view, name, piece=100_003):
@@ -206,14 +205,11 @@ def test_string_arrays_give_back_getvarcol(made, manager):  # noqa: F811 (the fi
 
 def test_multifile_table(made):  # noqa: F811 (the fixture)
     path = made("fixed", "TiledColumnStMan", multifile=True)
-    container = open_container(os.path.join(path, "table.mf"))
-    try:
-        view = ColumnsView(LayeredSource(DirectorySource(path), container), path)
+    with table_source(path) as source:
+        view = ColumnsView(source, path)
         with ct.table(path, ack=False) as ref:
             for name in ref.colnames():
                 np.testing.assert_array_equal(load(view, f"{name}.npy"), ref.getcol(name))
-    finally:
-        container.close()
 
 
 def test_one_column_read_without_listing_the_view(made):  # noqa: F811 (the fixture)
