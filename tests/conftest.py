@@ -19,6 +19,9 @@ import pytest
 
 DATA = Path(__file__).parent / "data"
 SCRIPTS = Path(__file__).parent.parent / "scripts"
+# Under pytest-xdist: where the controller's image build says how it went (set before the
+# workers start, so they inherit it; see test_container_image).
+BUILD_STATUS = "CTDSFS_TEST_IMAGE_BUILD_STATUS"
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -197,7 +200,6 @@ def pytest_configure(config):
         raise KeyboardInterrupt(f"signal {signum}")
     signal.signal(signal.SIGTERM, interrupt)
     if getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput"):
-        from .test_container_image import BUILD_STATUS
         status = Path(tempfile.mkdtemp(prefix="ctdsfs-image-build-")) / "status"
         os.environ[BUILD_STATUS] = str(status)
 
@@ -226,6 +228,6 @@ def pytest_xdist_node_collection_finished(node, ids):
 def pytest_sessionfinish(session, exitstatus):
     if "tests.test_container_image" in sys.modules:
         sys.modules["tests.test_container_image"].remove_image_build()
-    status = os.environ.get("CTDSFS_TEST_IMAGE_BUILD_STATUS")
+    status = os.environ.get(BUILD_STATUS)
     if status and not hasattr(session.config, "workerinput"):
         shutil.rmtree(Path(status).parent, ignore_errors=True)

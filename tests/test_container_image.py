@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import Mount, is_mounted, make_casacore_table, pattern, unmount
+from .conftest import BUILD_STATUS, Mount, is_mounted, make_casacore_table, pattern, unmount
 from .test_mount import tree
 
 pytestmark = pytest.mark.container
@@ -257,9 +257,6 @@ class BuiltByController:
             self.engine = None
 
 
-# Under pytest-xdist: where the controller's build says how it went (set by conftest
-# before the workers start, so they inherit it).
-BUILD_STATUS = "CTDSFS_TEST_IMAGE_BUILD_STATUS"
 _BUILDS = []
 
 
