@@ -242,6 +242,45 @@ def test_mount_directory_of_rootdirs(rootdirs, mount):
 
 # ---------------------------------------------------------------- standalone bloscpack files
 
+def _readahead_kb(mountpoint, want, seconds=10):
+    """The readahead of the file system at ``mountpoint`` (its bdi's, in KiB), once it is
+    ``want`` (the daemon sets it just after the mount is live) or ``seconds`` passed."""
+    import time
+
+    device = os.stat(mountpoint).st_dev
+    deadline = time.monotonic() + seconds
+    while True:
+        with open(f"/sys/class/bdi/{os.major(device)}:{os.minor(device)}/read_ahead_kb") as f:
+            kb = int(f.read())
+        if kb == want or time.monotonic() > deadline:
+            return kb
+        time.sleep(0.02)
+
+
+def test_mount_readahead_follows_the_chunks(tmp_path, mount):
+    """A mapped reader's page fault makes the kernel read the mount's readahead around it:
+    rootdirs of 1 MiB chunks get 256 KiB (a fault then mostly needs one chunk, at 1 MiB
+    always two), of 2 MiB chunks 512 KiB, a ctable as its largest chunks need; chunks of
+    4 MiB, and a directory of rootdirs, keep every other mount's 1 MiB."""
+    from ctdsfs.container import READAHEAD_KB
+
+    items = np.arange(300_000.0)
+    (tmp_path / "tree").mkdir()
+    for name, chunklen in (("c1", 1 << 17), ("c2", 1 << 18), ("c4", 1 << 19)):
+        bcolz.carray(items, rootdir=str(tmp_path / "tree" / name), mode="w",
+                     chunklen=chunklen).flush()
+    bcolz.ctable([items.astype(np.int32), items], names=["i", "x"], chunklen=1 << 17,
+                 rootdir=str(tmp_path / "tree" / "t1"), mode="w").flush()
+    for name, kb in (("c1", 256), ("c2", 512), ("c4", READAHEAD_KB), ("t1", 256)):
+        m = mount(tmp_path / "tree" / name)
+        assert _readahead_kb(m.mountpoint, kb) == kb, name
+        loaded = np.load(m.mountpoint / ("x.npy" if name == "t1" else "array.npy"),
+                         mmap_mode="r")
+        assert np.array_equal(loaded[::997], items[::997]), name
+        del loaded
+    assert _readahead_kb(mount(tmp_path / "tree").mountpoint, READAHEAD_KB) == READAHEAD_KB
+
+
 def bloscpack_file(path, data, *, chunk_size, checksum=0, offsets=True, metadata=None,
                    spare=0):
     """A bloscpack file (format 3) built from its documented layout: header, metadata

@@ -34,14 +34,11 @@ import time
 import pyfuse3
 import trio
 
+from .container import READAHEAD_KB
 from .errors import CtdsfsError
 from .vfs import FSError
 
 log = logging.getLogger(__name__)
-
-# The kernel caps FUSE readahead at 128 KiB, so a sequential reader costs one
-# round trip per 128 KiB; 1 MiB requests let CRC-checked reads run ~60% faster.
-READAHEAD_KB = 1024
 
 # How often the watcher looks for another process's commit (header counter).
 WATCH_SECONDS = 1.0
@@ -98,8 +95,9 @@ class FuseOperations(pyfuse3.Operations):
     """pyfuse3 request handlers delegating to a :class:`ctdsfs.vfs.ContainerFS`."""
 
     def __init__(self, fs, *, threaded_reads, write_cache=False, commit_interval=None,
-                 trim_heap=None):
+                 trim_heap=None, readahead_kb=READAHEAD_KB):
         super().__init__()
+        self.readahead_kb = readahead_kb  # set on the mount once it is live
         # Let the kernel gather writes in its page cache and send them in large
         # batches (it sends them before every flush and fsync).
         self.enable_writeback_cache = write_cache
@@ -291,12 +289,12 @@ async def _serve(operations, target, on_mounted):
 
     async def when_live():
         # Once FUSE_INIT is answered the mount is live and the kernel has set its
-        # readahead, which we may now raise. Nothing here touches the mount itself: a
+        # readahead, which we may now change. Nothing here touches the mount itself: a
         # request to our own mount (a stat from a worker thread) that this process is
         # killed while answering is never answered, and the kernel waits for it
         # uninterruptibly, so the process, /dev/fuse and the mount would hang for good.
         await operations.initialized.wait()
-        _raise_readahead(target)
+        _set_readahead(target, operations.readahead_kb)
         if on_mounted is not None:
             on_mounted()
 
@@ -325,8 +323,9 @@ async def _serve(operations, target, on_mounted):
     return stopped_by_signal
 
 
-def _raise_readahead(target):
-    """Set the readahead of the mount at ``target`` (a resolved path; root only; best effort).
+def _set_readahead(target, kb):
+    """Set the readahead of the mount at ``target`` (a resolved path) to ``kb`` KiB (root
+    only; best effort).
 
     Nothing here may touch the mount point itself (stat, realpath): that would
     ask this very process, which is not serving requests yet. The device
@@ -338,7 +337,7 @@ def _raise_readahead(target):
                        if line.split()[4].replace("\\040", " ") == target]
         if devices:
             with open(f"/sys/class/bdi/{devices[-1]}/read_ahead_kb", "w") as f:
-                f.write(str(READAHEAD_KB))
+                f.write(str(kb))
     except OSError as exc:
         log.debug("readahead left as is: %s", exc)
 

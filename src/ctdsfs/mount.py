@@ -343,7 +343,7 @@ def mount(source, mountpoint, opts, foreground=False):
     operations = FuseOperations(
         fs, threaded_reads=not opts.writable and (container.checks_reads or remote),
         write_cache=write_cache, commit_interval=opts.commit_seconds if opts.writable else None,
-        trim_heap=trim_heap)
+        trim_heap=trim_heap, readahead_kb=container.readahead_kb)
     _collect_garbage_seldom()
 
     if foreground:

@@ -19,6 +19,7 @@ from .bcolz_view import (
     json_file,
     read_attrs,
     read_json,
+    readahead_for_chunks,
     refuse,
 )
 from .beneath import kind_beneath
@@ -86,6 +87,12 @@ class Ctable(View):
         for name, column in self.columns.items():
             self._add(name, column)
         self._lock_rootdir(path)
+
+    @property
+    def readahead_kb(self):
+        """As its largest chunks need (``readahead_for_chunks``)."""
+        return readahead_for_chunks(max((c.chunk_bytes for c in self.columns.values()),
+                                        default=1 << 20))
 
     def summary(self):
         """``ctable.json``: the row count at the top level, the rows file, each column."""

@@ -13,7 +13,7 @@ import struct
 
 import numpy as np
 
-from ..container import DerivedView, name_problem
+from ..container import READAHEAD_KB, DerivedView, name_problem
 from ..errors import CtdsfsError, FormatError, NotPermitted
 from .beneath import create_exclusive_beneath, parent_fd, read_small_beneath
 from .store import lock_for_writing, write_all_synced
@@ -50,6 +50,16 @@ def read_attrs(root, rel):
     if not os.path.lexists(os.path.join(root, rel)):
         return {}
     return read_json(root, rel, ATTRS_BYTES_MAX)
+
+
+def readahead_for_chunks(chunk_bytes):
+    """The readahead (KiB) for a mount of carrays of ``chunk_bytes`` chunks: the largest
+    power of two up to a quarter of a chunk, from 256 KiB to READAHEAD_KB. A mapped
+    reader's page fault makes the kernel read the readahead around it: at 1 MiB with 1 MiB
+    chunks every fault takes two chunks from disk (random slices 1.85x bcolz's time), at
+    256 KiB mostly one (1.42x), and whole reads keep their pace at 256 KiB requests."""
+    quarter_kb = max(1, chunk_bytes // 4 >> 10)
+    return max(256, min(READAHEAD_KB, 1 << (quarter_kb.bit_length() - 1)))
 
 
 def is_int(value, low=0):

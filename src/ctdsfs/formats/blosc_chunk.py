@@ -130,5 +130,6 @@ class Chunk:
 
 
 def file_identity(st):
-    """What tells a file's content changed: inode (files are replaced), mtime, size."""
-    return st.st_ino, st.st_mtime_ns, st.st_size
+    """What tells a file's content changed: inode (files are replaced), mtime, size, and
+    the device (the same device and inode are the same file)."""
+    return st.st_ino, st.st_mtime_ns, st.st_size, st.st_dev
