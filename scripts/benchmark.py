@@ -43,7 +43,10 @@ the targets of the read-only milestone:
   optional part "bcolz" (only when named in --parts): a float64 carray (lz4, shuffle,
     --bcolz-mib) by np.load of array.npy through a fresh mount, cache dropped / bcolz.open()[:]
     >= 1, and random 1000-item slices through numpy.load(mmap_mode="r") within 1.5x of
-    carr[i:j] (medians of --rounds alternated rounds)
+    carr[i:j] (medians of --rounds alternated rounds); beside them both at the 1 MiB
+    readahead of other mounts, the pyfuse3 floor of both (the decoded array from memory;
+    for slices also answered from a thread), and the read-around floor of the slices
+    (the superchunks each fault's readahead window covers, read from disk)
   optional part "tiledb": a BYTESHUFFLE+ZSTD float64 dense TileDB array of one fragment
     (--tiledb-mib) by np.load of dense/v.npy and of the fragment's v.npy through a fresh
     mount, cache dropped / tiledb-py A[:] >= 1, beside them the pyfuse3 floor (A[:] saved
@@ -51,7 +54,9 @@ the targets of the read-only milestone:
     1000-item slices through numpy.load(mmap_mode="r") within 1.5x of A[i:j] (medians of
     --rounds alternated rounds); listing an array of 1,000 fragments < 1 s
 
-Needs root (drop_caches, mounting). Usage:
+Needs root (drop_caches, mounting). On a VM whose kernel hands freed memory back to its
+host (free page reporting), that is held off while it runs (see freed_memory_kept).
+Usage:
   python3 scripts/benchmark.py [--size-mib 1024] [--block-size 65536] [--dir DIR] [--quick]
                                [--parts read,write,many,legacy,toolbox,small,remote,columns[,bcolz,tiledb]]
 """
@@ -67,6 +72,7 @@ import numpy as np
 import ctdsfs
 from benchmark_bcolz import bcolz_figures
 from benchmark_columns import columns_figures
+from benchmark_common import freed_memory_kept
 from benchmark_legacy import RANDOM_RANGES, legacy_view_ratio
 from benchmark_many import many_files_figures
 from benchmark_read import read_figures, serve_passthrough
@@ -130,7 +136,8 @@ def main():
     # PYTHONDONTWRITEBYTECODE set would compile ctdsfs at every mount.
     compileall.compile_dir(Path(ctdsfs.__file__).parent, quiet=1)
     rows, lines = [], []
-    with tempfile.TemporaryDirectory(dir=args.dir or "/var/tmp", prefix="ctdsfs-bench.") as tmp:
+    with freed_memory_kept(), \
+            tempfile.TemporaryDirectory(dir=args.dir or "/var/tmp", prefix="ctdsfs-bench.") as tmp:
         tmp = Path(tmp)
         size = args.size_mib << 20
         rng = np.random.default_rng(0)

@@ -3,6 +3,7 @@ dropped, timed reads, mounts that are always unmounted (the pyfuse3 floor of dec
 files among them), a process's memory and CPU, and the MeasurementSet the legacy and
 remote parts write and read."""
 
+import contextlib
 import os
 import struct
 import subprocess
@@ -12,9 +13,9 @@ import time
 import numpy as np
 
 import pyfuse3_floor  # (beside this script)
+from ctdsfs.container import READAHEAD_KB
 from ctdsfs.formats.crc import crc32_bzip2
 from ctdsfs.formats.multifile_header import Entry, Header, encode_header_v2
-from ctdsfs.fuse_adapter import READAHEAD_KB
 
 # ---------------------------------------------------------------- container building
 
@@ -84,6 +85,33 @@ def filler(pool):
 
 
 # ---------------------------------------------------------------- measuring
+
+PAGE_REPORTING_WAIT = "/sys/module/page_reporting/parameters/min_free_ms"
+WARM_MEMORY_BYTES = 2 << 30
+
+
+@contextlib.contextmanager
+def freed_memory_kept():
+    """On a virtual machine whose kernel hands freed memory back to its host (free page
+    reporting), hold that off while the benchmark runs, and touch some memory once: a page
+    the host took back costs a host fault when it is touched again, which made one cold
+    bcolz read take 0.26 s and the next 0.55-0.98 s, whichever reader's buffers (or page
+    cache) happened to get such pages. Restored afterwards; elsewhere nothing is changed."""
+    try:
+        with open(PAGE_REPORTING_WAIT) as f:
+            saved = f.read().strip()
+        with open(PAGE_REPORTING_WAIT, "w") as f:
+            f.write("300000\n")  # five minutes after a page is freed (the most it takes)
+    except OSError:
+        yield
+        return
+    try:
+        np.ones(WARM_MEMORY_BYTES, np.uint8)  # (freed at once, and now kept)
+        yield
+    finally:
+        with open(PAGE_REPORTING_WAIT, "w") as f:
+            f.write(saved + "\n")
+
 
 def drop_caches():
     os.sync()
@@ -167,14 +195,16 @@ def set_readahead(mountpoint, kb=READAHEAD_KB):
         f.write(f"{kb}\n")
 
 
-def floor_of_files(files, mountpoint):
+def floor_of_files(files, mountpoint, readahead_kb=READAHEAD_KB, hop=False):
     """A ``Mounted`` pyfuse3 floor (pyfuse3_floor.py ``files``) serving ``files`` {name:
-    path} from memory, read before the mount; its readahead raised as ctdsfs raises its
-    own, so from the first lookup on the two differ only by what they do per request."""
-    mounted = Mounted([sys.executable, pyfuse3_floor.__file__, "files", str(mountpoint),
-                       *(f"{name}={path}" for name, path in files.items())], str(mountpoint))
+    path} from memory, read before the mount (each read answered from a worker thread
+    with ``hop``); its readahead set as ctdsfs sets its own (``readahead_kb``), so from the
+    first lookup on the two differ only by what they do per request."""
+    mounted = Mounted([sys.executable, pyfuse3_floor.__file__, "files", *(["--hop"] * hop),
+                       str(mountpoint), *(f"{name}={path}" for name, path in files.items())],
+                      str(mountpoint))
     try:
-        set_readahead(mountpoint)
+        set_readahead(mountpoint, readahead_kb)
     except BaseException:
         mounted.__exit__(None, None, None)
         raise

@@ -14,11 +14,13 @@ the least any pyfuse3+trio file system (ctdsfs among them) pays here:
 - ``serve_files``: local files read whole into memory before the mount and served
   under new names, for the TileDB and columns parts: given the decoded .npy files
   (saved from the native library), ``np.load`` through it costs what any
-  pyfuse3+trio file system pays to hand NumPy those bytes, nothing decoded.
+  pyfuse3+trio file system pays to hand NumPy those bytes, nothing decoded; with
+  ``--hop`` each read is answered from a worker thread, as a file system that reads a
+  disk for it must (its loop stays free meanwhile): what that hop adds.
 
     python3 scripts/pyfuse3_floor.py LISTING ROOT MOUNTPOINT        # serves until unmounted
     python3 scripts/pyfuse3_floor.py s3 botocore|obstore|memory ENDPOINT BUCKET KEY MOUNTPOINT
-    python3 scripts/pyfuse3_floor.py files MOUNTPOINT NAME=PATH ...
+    python3 scripts/pyfuse3_floor.py files [--hop] MOUNTPOINT NAME=PATH ...
 """
 
 import errno
@@ -55,10 +57,10 @@ def serve(listing_path, root, mountpoint):
                 lambda fh, off, size: os.pread(fh, size, off), os.close)
 
 
-def _serve_tree(listing, mtime_ns, mountpoint, open_file, read, release):
+def _serve_tree(listing, mtime_ns, mountpoint, open_file, read, release, hop=False):
     """Serve ``listing`` (relative directory -> [(name, is_dir, size)]) until unmounted:
     ``open_file(path)`` gives a file handle (an int), ``read(fh, offset, size)`` its
-    bytes, ``release(fh)`` ends it."""
+    bytes (called in a worker thread with ``hop``), ``release(fh)`` ends it."""
     import pyfuse3
     import trio
 
@@ -111,6 +113,8 @@ def _serve_tree(listing, mtime_ns, mountpoint, open_file, read, release):
             return pyfuse3.FileInfo(fh=open_file(paths[ino]), keep_cache=True)
 
         async def read(self, fh, off, size):
+            if hop:
+                return await trio.to_thread.run_sync(read, fh, off, size)
             return read(fh, off, size)
 
         async def release(self, fh):
@@ -223,12 +227,15 @@ def serve_object(library, endpoint, bucket, key, mountpoint, concurrency=8, chun
         pool.shutdown(cancel_futures=True)
 
 
-def serve_files(mountpoint, *specs):
+def serve_files(*args):
     """The floor of the stack for the decoded views: each ``NAME=PATH`` of ``specs`` read
     whole into memory before the mount, then served as the file NAME at the root, each
     read reply a view of those bytes (no copy, no check, kernel timeouts of a day,
     keep_cache). Whatever a view decodes, any pyfuse3+trio file system handing the
-    decoded bytes to a reader pays at least this."""
+    decoded bytes to a reader pays at least this. ``--hop`` first: each read answered
+    from a worker thread."""
+    hop = args[:1] == ("--hop",)
+    mountpoint, *specs = args[hop:]
     names, data = [], []
     for spec in specs:
         name, sep, path = spec.partition("=")
@@ -239,7 +246,7 @@ def serve_files(mountpoint, *specs):
         names.append(name)
     listing = {"": [(name, False, len(view)) for name, view in zip(names, data)]}
     _serve_tree(listing, time.time_ns(), mountpoint, names.index,
-                lambda fh, off, size: data[fh][off:off + size], lambda fh: None)
+                lambda fh, off, size: data[fh][off:off + size], lambda fh: None, hop)
 
 
 if __name__ == "__main__":
