@@ -15,6 +15,7 @@ from benchmark_common import (
     Mounted,
     drop_caches,
     floor_of_files,
+    mount_readahead_kb,
     seconds,
     set_readahead,
     slice_seconds,
@@ -72,13 +73,6 @@ def _read_around_floor(root, starts, header, chunk_bytes, data_bytes, readahead_
         return (time.perf_counter() - began) / len(starts)
 
 
-def _mount_readahead_kb(mountpoint):
-    """The readahead the file system mounted at ``mountpoint`` has (its bdi's), in KiB."""
-    device = os.stat(mountpoint).st_dev
-    with open(f"/sys/class/bdi/{os.major(device)}:{os.minor(device)}/read_ahead_kb") as f:
-        return int(f.read())
-
-
 def bcolz_figures(tmp, size, rounds=3, slices=200, width=1000):
     """Issue 13/24: a float64 carray of ``size`` bytes read whole by ``np.load`` of
     array.npy through a fresh mount (at the readahead ctdsfs sets for it and at
@@ -99,7 +93,7 @@ def bcolz_figures(tmp, size, rounds=3, slices=200, width=1000):
     header = decoded.stat().st_size - count * 8
     mount = ["mount.ctdsfs", "-f", str(root), str(mnt)]
     with Mounted(mount, str(mnt)):
-        own_kb = _mount_readahead_kb(mnt)
+        own_kb = mount_readahead_kb(mnt)
     wide = f"ctdsfs at {READAHEAD_KB} KiB readahead"
     whole = {"bcolz": [], "ctdsfs": [], wide: [], "pyfuse3 floor": []}
     sliced = {"bcolz": [], "ctdsfs": [], wide: [], "read-around floor": [],

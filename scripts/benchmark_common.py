@@ -188,11 +188,22 @@ class Mounted:
             self.proc.wait()
 
 
-def set_readahead(mountpoint, kb=READAHEAD_KB):
-    """The kernel's readahead for the file system mounted at ``mountpoint`` (its bdi)."""
+def _readahead_file(mountpoint):
+    """Where the kernel keeps the readahead of the file system at ``mountpoint`` (its bdi)."""
     device = os.stat(mountpoint).st_dev
-    with open(f"/sys/class/bdi/{os.major(device)}:{os.minor(device)}/read_ahead_kb", "w") as f:
+    return f"/sys/class/bdi/{os.major(device)}:{os.minor(device)}/read_ahead_kb"
+
+
+def set_readahead(mountpoint, kb=READAHEAD_KB):
+    """Set the kernel's readahead for the file system mounted at ``mountpoint``, in KiB."""
+    with open(_readahead_file(mountpoint), "w") as f:
         f.write(f"{kb}\n")
+
+
+def mount_readahead_kb(mountpoint):
+    """The kernel's readahead for the file system mounted at ``mountpoint``, in KiB."""
+    with open(_readahead_file(mountpoint)) as f:
+        return int(f.read())
 
 
 def floor_of_files(files, mountpoint, readahead_kb=READAHEAD_KB, hop=False):

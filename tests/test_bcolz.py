@@ -240,8 +240,6 @@ def test_mount_directory_of_rootdirs(rootdirs, mount):
     assert (top / "fake.blp").read_bytes() == b"not a bloscpack file"  # (by content)
 
 
-# ---------------------------------------------------------------- standalone bloscpack files
-
 def _readahead_kb(mountpoint, want, seconds=10):
     """The readahead of the file system at ``mountpoint`` (its bdi's, in KiB), once it is
     ``want`` (the daemon sets it just after the mount is live) or ``seconds`` passed."""
@@ -280,6 +278,8 @@ def test_mount_readahead_follows_the_chunks(tmp_path, mount):
         del loaded
     assert _readahead_kb(mount(tmp_path / "tree").mountpoint, READAHEAD_KB) == READAHEAD_KB
 
+
+# ---------------------------------------------------------------- standalone bloscpack files
 
 def bloscpack_file(path, data, *, chunk_size, checksum=0, offsets=True, metadata=None,
                    spare=0):
