@@ -226,15 +226,21 @@ class Carray(View):
 
     def _decode(self, number, fd, identity, ahead):
         """Chunk ``number`` as a read-only view of its place in ``windows``: its file read
-        by one call (as a reader of the whole superchunk, bcolz does one disk request,
-        not one for the headers and one for the rest) into a reused buffer (a fresh one
-        costs a page fault every 4 KiB), up to what a chunk may take. A chunk decoded
-        ahead of a sequential reader starts a new window where needed."""
+        as bcolz reads it, the headers first and then the rest (on this VM's virtio disk a
+        cold superchunk took 0.36-0.40 ms that way, in three disk requests the kernel's
+        readahead issues side by side, against 0.55-0.69 ms read by one call, one
+        request), into a reused buffer (a fresh one costs a page fault every 4 KiB), up
+        to what a chunk may take. A chunk decoded ahead of a sequential reader starts a
+        new window where needed."""
         want = min(identity[2], SUPERCHUNK_HEADER.size + BLOSC_HEADER.size + self.chunk_bytes)
         windows = self.windows
         with spare_buffer(want) as spare:
             raw = memoryview(spare)[:want]
-            raw = raw[:preadv_all(fd, raw, 0)]
+            head = min(want, SUPERCHUNK_HEADER.size + BLOSC_HEADER.size)
+            done = preadv_all(fd, raw[:head], 0)
+            if done == head:
+                done += preadv_all(fd, raw[head:], head)
+            raw = raw[:done]
             chunk = self._chunk(number, fd, identity, bytes(raw[:SUPERCHUNK_HEADER.size]))
             buffer, keep = windows.place(number, ahead)
             view = memoryview(buffer[:chunk.decode_into(raw[chunk.offset:], buffer)])
