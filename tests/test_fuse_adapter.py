@@ -2,6 +2,8 @@
 
 import os
 import shutil
+import threading
+import time
 
 import trio
 
@@ -59,4 +61,53 @@ def test_a_small_cold_read_stays_on_the_loop(tmp_path):
     _evicted(path)
     assert trio.run(ops.read, fh, 0, 4096) == pattern(5000, 17, 1)[:4096]
     assert not ops._reads_in_threads
+    trio.run(ops.release, fh)
+
+
+def test_a_lone_reader_reads_on_the_loop_until_a_second_one_shows(tmp_path, monkeypatch):
+    """A read that would go to a worker thread runs on the loop while no other request
+    waits (a pipe stands for /dev/fuse here: a byte in it is a request waiting); a
+    request found waiting when such a read ends sends reads to threads for
+    SHARED_SECONDS; a mount not told it may (a remote or network source) never does."""
+    monkeypatch.setattr(fuse_adapter, "SHARED_SECONDS", 1.0)
+    path = tmp_path / "nested.mf"
+    shutil.copy(DATA / "mf2_nested.mf", path)
+    fs = ContainerFS(open_container(path), path)
+    x = fs.lookup(fs.lookup(ROOT_INO, "SUB").ino, "x").ino
+    fh = fs.open(x, os.O_RDONLY)
+    device, request = os.pipe()
+    threads, arrivals = [], []
+    real_read = fs.read
+
+    def read(*args):
+        threads.append(threading.get_ident())
+        if arrivals:
+            os.write(request, arrivals.pop())  # another reader's request comes meanwhile
+        return real_read(*args)
+    fs.read = read
+
+    def read_in(ops):
+        assert trio.run(ops.read, fh, 0, 4096) == pattern(5000, 17, 1)[:4096]
+        return "loop" if threads.pop() == threading.get_ident() else "thread"
+
+    ops = fuse_adapter.FuseOperations(fs, threaded_reads=True, lone_reads_on_loop=True)
+    assert read_in(ops) == "thread"  # (no /dev/fuse to poll yet: never alone)
+    ops.watch_device(device)
+    assert read_in(ops) == "loop"
+    os.write(request, b"r")
+    assert read_in(ops) == "thread"  # a request waits
+    os.read(device, 1)
+    assert read_in(ops) == "loop"
+    arrivals.append(b"r")
+    assert read_in(ops) == "loop"  # alone when it began; a request came meanwhile
+    os.read(device, 1)
+    assert read_in(ops) == "thread"  # a second reader was seen: reads are shared
+    time.sleep(1.05)
+    assert read_in(ops) == "loop"  # and no more once SHARED_SECONDS passed without one
+
+    remote = fuse_adapter.FuseOperations(fs, threaded_reads=True)
+    remote.watch_device(device)
+    assert read_in(remote) == "thread"
+    os.close(device)
+    os.close(request)
     trio.run(ops.release, fh)

@@ -270,6 +270,17 @@ def test_statfs_and_stat(mount):
     assert exc.value.errno == errno.EROFS
 
 
+def test_only_a_source_on_a_local_disk_is_read_on_the_loop(mount, tmp_path):
+    """A read of a network filesystem (or another FUSE mount) may stall for minutes:
+    only a source on a local filesystem has lone reads answered on the mount's loop."""
+    from ctdsfs.mount import on_local_disk
+
+    m = mount(DATA / "mf2_free.mf")
+    assert on_local_disk(tmp_path / "a file not made yet")  # (the tests' own disk)
+    assert not on_local_disk(m.mountpoint / "a")  # fuse.ctdsfs
+    assert not on_local_disk("/proc/self/status")
+
+
 def test_unknown_command_says_so(tmp_path):
     for args, text in [(["frobnicate"], "unknown command 'frobnicate' (see 'ctdsfs --help')"),
                        (["chek"], "unknown command 'chek' (did you mean 'check'?)"),

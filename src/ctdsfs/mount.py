@@ -12,6 +12,7 @@ import functools
 import gc
 import logging
 import os
+import re
 import sys
 from dataclasses import dataclass, field
 
@@ -187,6 +188,39 @@ def _mounted_paths():
         return set()
 
 
+# Filesystems whose reads come from this machine's own disks or memory: a read there may
+# wait on the mount's loop while it is the only one (FuseOperations.lone_reads_on_loop).
+# A network filesystem's read can stall for minutes (Lustre, NFS), and must not stop
+# the mount answering everything else.
+LOCAL_FILESYSTEMS = {"ext2", "ext3", "ext4", "xfs", "btrfs", "f2fs", "zfs", "bcachefs",
+                     "tmpfs", "ramfs", "overlay", "squashfs", "iso9660", "vfat", "exfat"}
+
+
+def _unescape_mount_field(text):
+    """A path as /proc/self/mounts spells it (space, tab, newline, backslash in octal)."""
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), text)
+
+
+def on_local_disk(path):
+    """Whether ``path`` lies on a filesystem of LOCAL_FILESYSTEMS (the innermost mount
+    holding it, from /proc/self/mounts); False when that cannot be told."""
+    path = os.path.realpath(path)
+    best, fstype = "", None
+    try:
+        with open("/proc/self/mounts") as f:
+            for line in f:
+                fields = line.split()
+                if len(fields) < 3:
+                    continue
+                point = _unescape_mount_field(fields[1])
+                inside = path == point or path.startswith(point.rstrip("/") + "/")
+                if inside and len(point) >= len(best):
+                    best, fstype = point, fields[2]
+    except OSError:
+        return False
+    return fstype in LOCAL_FILESYSTEMS
+
+
 def check_mountpoint(path, nonempty=False):
     if not os.path.exists(path):
         raise UsageError(f"{path}: mount point does not exist")
@@ -343,7 +377,8 @@ def mount(source, mountpoint, opts, foreground=False):
     operations = FuseOperations(
         fs, threaded_reads=not opts.writable and (container.checks_reads or remote),
         write_cache=write_cache, commit_interval=opts.commit_seconds if opts.writable else None,
-        trim_heap=trim_heap, readahead_kb=container.readahead_kb)
+        trim_heap=trim_heap, readahead_kb=container.readahead_kb,
+        lone_reads_on_loop=not remote and on_local_disk(source))
     _collect_garbage_seldom()
 
     if foreground:
