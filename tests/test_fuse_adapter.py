@@ -14,7 +14,7 @@ from ctdsfs.vfs import ROOT_INO, ContainerFS
 from .conftest import DATA, pattern
 
 
-def test_heap_is_trimmed_after_reads_in_threads_only(monkeypatch):
+def test_heap_is_trimmed_after_heavy_reads_only(monkeypatch):
     monkeypatch.setattr(fuse_adapter, "TRIM_SECONDS", 3600)  # one trim in this test's life
     path = DATA / "mf2_nested.mf"
     path.read_bytes()  # in the page cache: a small read then stays on the loop
@@ -60,7 +60,7 @@ def test_a_small_cold_read_stays_on_the_loop(tmp_path):
     fh = fs.open(x, os.O_RDONLY)  # (checks the header: the kernel reads the small file ahead)
     _evicted(path)
     assert trio.run(ops.read, fh, 0, 4096) == pattern(5000, 17, 1)[:4096]
-    assert not ops._reads_in_threads
+    assert not ops._heavy_reads
     trio.run(ops.release, fh)
 
 

@@ -116,7 +116,7 @@ class FuseOperations(pyfuse3.Operations):
         self.nursery = None  # set while serving: where invalidations run without a waiter
         self.initialized = None  # set while serving: a trio.Event, set by init()
         self.trim_heap = trim_heap  # gives the C heap's free pages back (malloc_trim), or None
-        self._reads_in_threads = False  # since the last trim
+        self._heavy_reads = False  # reads that may wait for the disk, since the last trim
         self._trimmed_at = float("-inf")  # monotonic time of the last trim
         self.lone_reads_on_loop = lone_reads_on_loop
         self._device_poll = None  # polls /dev/fuse for waiting requests, once serving
@@ -214,6 +214,7 @@ class FuseOperations(pyfuse3.Operations):
     async def read(self, fh, off, size):
         if (self.threaded_reads or (size >= THREADED_READ_MIN and not self.fs.writable)) \
                 and not self.fs.read_at_once(fh, off, size):
+            self._heavy_reads = True
             if self._alone():
                 try:
                     return self.fs.read(fh, off, size)
@@ -222,7 +223,6 @@ class FuseOperations(pyfuse3.Operations):
                         self._shared_until = time.monotonic() + SHARED_SECONDS
             if self._reads_in_flight:
                 self._shared_until = time.monotonic() + SHARED_SECONDS
-            self._reads_in_threads = True
             self._reads_in_flight += 1
             try:
                 return await trio.to_thread.run_sync(self.fs.read, fh, off, size)
@@ -294,15 +294,15 @@ class FuseOperations(pyfuse3.Operations):
 
     @_fuse_errors
     async def release(self, fh):
-        """Close; after reads in worker threads (large ones, or a CRC-checked mount's),
-        also give the heap's free pages back, at most once per TRIM_SECONDS: the daemon
+        """Close; after reads that may wait for the disk (large ones, or a CRC-checked
+        mount's, on the loop or in worker threads), also give the heap's free pages back, at most once per TRIM_SECONDS: the daemon
         keeps freed buffers for the next read (mount.py's mallopt), and a reader done
         with a large file left a few MB of them resident for the life of the mount
         (2-3 MB after a ``tar`` of the small-files tree)."""
         self.fs.release(fh)
-        if self._reads_in_threads and self.trim_heap is not None \
+        if self._heavy_reads and self.trim_heap is not None \
                 and time.monotonic() - self._trimmed_at >= TRIM_SECONDS:
-            self._reads_in_threads = False
+            self._heavy_reads = False
             self._trimmed_at = time.monotonic()
             self.trim_heap()
 
