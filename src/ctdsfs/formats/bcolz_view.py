@@ -56,9 +56,9 @@ def readahead_for_chunks(chunk_bytes):
     """The readahead (KiB) for a mount of carrays of ``chunk_bytes`` chunks: the largest
     power of two up to a quarter of a chunk, from 256 KiB to READAHEAD_KB. A mapped
     reader's page fault makes the kernel read the readahead around it: at 1 MiB with 1 MiB
-    chunks every fault takes two chunks from disk (random slices 1.7-1.9x bcolz's time),
-    at 256 KiB mostly one (1.4-1.6x); whole reads cost about a tenth more (4 requests
-    where there was one), see docs/benchmarks.md."""
+    chunks every fault takes two chunks from disk (random slices 1.6-1.8x bcolz's time),
+    at 256 KiB mostly one (1.2-1.3x); whole reads take 4 requests where there was one
+    (within the spread of their time), see docs/benchmarks.md."""
     quarter_kb = max(1, chunk_bytes // 4 >> 10)
     return max(256, min(READAHEAD_KB, 1 << (quarter_kb.bit_length() - 1)))
 
