@@ -275,9 +275,11 @@ def test_only_a_source_on_a_local_disk_is_read_on_the_loop(mount, tmp_path):
     only a source on a local filesystem has lone reads answered on the mount's loop."""
     from ctdsfs.mount import on_local_disk
 
+    assert on_local_disk(tmp_path)  # (the tests' own disk)
     m = mount(DATA / "mf2_free.mf")
-    assert on_local_disk(tmp_path / "a file not made yet")  # (the tests' own disk)
+    assert on_local_disk(tmp_path / "a file not made yet")
     assert not on_local_disk(m.mountpoint / "a")  # fuse.ctdsfs
+    assert not on_local_disk(tmp_path)  # a directory source holding it
     assert not on_local_disk("/proc/self/status")
 
 

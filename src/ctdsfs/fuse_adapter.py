@@ -3,9 +3,9 @@
 Metadata operations are cheap and run on the trio loop. Reads of a
 CRC-protected container, and large reads (THREADED_READ_MIN) of a read-only
 mount, run in worker threads: a read that waits for the disk must not hold up
-every other request. While a reader of a local disk is alone, its reads run on
-the loop all the same (``FuseOperations._alone``). One the container answers from memory
-(``ContainerFS.read_at_once``: a remote source's cached chunks) stays on the
+every other request (while one reader of a local disk is alone, they run on the
+loop all the same: ``FuseOperations._alone``). A read the container answers from
+memory (``ContainerFS.read_at_once``: a remote source's cached chunks) stays on the
 loop. Small reads stay on the loop too, where the thread hop would cost more
 than the read (it doubles the time to read 20,000 small files), even when
 their bytes are not in the page cache: sending such cold reads to threads
@@ -295,10 +295,11 @@ class FuseOperations(pyfuse3.Operations):
     @_fuse_errors
     async def release(self, fh):
         """Close; after reads that may wait for the disk (large ones, or a CRC-checked
-        mount's, on the loop or in worker threads), also give the heap's free pages back, at most once per TRIM_SECONDS: the daemon
-        keeps freed buffers for the next read (mount.py's mallopt), and a reader done
-        with a large file left a few MB of them resident for the life of the mount
-        (2-3 MB after a ``tar`` of the small-files tree)."""
+        mount's, on the loop or in worker threads), also give the heap's free pages
+        back, at most once per TRIM_SECONDS: the daemon keeps freed buffers for the next
+        read (mount.py's mallopt), and a reader done with a large file left a few MB of
+        them resident for the life of the mount (2-3 MB after a ``tar`` of the
+        small-files tree)."""
         self.fs.release(fh)
         if self._heavy_reads and self.trim_heap is not None \
                 and time.monotonic() - self._trimmed_at >= TRIM_SECONDS:

@@ -201,11 +201,16 @@ def _unescape_mount_field(text):
     return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), text)
 
 
+def _within(path, folder):
+    return path == folder or path.startswith(folder.rstrip("/") + "/")
+
+
 def on_local_disk(path):
     """Whether ``path`` lies on a filesystem of LOCAL_FILESYSTEMS (the innermost mount
-    holding it, from /proc/self/mounts); False when that cannot be told."""
+    holding it, from /proc/self/mounts), and so does everything mounted below it (a
+    directory source may hold an NFS mount); False when that cannot be told."""
     path = os.path.realpath(path)
-    best, fstype = "", None
+    best, fstype, below = "", None, set()
     try:
         with open("/proc/self/mounts") as f:
             for line in f:
@@ -213,12 +218,13 @@ def on_local_disk(path):
                 if len(fields) < 3:
                     continue
                 point = _unescape_mount_field(fields[1])
-                inside = path == point or path.startswith(point.rstrip("/") + "/")
-                if inside and len(point) >= len(best):
+                if _within(path, point) and len(point) >= len(best):
                     best, fstype = point, fields[2]
+                elif _within(point, path):
+                    below.add(fields[2])
     except OSError:
         return False
-    return fstype in LOCAL_FILESYSTEMS
+    return fstype in LOCAL_FILESYSTEMS and below <= LOCAL_FILESYSTEMS
 
 
 def check_mountpoint(path, nonempty=False):
