@@ -1,13 +1,19 @@
 """bcolz carray/ctable rootdirs (written by bcolz-zipline) and bloscpack files as NumPy files."""
 
+import ctypes
+import fcntl
 import hashlib
 import io
 import json
+import mmap
 import os
+import pathlib
 import random
 import shutil
 import struct
 import subprocess
+import tempfile
+import time
 import zlib
 
 import bcolz  # the ground truth writer and reader (PyPI bcolz-zipline)
@@ -18,6 +24,9 @@ import pytest
 from ctdsfs.errors import BlockError, CtdsfsError, FormatError, NotPermitted
 from ctdsfs.formats import open_container
 from ctdsfs.formats.bcolz import CHUNK_BYTES_MAX
+from ctdsfs.formats.store import DIRECT_ALIGN, read_direct
+
+LIBC = ctypes.CDLL(None, use_errno=True)
 
 
 def cparams(cname="lz4", clevel=5, shuffle=1):
@@ -157,6 +166,73 @@ def test_chunk_cache_is_bounded_and_reused(rootdirs):
     assert carray.cache._bytes <= carray.cache.limit
     first = carray.chunk_data(9)
     assert carray.chunk_data(9) is first  # (a repeated read does not decompress again)
+
+
+def _in_page_cache(path):
+    """Whether the last page of ``path`` is in the page cache: mincore(2) of a map of it,
+    which reads nothing (a read with RWF_NOWAIT starts the kernel's readahead)."""
+    size = os.path.getsize(path)
+    pages = -(-size // mmap.PAGESIZE)
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), size, access=mmap.ACCESS_COPY) as m:
+        start = ctypes.c_char.from_buffer(m)
+        resident = (ctypes.c_ubyte * pages)()
+        status = LIBC.mincore(ctypes.c_void_p(ctypes.addressof(start)),
+                              ctypes.c_size_t(size), resident)
+        del start
+    assert status == 0, os.strerror(ctypes.get_errno())
+    return bool(resident[-1] & 1)
+
+
+@pytest.fixture
+def on_disk():
+    """A folder on a disk (/var/tmp), where the page cache is a cache (in tmpfs, which
+    /tmp may be, it is the file)."""
+    folder = tempfile.mkdtemp(prefix="ctdsfs-test-", dir="/var/tmp")
+    yield pathlib.Path(folder)
+    shutil.rmtree(folder)
+
+
+def test_chunks_decoded_ahead_are_read_past_the_page_cache(on_disk):
+    """A sequential reader's next chunks are decoded ahead from superchunks read with
+    O_DIRECT (no page-cache pages made and filled for them, nor a copy); the chunk a
+    reader waits for is read through the page cache, headers first."""
+    values = np.random.default_rng(24).normal(size=20 << 17)  # (barely compressible)
+    write_carray(on_disk / "c", values, dict(chunklen=1 << 17))  # 20 chunks of 1 MiB
+    superchunks = [on_disk / "c" / "data" / f"__{n}.blp" for n in range(20)]
+    for path in superchunks:
+        fd = os.open(path, os.O_RDONLY)
+        os.fdatasync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        os.close(fd)
+    assert not any(map(_in_page_cache, superchunks))
+    carray = open_container(on_disk / "c")
+    header = carray.entry_size("array.npy") - values.nbytes
+    piece = 256 << 10
+    got = [bytes(carray.read("array.npy", header + at, piece)) for at in (0, piece)]
+    held = time.monotonic() + 10  # (the second piece asked for chunks 1-8 ahead)
+    while not all(map(carray._held_chunk, range(1, 9))) and time.monotonic() < held:
+        time.sleep(0.01)
+    assert all(map(carray._held_chunk, range(1, 9)))
+    assert b"".join(got) == values.tobytes()[:2 * piece]
+    assert np.array_equal(npy(carray, "array.npy"), values)
+    assert _in_page_cache(superchunks[0])
+    assert not any(map(_in_page_cache, superchunks[1:9]))
+
+
+def test_a_direct_read_gives_the_file_or_says_it_cannot(on_disk):
+    """``read_direct`` reads a file past the page cache (a length not a multiple of the
+    alignment ends it); where the file system refuses O_DIRECT (here /proc) it says so
+    (None), and the descriptor's flags are as they were either way."""
+    buffer = mmap.mmap(-1, 4 * DIRECT_ALIGN, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    data = os.urandom(3 * DIRECT_ALIGN + 100)
+    (on_disk / "f").write_bytes(data)
+    for path, want in ((on_disk / "f", len(data)), ("/proc/self/status", None)):
+        fd = os.open(path, os.O_RDONLY)
+        flags = fcntl.fcntl(fd, fcntl.F_GETFL)
+        assert read_direct(fd, buffer) == want
+        assert fcntl.fcntl(fd, fcntl.F_GETFL) == flags
+        os.close(fd)
+    assert buffer[:len(data)] == data
 
 
 def test_changes_by_bcolz_are_seen(damaged):

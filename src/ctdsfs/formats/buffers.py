@@ -9,10 +9,11 @@ and the page allocator do the least work.
 * :func:`huge_page_buffer`: a large buffer across a huge page's border gets small pages
   there, each a page fault; this one starts on the border.
 * :func:`spare_buffer`: a few buffers kept for the next compressed tiles or chunks (a
-  fresh one costs a page fault every 4 KiB).
+  fresh one costs a page fault every 4 KiB), page-aligned (O_DIRECT reads into them).
 """
 
 import contextlib
+import mmap
 import threading
 
 import numpy as np
@@ -46,11 +47,12 @@ def spare_buffer(size):
     """A writable buffer of at least ``size`` bytes, one of the few kept for the next
     reads where one is large enough (never two users at once); kept after, in place of
     a smaller one if as many are kept already."""
-    with _SPARES_LOCK:  # (by place, not ==: equal bytearrays are other buffers)
+    with _SPARES_LOCK:  # (by place, never by ==)
         fits = [k for k, spare in enumerate(_SPARES) if len(spare) >= size]
         buffer = _SPARES.pop(min(fits, key=lambda k: len(_SPARES[k]))) if fits else None
-    if buffer is None:
-        buffer = bytearray(-(-size // (1 << 20)) << 20)  # (whole MiB: fits the next ones)
+    if buffer is None:  # (whole MiB: fits the next ones; page-aligned, for direct reads)
+        buffer = mmap.mmap(-1, -(-size // (1 << 20)) << 20,
+                           flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     try:
         yield buffer
     finally:

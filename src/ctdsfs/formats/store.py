@@ -185,6 +185,32 @@ def preadv_all(fd, buffer, offset):
     return done
 
 
+def read_direct(fd, buffer):
+    """Bytes of file descriptor ``fd`` from its start into ``buffer`` (page-aligned, its
+    length a multiple of DIRECT_ALIGN) until it is full or the file ends, read past the
+    page cache (O_DIRECT): their count, or None if the file system refuses direct reads.
+    The descriptor's flags are left as they were."""
+    flags = fcntl.fcntl(fd, fcntl.F_GETFL)
+    try:
+        fcntl.fcntl(fd, fcntl.F_SETFL, flags | os.O_DIRECT)
+    except OSError:
+        return None
+    view, done = memoryview(buffer).cast("B"), 0
+    try:
+        while done < len(view):
+            n = os.preadv(fd, [view[done:]], done)
+            done += n
+            if n == 0 or n % DIRECT_ALIGN:  # (the file's end; past it, offsets are unaligned)
+                break
+    except OSError as exc:
+        if exc.errno != errno.EINVAL:
+            raise
+        return None
+    finally:
+        fcntl.fcntl(fd, fcntl.F_SETFL, flags)
+    return done
+
+
 def write_synced(path, data):
     """Write ``data`` as the whole content of a new file ``path`` (create_exclusive) and
     fsync it."""
