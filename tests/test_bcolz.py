@@ -333,19 +333,21 @@ def _readahead_kb(mountpoint, want, seconds=10):
 
 def test_mount_readahead_follows_the_chunks(tmp_path, mount):
     """A mapped reader's page fault makes the kernel read the mount's readahead around it:
-    rootdirs of 1 MiB chunks get 256 KiB (a fault then mostly needs one chunk, at 1 MiB
-    always two), of 2 MiB chunks 512 KiB, a ctable as its largest chunks need; chunks of
-    4 MiB, and a directory of rootdirs, keep every other mount's 1 MiB."""
+    rootdirs of 1 MiB chunks get 512 KiB (a fault then needs one chunk half the time, at
+    1 MiB always two), of 512 KiB chunks 256 KiB, a ctable as its largest chunks need;
+    chunks of 2 MiB and more, and a directory of rootdirs, keep every other mount's 1 MiB."""
     from ctdsfs.container import READAHEAD_KB
 
     items = np.arange(300_000.0)
     (tmp_path / "tree").mkdir()
-    for name, chunklen in (("c1", 1 << 17), ("c2", 1 << 18), ("c4", 1 << 19)):
+    for name, chunklen in (("c05", 1 << 16), ("c1", 1 << 17), ("c2", 1 << 18),
+                           ("c4", 1 << 19)):
         bcolz.carray(items, rootdir=str(tmp_path / "tree" / name), mode="w",
                      chunklen=chunklen).flush()
     bcolz.ctable([items.astype(np.int32), items], names=["i", "x"], chunklen=1 << 17,
                  rootdir=str(tmp_path / "tree" / "t1"), mode="w").flush()
-    for name, kb in (("c1", 256), ("c2", 512), ("c4", READAHEAD_KB), ("t1", 256)):
+    for name, kb in (("c05", 256), ("c1", 512), ("c2", READAHEAD_KB), ("c4", READAHEAD_KB),
+                     ("t1", 512)):
         m = mount(tmp_path / "tree" / name)
         assert _readahead_kb(m.mountpoint, kb) == kb, name
         loaded = np.load(m.mountpoint / ("x.npy" if name == "t1" else "array.npy"),

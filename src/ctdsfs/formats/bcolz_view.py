@@ -54,13 +54,15 @@ def read_attrs(root, rel):
 
 def readahead_for_chunks(chunk_bytes):
     """The readahead (KiB) for a mount of carrays of ``chunk_bytes`` chunks: the largest
-    power of two up to a quarter of a chunk, from 256 KiB to READAHEAD_KB. A mapped
-    reader's page fault makes the kernel read the readahead around it: at 1 MiB with 1 MiB
-    chunks every fault takes two chunks from disk (random slices 1.6-1.8x bcolz's time),
-    at 256 KiB mostly one (1.2-1.3x); whole reads take 4 requests where there was one
-    (within the spread of their time), see docs/benchmarks.md."""
-    quarter_kb = max(1, chunk_bytes // 4 >> 10)
-    return max(256, min(READAHEAD_KB, 1 << (quarter_kb.bit_length() - 1)))
+    power of two up to half a chunk, from 256 KiB to READAHEAD_KB. A mapped reader's page
+    fault makes the kernel read the readahead around it, and a sequential reader gets
+    requests of that size. With 1 MiB chunks (medians of 7 rounds, docs/benchmarks.md):
+    at 1 MiB every fault takes two chunks from disk (random slices 1.6-1.7x bcolz's
+    time, whole reads 0.92-0.98x), at 256 KiB mostly one (slices 1.2-1.3x, but whole
+    reads 0.97-1.10x: four times the requests), at 512 KiB half the faults take one
+    (slices 1.37-1.45x, whole reads 0.86-0.91x): both of bcolz's speeds kept."""
+    half_kb = max(1, chunk_bytes // 2 >> 10)
+    return max(256, min(READAHEAD_KB, 1 << (half_kb.bit_length() - 1)))
 
 
 def is_int(value, low=0):
