@@ -44,6 +44,7 @@ PENDING_BYTES_MAX = 16 << 20  # appended bytes held back until they end on an it
 PAGE_BYTES = mmap.PAGESIZE
 KERNEL_PIECE_MAX = 256 * PAGE_BYTES  # libfuse 3's max_write: the longest piece of a write
 
+
 def read_superchunk(fd, buffer, want, ahead):
     """The first ``want`` bytes of superchunk ``fd`` (or fewer, where it ends) into the
     page-aligned ``buffer``: their count, and perhaps a few more. Read ahead of a
