@@ -180,12 +180,27 @@ def parse_options(text):
     return opts
 
 
-def _mounted_paths():
+def _unescape_mount_field(text):
+    """A path as /proc/self/mounts spells it (space, tab, newline, backslash in octal)."""
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), text)
+
+
+def _mounts():
+    """``(mount point, file system type)`` of each mount in /proc/self/mounts (none if it
+    cannot be read)."""
     try:
         with open("/proc/self/mounts") as f:
-            return {line.split()[1].replace("\\040", " ") for line in f}
+            lines = f.read().splitlines()
     except OSError:
-        return set()
+        return
+    for line in lines:
+        fields = line.split()
+        if len(fields) >= 3:
+            yield _unescape_mount_field(fields[1]), fields[2]
+
+
+def _mounted_paths():
+    return {point for point, _ in _mounts()}
 
 
 # Filesystems whose reads come from this machine's own disks or memory: a read there may
@@ -194,11 +209,6 @@ def _mounted_paths():
 # the mount answering everything else.
 LOCAL_FILESYSTEMS = {"ext2", "ext3", "ext4", "xfs", "btrfs", "f2fs", "zfs", "bcachefs",
                      "tmpfs", "ramfs", "overlay", "squashfs", "iso9660", "vfat", "exfat"}
-
-
-def _unescape_mount_field(text):
-    """A path as /proc/self/mounts spells it (space, tab, newline, backslash in octal)."""
-    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), text)
 
 
 def _within(path, folder):
@@ -211,19 +221,11 @@ def on_local_disk(path):
     directory source may hold an NFS mount); False when that cannot be told."""
     path = os.path.realpath(path)
     best, fstype, below = "", None, set()
-    try:
-        with open("/proc/self/mounts") as f:
-            for line in f:
-                fields = line.split()
-                if len(fields) < 3:
-                    continue
-                point = _unescape_mount_field(fields[1])
-                if _within(path, point) and len(point) >= len(best):
-                    best, fstype = point, fields[2]
-                elif _within(point, path):
-                    below.add(fields[2])
-    except OSError:
-        return False
+    for point, kind in _mounts():
+        if _within(path, point) and len(point) >= len(best):
+            best, fstype = point, kind
+        elif _within(point, path):
+            below.add(kind)
     return fstype in LOCAL_FILESYSTEMS and below <= LOCAL_FILESYSTEMS
 
 

@@ -46,8 +46,9 @@ KERNEL_PIECE_MAX = 256 * PAGE_BYTES  # libfuse 3's max_write: the longest piece 
 
 
 def read_superchunk(fd, buffer, want, ahead):
-    """The first ``want`` bytes of superchunk ``fd`` (or fewer, where it ends) into the
-    page-aligned ``buffer``: their count, and perhaps a few more. Read ahead of a
+    """The first ``want`` bytes of superchunk ``fd`` (or fewer, where it ends) into
+    ``buffer`` (page-aligned, ``want`` rounded up to DIRECT_ALIGN): their count, and
+    perhaps a few more. Read ahead of a
     sequential reader, past the page cache (O_DIRECT, where the file system takes it):
     the disk fills the buffer, no page-cache pages are made and filled and no copy is
     made, CPU that the decoding threads, on which the reader waits, are short of (a
@@ -57,7 +58,7 @@ def read_superchunk(fd, buffer, want, ahead):
     requests the kernel's readahead issues side by side, against 0.55-0.69 ms by one
     request, as one call or a direct read makes."""
     if ahead:
-        done = read_direct(fd, buffer[:-(-want // DIRECT_ALIGN) * DIRECT_ALIGN])
+        done = read_direct(fd, buffer)
         if done is not None:
             return done
     head = min(want, SUPERCHUNK_HEADER.size + BLOSC_HEADER.size)
@@ -254,8 +255,9 @@ class Carray(View):
         starts a new window where needed."""
         want = min(identity[2], SUPERCHUNK_HEADER.size + BLOSC_HEADER.size + self.chunk_bytes)
         windows = self.windows
-        with spare_buffer(-(-want // DIRECT_ALIGN) * DIRECT_ALIGN) as spare:
-            raw = memoryview(spare)
+        aligned = -(-want // DIRECT_ALIGN) * DIRECT_ALIGN
+        with spare_buffer(aligned) as spare:
+            raw = memoryview(spare)[:aligned]
             raw = raw[:min(want, read_superchunk(fd, raw, want, ahead))]
             chunk = self._chunk(number, fd, identity, bytes(raw[:SUPERCHUNK_HEADER.size]))
             buffer, keep = windows.place(number, ahead)
