@@ -42,6 +42,15 @@ def pattern(size, mul, add, mod=256):
     return bytes((i * mul + add) % mod for i in range(size))
 
 
+def evicted(path):
+    """``path`` with its pages dropped from the page cache (written back first)."""
+    fd = os.open(path, os.O_RDONLY)
+    os.fdatasync(fd)
+    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    os.close(fd)
+    return path
+
+
 def make_casacore_table(path, *, block_size=None, rows=50, multifile=True):
     """python-casacore writes the sample table; MultiFile storage unless ``multifile`` is False."""
     home = Path(path).parent / f".home-{Path(path).name}"

@@ -26,6 +26,8 @@ from ctdsfs.formats import open_container
 from ctdsfs.formats.bcolz import CHUNK_BYTES_MAX
 from ctdsfs.formats.store import DIRECT_ALIGN, read_direct
 
+from .conftest import evicted
+
 LIBC = ctypes.CDLL(None, use_errno=True)
 
 
@@ -199,12 +201,7 @@ def test_chunks_decoded_ahead_are_read_past_the_page_cache(on_disk):
     values = np.random.default_rng(24).normal(size=20 << 17)  # (barely compressible)
     write_carray(on_disk / "c", values, dict(chunklen=1 << 17))  # 20 chunks of 1 MiB
     superchunks = [on_disk / "c" / "data" / f"__{n}.blp" for n in range(20)]
-    for path in superchunks:
-        fd = os.open(path, os.O_RDONLY)
-        os.fdatasync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        os.close(fd)
-    assert not any(map(_in_page_cache, superchunks))
+    assert not any(_in_page_cache(evicted(path)) for path in superchunks)
     carray = open_container(on_disk / "c")
     header = carray.entry_size("array.npy") - values.nbytes
     piece = 256 << 10
@@ -319,8 +316,6 @@ def test_mount_directory_of_rootdirs(rootdirs, mount):
 def _readahead_kb(mountpoint, want, seconds=10):
     """The readahead of the file system at ``mountpoint`` (its bdi's, in KiB), once it is
     ``want`` (the daemon sets it just after the mount is live) or ``seconds`` passed."""
-    import time
-
     device = os.stat(mountpoint).st_dev
     deadline = time.monotonic() + seconds
     while True:

@@ -11,7 +11,7 @@ from ctdsfs import fuse_adapter
 from ctdsfs.formats import open_container
 from ctdsfs.vfs import ROOT_INO, ContainerFS
 
-from .conftest import DATA, pattern
+from .conftest import DATA, evicted, pattern
 
 
 def test_heap_is_trimmed_after_heavy_reads_only(monkeypatch):
@@ -39,15 +39,6 @@ def test_heap_is_trimmed_after_heavy_reads_only(monkeypatch):
     assert trims == [1]  # at most once per TRIM_SECONDS
 
 
-def _evicted(path):
-    """``path`` with its pages dropped from the page cache (written back first)."""
-    fd = os.open(path, os.O_RDONLY)
-    os.fdatasync(fd)
-    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    os.close(fd)
-    return path
-
-
 def test_a_small_cold_read_stays_on_the_loop(tmp_path):
     """Sending small reads whose bytes are not in the page cache to worker threads was
     measured slower with one and with four cold random readers (issue 28): they stay on
@@ -58,7 +49,7 @@ def test_a_small_cold_read_stays_on_the_loop(tmp_path):
     ops = fuse_adapter.FuseOperations(fs, threaded_reads=False)
     x = fs.lookup(fs.lookup(ROOT_INO, "SUB").ino, "x").ino
     fh = fs.open(x, os.O_RDONLY)  # (checks the header: the kernel reads the small file ahead)
-    _evicted(path)
+    evicted(path)
     assert trio.run(ops.read, fh, 0, 4096) == pattern(5000, 17, 1)[:4096]
     assert not ops._heavy_reads
     trio.run(ops.release, fh)
