@@ -15,8 +15,7 @@ import time
 
 import pytest
 
-from ctdsfs.formats import create_container, open_container
-from ctdsfs.formats.multifile_index import RACY_NS
+from ctdsfs.formats import create_container, multifile_index, open_container
 
 pytestmark = pytest.mark.fuse
 
@@ -181,8 +180,9 @@ def settled(path):
     instant could leave its times as they were), and a daemon started from byte-compiled
     modules opens it within that window."""
     st = os.stat(path)
-    wait_ns = max(st.st_mtime_ns, st.st_ctime_ns) + RACY_NS - time.time_ns()
-    time.sleep(max(0, wait_ns) / 1e9 + 0.01)
+    identity = [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+    while multifile_index._racy(identity, time.time_ns()):
+        time.sleep(0.01)
     return path
 
 
