@@ -287,7 +287,7 @@ class Carray(View):
 
     def _cached_chunk(self, number):
         """Chunk ``number`` from the cache if its file is unchanged, else None. One lstat of
-        the whole path tells that (a kernel read of 256 KiB asks for one or two chunks, and
+        the whole path tells that (a kernel read of 512 KiB asks for one or two chunks, and
         walking the folders without links took 5 system calls a chunk): it may follow a
         link in a folder, but only to serve bytes decoded from the very file (device and
         inode) that was opened the safe way, so no byte from outside the rootdir."""
