@@ -1,0 +1,206 @@
+"""MeasurementSets python-casacore writes for the xarray backend's tests (run in a
+subprocess, so that a ``.casarc`` can choose MultiFile storage or big-endian files).
+
+    python3 ms_writer.py PATH '{"layout": "tiled", "autocorrs": true, ...}'
+
+Every MS has 4 antennas, one FEED row each (SPECTRAL_WINDOW_ID -1), and rows laid out
+time by time; the options choose what the xarray-ms rules are tested on (see ``SPEC``).
+"""
+
+import json
+import sys
+
+import casacore.tables as ct
+import numpy as np
+
+SPEC = {
+    "layout": "tiled",  # "tiled" (TiledShapeStMan DATA/FLAG...) or "ssm" (StandardStMan only)
+    "nant": 4,
+    "ntime": 5,
+    "spws": [8, 4],  # channels per spectral window
+    "pols": [[9, 10, 11, 12], [5, 8], [9]],  # CORR_TYPE per POLARIZATION row
+    "ddids": [[0, 0], [1, 1], [0, 2]],  # (spw, pol) per DATA_DESCRIPTION row
+    "autocorrs": True,
+    "reversed": True,  # some baselines written as (ANTENNA2, ANTENNA1)
+    "missing": True,  # some rows left out
+    "fields": 2,  # fields alternate with time
+    "states": ["CALIBRATE_PHASE,ON_SOURCE", "OBSERVE_TARGET#ON_SOURCE"],
+    "observations": 1,
+    "weight_spectrum": True,
+    "corrected": True,  # CORRECTED_DATA and MODEL_DATA
+    "irregular_interval": False,
+    "irregular_width": False,
+    "source": True,  # a SOURCE subtable
+    "flag_row_only": False,
+}
+
+
+def _values(rng, shape, dtype):
+    if np.issubdtype(dtype, np.complexfloating):
+        return (rng.standard_normal(shape) + 1j * rng.standard_normal(shape)).astype(dtype)
+    if dtype == np.bool_:
+        return rng.random(shape) < 0.3
+    return rng.random(shape).astype(dtype)
+
+
+def _main_desc(spec):
+    cols = [ct.makearrcoldesc("DATA", 0j, ndim=2, valuetype="complex")]
+    if spec["weight_spectrum"]:
+        cols.append(ct.makearrcoldesc("WEIGHT_SPECTRUM", 0.0, ndim=2, valuetype="float"))
+    if spec["corrected"]:
+        cols += [ct.makearrcoldesc(n, 0j, ndim=2, valuetype="complex")
+                 for n in ("CORRECTED_DATA", "MODEL_DATA")]
+    desc = ct.maketabdesc(cols)
+    desc["DATA"]["keywords"] = {"UNIT": "Jy"}
+    return desc
+
+
+def _dminfo(spec, desc):
+    if spec["layout"] == "ssm":
+        return {"*1": {"TYPE": "StandardStMan", "NAME": "SSM", "SPEC": {"BUCKETSIZE": 8192},
+                       "COLUMNS": sorted(desc) + ["FLAG", "UVW", "WEIGHT", "SIGMA",
+                                                  "FLAG_CATEGORY"]}}
+    info = {}
+    for i, name in enumerate(sorted(desc) + ["FLAG"]):
+        info[f"*{i + 1}"] = {"TYPE": "TiledShapeStMan", "NAME": f"Tiled{name}",
+                             "COLUMNS": [name],
+                             "SPEC": {"DEFAULTTILESHAPE": np.array([4, 8, 16], np.int32)}}
+    info["*uvw"] = {"TYPE": "TiledColumnStMan", "NAME": "TiledUVW", "COLUMNS": ["UVW"],
+                    "SPEC": {"DEFAULTTILESHAPE": np.array([3, 64], np.int32)}}
+    return info
+
+
+def _rows(spec, rng):
+    """(TIME, INTERVAL, ANTENNA1, ANTENNA2, DDID, FIELD, STATE, OBS, SCAN) per row."""
+    nant = spec["nant"]
+    pairs = [(a, b) for a in range(nant) for b in range(a, nant)
+             if spec["autocorrs"] or a != b]
+    rows = []
+    for obs in range(spec["observations"]):
+        for t in range(spec["ntime"]):
+            interval = 2.0 if not spec["irregular_interval"] else [2.0, 3.0][t % 2]
+            time = 4.9e9 + 100 * obs + 2.0 * t + (t % 3) * spec["irregular_interval"]
+            field = t % spec["fields"]
+            state = t % len(spec["states"]) if spec["states"] else -1
+            for ddid in range(len(spec["ddids"])):
+                for k, (a, b) in enumerate(pairs):
+                    if spec["missing"] and (t * 7 + k * 3 + ddid) % 11 == 0:
+                        continue
+                    if spec["reversed"] and (k + t) % 5 == 1:
+                        a, b = b, a
+                    rows.append((time, interval, a, b, ddid, field, state, obs, 1 + t // 2))
+    return rows
+
+
+def write(path, spec):
+    spec = {**SPEC, **spec}
+    rng = np.random.default_rng(42)
+    desc = _main_desc(spec)
+    t = ct.default_ms(path, desc, _dminfo(spec, desc))
+    rows = _rows(spec, rng)
+    t.addrows(len(rows))
+    cols = list(zip(*rows))
+    t.putcol("TIME", np.array(cols[0]))
+    t.putcol("TIME_CENTROID", np.array(cols[0]) + 0.25)
+    t.putcol("INTERVAL", np.array(cols[1]))
+    t.putcol("EXPOSURE", np.array(cols[1]) * 0.9)
+    for name, i in (("ANTENNA1", 2), ("ANTENNA2", 3), ("DATA_DESC_ID", 4), ("FIELD_ID", 5),
+                    ("STATE_ID", 6), ("OBSERVATION_ID", 7), ("SCAN_NUMBER", 8)):
+        t.putcol(name, np.array(cols[i], np.int32))
+    t.putcol("UVW", _values(rng, (len(rows), 3), np.float64))
+    for row, ddid in enumerate(cols[4]):
+        spw, pol = spec["ddids"][ddid]
+        shape = (spec["spws"][spw], len(spec["pols"][pol]))
+        t.putcell("DATA", row, _values(rng, shape, np.complex64))
+        t.putcell("FLAG", row, _values(rng, shape, np.bool_))
+        t.putcell("WEIGHT", row, _values(rng, shape[1:], np.float32))
+        t.putcell("SIGMA", row, _values(rng, shape[1:], np.float32))
+        if spec["weight_spectrum"]:
+            t.putcell("WEIGHT_SPECTRUM", row, _values(rng, shape, np.float32))
+        if spec["corrected"]:
+            t.putcell("CORRECTED_DATA", row, _values(rng, shape, np.complex64))
+            t.putcell("MODEL_DATA", row, _values(rng, shape, np.complex64))
+    t.putcol("FLAG_ROW", _values(rng, len(rows), np.bool_))
+    if spec["flag_row_only"]:
+        t.removecols(["FLAG"])
+    t.close()
+    _subtables(path, spec, rng)
+
+
+def _put(path, nrow, **columns):
+    sub = ct.table(path, readonly=False, ack=False)
+    sub.addrows(nrow)
+    for name, value in columns.items():
+        sub.putcol(name, value)
+    sub.close()
+
+
+def _subtables(path, spec, rng):
+    nant = spec["nant"]
+    _put(f"{path}/ANTENNA", nant, NAME=[f"A{i:02}" for i in range(nant)],
+         STATION=[f"PAD{i}" for i in range(nant)], MOUNT=["ALT-AZ"] * nant,
+         TYPE=["GROUND-BASED"] * nant, POSITION=5e6 + rng.random((nant, 3)) * 1e3,
+         DISH_DIAMETER=np.full(nant, 13.5))
+    _put(f"{path}/FEED", nant, ANTENNA_ID=np.arange(nant, dtype=np.int32),
+         FEED_ID=np.zeros(nant, np.int32), SPECTRAL_WINDOW_ID=np.full(nant, -1, np.int32),
+         NUM_RECEPTORS=np.full(nant, 2, np.int32), POLARIZATION_TYPE=np.array([["X", "Y"]] * nant),
+         RECEPTOR_ANGLE=rng.random((nant, 2)), BEAM_OFFSET=np.zeros((nant, 2, 2)),
+         POL_RESPONSE=np.zeros((nant, 2, 2), np.complex64), POSITION=np.zeros((nant, 3)),
+         TIME=np.zeros(nant), INTERVAL=np.zeros(nant))
+    nspw = len(spec["spws"])
+    spw = ct.table(f"{path}/SPECTRAL_WINDOW", readonly=False, ack=False)
+    spw.addrows(nspw)
+    for i, nchan in enumerate(spec["spws"]):
+        width = np.full(nchan, 1e6 * (i + 1))
+        if spec["irregular_width"]:
+            width[: nchan // 2] *= 2
+        freq = 1.4e9 + 1e8 * i + np.cumsum(width)
+        for name, value in (("CHAN_FREQ", freq), ("CHAN_WIDTH", width),
+                            ("EFFECTIVE_BW", width), ("RESOLUTION", width)):
+            spw.putcell(name, i, value)
+        spw.putcell("NUM_CHAN", i, nchan)
+        spw.putcell("REF_FREQUENCY", i, freq[0])
+        spw.putcell("TOTAL_BANDWIDTH", i, width.sum())
+        spw.putcell("NAME", i, f"SPW{i}")
+        spw.putcell("MEAS_FREQ_REF", i, [5, 1][i % 2])  # TOPO, LSRK
+    spw.close()
+    pol = ct.table(f"{path}/POLARIZATION", readonly=False, ack=False)
+    pol.addrows(len(spec["pols"]))
+    for i, corr in enumerate(spec["pols"]):
+        pol.putcell("CORR_TYPE", i, np.array(corr, np.int32))
+        pol.putcell("CORR_PRODUCT", i, np.zeros((len(corr), 2), np.int32))
+        pol.putcell("NUM_CORR", i, len(corr))
+    pol.close()
+    ddids = np.array(spec["ddids"], np.int32)
+    _put(f"{path}/DATA_DESCRIPTION", len(ddids), SPECTRAL_WINDOW_ID=ddids[:, 0],
+         POLARIZATION_ID=ddids[:, 1])
+    nfield = spec["fields"]
+    _put(f"{path}/FIELD", nfield, NAME=[f"FIELD{i}" for i in range(nfield)],
+         SOURCE_ID=np.arange(nfield, dtype=np.int32), NUM_POLY=np.zeros(nfield, np.int32),
+         PHASE_DIR=rng.random((nfield, 1, 2)), DELAY_DIR=rng.random((nfield, 1, 2)),
+         REFERENCE_DIR=rng.random((nfield, 1, 2)))
+    if spec["states"]:
+        _put(f"{path}/STATE", len(spec["states"]), OBS_MODE=spec["states"],
+             SUB_SCAN=np.arange(len(spec["states"]), dtype=np.int32),
+             SIG=[True] * len(spec["states"]), REF=[False] * len(spec["states"]))
+    nobs = spec["observations"]
+    _put(f"{path}/OBSERVATION", nobs, TELESCOPE_NAME=["MeerKAT"] * nobs,
+         OBSERVER=[f"observer{i}" for i in range(nobs)],
+         PROJECT=[f"project{i}" for i in range(nobs)],
+         RELEASE_DATE=np.full(nobs, 4.9e9), TIME_RANGE=np.full((nobs, 2), 4.9e9))
+    _put(f"{path}/PROCESSOR", 1, TYPE=["CORRELATOR"], SUB_TYPE=["MeerKAT"])
+    if spec["source"]:
+        src = ct.default_ms_subtable("SOURCE", f"{path}/SOURCE")
+        src.addrows(nfield)
+        src.putcol("SOURCE_ID", np.arange(nfield, dtype=np.int32))
+        src.putcol("NAME", [f"SRC{i}" for i in range(nfield)])
+        src.putcol("DIRECTION", rng.random((nfield, 2)))
+        src.putcol("SPECTRAL_WINDOW_ID", np.full(nfield, -1, np.int32))
+        src.close()
+        ms = ct.table(path, readonly=False, ack=False)
+        ms.putkeyword("SOURCE", f"Table: {path}/SOURCE")
+        ms.close()
+
+
+if __name__ == "__main__":
+    write(sys.argv[1], json.loads(sys.argv[2]) if len(sys.argv) > 2 else {})
