@@ -32,6 +32,8 @@ SPEC = {
     "irregular_width": False,
     "source": True,  # a SOURCE subtable
     "flag_row_only": False,
+    "feed_rows": None,  # FEED rows (default: one per antenna); fewer leave antennas unknown
+    "duplicate": False,  # the first row written twice
 }
 
 
@@ -79,7 +81,7 @@ def _rows(spec, rng):
     for obs in range(spec["observations"]):
         for t in range(spec["ntime"]):
             interval = 2.0 if not spec["irregular_interval"] else [2.0, 3.0][t % 2]
-            time = 4.9e9 + 100 * obs + 2.0 * t + (t % 3) * spec["irregular_interval"]
+            time = 4.9e9 + 100 * obs + 2.5 * t + (t % 2) * 0.5 * spec["irregular_interval"]
             field = t % spec["fields"]
             state = t % len(spec["states"]) if spec["states"] else -1
             for ddid in range(len(spec["ddids"])):
@@ -89,7 +91,7 @@ def _rows(spec, rng):
                     if spec["reversed"] and (k + t) % 5 == 1:
                         a, b = b, a
                     rows.append((time, interval, a, b, ddid, field, state, obs, 1 + t // 2))
-    return rows
+    return rows[:1] + rows if spec["duplicate"] else rows
 
 
 def write(path, spec):
@@ -137,16 +139,17 @@ def _put(path, nrow, **columns):
 
 def _subtables(path, spec, rng):
     nant = spec["nant"]
+    nfeed = spec["feed_rows"] or nant
     _put(f"{path}/ANTENNA", nant, NAME=[f"A{i:02}" for i in range(nant)],
          STATION=[f"PAD{i}" for i in range(nant)], MOUNT=["ALT-AZ"] * nant,
          TYPE=["GROUND-BASED"] * nant, POSITION=5e6 + rng.random((nant, 3)) * 1e3,
          DISH_DIAMETER=np.full(nant, 13.5))
-    _put(f"{path}/FEED", nant, ANTENNA_ID=np.arange(nant, dtype=np.int32),
-         FEED_ID=np.zeros(nant, np.int32), SPECTRAL_WINDOW_ID=np.full(nant, -1, np.int32),
-         NUM_RECEPTORS=np.full(nant, 2, np.int32), POLARIZATION_TYPE=np.array([["X", "Y"]] * nant),
-         RECEPTOR_ANGLE=rng.random((nant, 2)), BEAM_OFFSET=np.zeros((nant, 2, 2)),
-         POL_RESPONSE=np.zeros((nant, 2, 2), np.complex64), POSITION=np.zeros((nant, 3)),
-         TIME=np.zeros(nant), INTERVAL=np.zeros(nant))
+    _put(f"{path}/FEED", nfeed, ANTENNA_ID=np.arange(nfeed, dtype=np.int32),
+         FEED_ID=np.zeros(nfeed, np.int32), SPECTRAL_WINDOW_ID=np.full(nfeed, -1, np.int32),
+         NUM_RECEPTORS=np.full(nfeed, 2, np.int32), POLARIZATION_TYPE=np.array([["X", "Y"]] * nfeed),
+         RECEPTOR_ANGLE=rng.random((nfeed, 2)), BEAM_OFFSET=np.zeros((nfeed, 2, 2)),
+         POL_RESPONSE=np.zeros((nfeed, 2, 2), np.complex64), POSITION=np.zeros((nfeed, 3)),
+         TIME=np.zeros(nfeed), INTERVAL=np.zeros(nfeed))
     nspw = len(spec["spws"])
     spw = ct.table(f"{path}/SPECTRAL_WINDOW", readonly=False, ack=False)
     spw.addrows(nspw)
