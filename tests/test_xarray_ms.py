@@ -45,20 +45,23 @@ def _settled(tree):
     return tree
 
 
-def open_both(source, reference=None, **options):
+def open_both(source, reference=None, storage_options=None, **options):
     """(xarray-ms's tree of ``reference`` or ``source``, ctdsfs's of ``source``) and the
     warning classes each raised (by name)."""
     trees, raised = [], []
-    for engine, where in (("xarray-ms:msv2", reference or source), (ENGINE, source)):
+    for engine, where, extra in (("xarray-ms:msv2", reference or source, {}),
+                                 (ENGINE, source, {"storage_options": storage_options})):
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            trees.append(_settled(xr.open_datatree(where, engine=engine, **options)))
+            trees.append(_settled(xr.open_datatree(where, engine=engine, **options,
+                                                   **extra)))
         raised.append(sorted({w.category.__name__ for w in caught}))
     return trees, raised
 
 
-def assert_same_tree(source, reference=None, **options):
-    (expected, got), (warned, ours_warned) = open_both(source, reference, **options)
+def assert_same_tree(source, reference=None, storage_options=None, **options):
+    (expected, got), (warned, ours_warned) = open_both(source, reference, storage_options,
+                                                       **options)
     assert list(got.children) == list(expected.children)
     for node in expected.subtree:
         xr.testing.assert_identical(got[node.path].to_dataset(inherit=False),

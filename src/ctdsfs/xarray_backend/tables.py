@@ -82,7 +82,10 @@ class MSTables:
 
     @property
     def main(self):
-        return self._table("")
+        table = self._table("")
+        if table is None:
+            raise ValueError(f"{self.source}: not a casacore table (no table.dat)")
+        return table
 
     def subtable(self, name):
         """Subtable ``name`` as a :class:`Subtable` (no rows when the MS has none)."""
@@ -98,8 +101,8 @@ class MSTables:
 
     def _open_table(self, root, name):
         label = f"{self.source}/{name}" if name else self.source
-        container = root.nested(name) if name else root
-        if name and (container is None or not container.contains("table.dat")):
+        container = root if not name else root.nested(name) if root.contains(name) else None
+        if container is None or not container.contains("table.dat"):
             return None
         try:
             return open_table(container, label)
