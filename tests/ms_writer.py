@@ -110,7 +110,9 @@ def write(path, spec):
                     ("STATE_ID", 6), ("OBSERVATION_ID", 7), ("SCAN_NUMBER", 8)):
         t.putcol(name, np.array(cols[i], np.int32))
     t.putcol("UVW", _values(rng, (len(rows), 3), np.float64))
-    for row, ddid in enumerate(cols[4]):
+    if len(spec["ddids"]) == 1:  # one cell shape: whole columns at once (large MSes)
+        _put_cells(t, spec, rng, len(rows))
+    for row, ddid in enumerate(cols[4] if len(spec["ddids"]) > 1 else ()):
         spw, pol = spec["ddids"][ddid]
         shape = (spec["spws"][spw], len(spec["pols"][pol]))
         t.putcell("DATA", row, _values(rng, shape, np.complex64))
@@ -127,6 +129,20 @@ def write(path, spec):
         t.removecols(["FLAG"])
     t.close()
     _subtables(path, spec, rng)
+
+
+def _put_cells(t, spec, rng, nrow):
+    spw, pol = spec["ddids"][0]
+    shape = (nrow, spec["spws"][spw], len(spec["pols"][pol]))
+    names = [("DATA", np.complex64), ("FLAG", np.bool_)] + \
+        [("WEIGHT_SPECTRUM", np.float32)] * spec["weight_spectrum"] + \
+        [("CORRECTED_DATA", np.complex64), ("MODEL_DATA", np.complex64)] * spec["corrected"]
+    for name, dtype in names:
+        for start in range(0, nrow, 8192):
+            count = min(8192, nrow - start)
+            t.putcol(name, _values(rng, (count,) + shape[1:], dtype), start, count)
+    for name in ("WEIGHT", "SIGMA"):
+        t.putcol(name, _values(rng, (nrow, shape[2]), np.float32))
 
 
 def _put(path, nrow, **columns):

@@ -176,9 +176,16 @@ def read_rows(table, column, rows, cell_shape, out, positions):
             if got.shape[1:] != tuple(cell_shape):
                 raise ValueError(f"{table.label}: column {column} has cells of shape "
                                  f"{got.shape[1:]}, the partition needs {tuple(cell_shape)}")
-            out[where] = got[local]
+            out[_as_slice(where)] = got[_as_slice(local)]
         else:
             _gather_cells(table, column, got, local, cell_shape, out, where)
+
+
+def _as_slice(index):
+    """A run of consecutive indices as a slice (a view, not a copy), else the indices."""
+    if index.size and index[-1] - index[0] + 1 == index.size:
+        return slice(int(index[0]), int(index[-1]) + 1)
+    return index
 
 
 def _gather_cells(table, column, got, local, cell_shape, out, where):
