@@ -25,6 +25,7 @@ from ..errors import FormatError
 from . import (
     casacore_altmans,
     casacore_ism,
+    casacore_sisco,
     casacore_ssm,
     casacore_stmanaipsio,
     casacore_tsm,
@@ -201,7 +202,8 @@ def _decoders():
             "TiledColumnStMan": casacore_tsm.TiledReader,
             "TiledShapeStMan": casacore_tsm.TiledReader,
             "TiledCellStMan": casacore_tsm.TiledReader,
-            "TiledDataStMan": casacore_tsm.TiledReader, **casacore_altmans.DECODERS}
+            "TiledDataStMan": casacore_tsm.TiledReader, **casacore_altmans.DECODERS,
+            **casacore_sisco.DECODERS}
 
 
 class CasacoreTable:
