@@ -3,6 +3,8 @@ SiscoStMan) decoded without casacore: every column bit for bit as python-casacor
 getcol, from separate files, MultiFile and a packed container, through the container
 API, a real mount, fsspec and Dask; damaged files give EIO or a one-line refusal."""
 
+import errno
+import io
 import json
 import os
 import shutil
@@ -17,9 +19,10 @@ import pytest
 
 from ctdsfs.formats.casacore_columns import open_table
 from ctdsfs.toolbox import pack
+from ctdsfs.vfs.filesystem import FSError
 
 from .test_columns import mutated, table_source
-from .test_columns_hostile import _everything_through_the_vfs
+from .test_columns_hostile import _everything_through_the_vfs, columns_fs
 
 HERE = Path(__file__).resolve().parent
 ALTERNATE = ("AntennaPairStMan", "UvwStMan", "StokesIStMan", "SiscoStMan")
@@ -143,3 +146,38 @@ def test_hostile_manager_files(written, tmp_path, kind):
         failed += _everything_through_the_vfs(str(path)) - intact
     assert failed > 0
     assert _everything_through_the_vfs(str(path)) == intact
+
+
+@pytest.mark.parametrize("kind,cut", [("sisco-random", "L2"), ("stokes", "UVW"),
+                                      ("stokes", "DATA"), ("stokes-by-antenna2", "ANTENNA1")])
+def test_a_manager_file_cut_short(written, tmp_path, kind, cut):
+    """A manager's file cut to half: the reads that reach past it fail with EIO and a
+    one-line reason (StokesIStMan rows past its file read as zeros, as in casacore; UVW
+    fails with the antennas it is computed from), the other columns read as before."""
+    path = tmp_path / "t.ms"
+    shutil.copytree(written[kind]["plain"], path)
+    with ct.table(str(path), ack=False) as t:
+        seqnr = t.getdminfo(cut)["SEQNR"]
+        hit = {c for dm in t.getdminfo().values() if dm["SEQNR"] == seqnr
+               for c in dm["COLUMNS"]}
+        hit |= {"UVW"} if "ANTENNA1" in hit else set()  # UVW reads the antennas
+        expected = {name: t.getcol(name) for name in alternate_columns(str(path))}
+    target = path / f"table.f{seqnr}"
+    target.write_bytes(target.read_bytes()[:target.stat().st_size // 2])
+    fs, columns = columns_fs(str(path))
+    for name, values in expected.items():
+        fh = fs.open(fs.lookup(columns, f"{name}.npy").ino, os.O_RDONLY)
+        try:
+            data = fs.read(fh, 0, 1 << 24)
+        except FSError as exc:
+            assert name in hit and exc.errno == errno.EIO and "\n" not in str(exc), name
+            continue
+        finally:
+            fs.release(fh)
+        got = np.load(io.BytesIO(data))
+        if name in hit:
+            assert cut == "DATA", name
+            same_bits(got[:len(got) // 3], values[:len(got) // 3], name)
+            assert not got[-1].any()
+        else:
+            same_bits(got, values, name)

@@ -173,9 +173,9 @@ class UvwReader:
         block = np.arange(start, stop) // self.per_block
         stored = self.antennas - 1
         first, last = int(block[0]), int(block[-1])
+        rows = self.file.rows(first * stored, (last + 1 - first) * stored)
         positions = np.zeros((last + 1 - first, self.antennas, 3))
         if stored:
-            rows = self.file.rows(first * stored, (last + 1 - first) * stored)
             values = rows[:, :24].copy().view("<f8").reshape(-1, stored, 3)
             others = [a for a in range(self.antennas) if a != self.reference]
             positions[:, others] = values

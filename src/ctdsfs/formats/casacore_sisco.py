@@ -38,7 +38,7 @@ HEADER = 21
 VERSION_MAJOR = 2
 MODES = {0: "all", 0x4000: "diagonal", 0x8000: "stokes_i"}
 STORED = {"diagonal": 2, "stokes_i": 1}
-MAX_CHUNK = 256 << 20  # decompressed bytes of one chunk
+MAX_CHUNK = 64 << 20  # decompressed bytes of one chunk (casacore writes about 10 MiB)
 ID_ROWS = 4096  # rows of the id columns read at a time
 M32 = 0xFFFFFFFF
 
@@ -266,8 +266,7 @@ class _Chunks:
                          | (third | 0x80) << 16 | (third & 0x80) << 24)
         else:
             mantissas = planes[:4 * n].reshape(4, n).T.copy().view("<u4").ravel()
-        self.mantissas = mantissas.tolist()
-        self.exponents = planes[(width - 1) * n:].view(np.int8).tolist()
+        self.mantissas, self.exponents = mantissas, planes[(width - 1) * n:].view(np.int8)
         self.values, self.used = n, 0
 
     def take(self, channels):
@@ -279,8 +278,8 @@ class _Chunks:
             raise FormatError(f"{self.name}: an item of {channels} channels passes its "
                               "chunk's end")
         self.used = c
-        return (self.mantissas[a:b], self.exponents[a:b], self.mantissas[b:c],
-                self.exponents[b:c])
+        return (self.mantissas[a:b].tolist(), self.exponents[a:b].tolist(),
+                self.mantissas[b:c].tolist(), self.exponents[b:c].tolist())
 
 
 class _Stream:
