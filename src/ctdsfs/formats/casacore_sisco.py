@@ -28,207 +28,21 @@ the previous read stopped), keeping only each baseline's last few rows of values
 
 import threading
 import zlib
+from collections import deque
 
 import numpy as np
 
 from ..errors import FormatError
 from .casacore_base import TP_COMPLEX, read_exact
+from .casacore_sisco_predict import LEVELS, along_channels, float_bits, predicted
 
 HEADER = 21
 VERSION_MAJOR = 2
 MODES = {0: "all", 0x4000: "diagonal", 0x8000: "stokes_i"}
 STORED = {"diagonal": 2, "stokes_i": 1}
 MAX_CHUNK = 64 << 20  # decompressed bytes of one chunk (casacore writes about 10 MiB)
-ID_ROWS = 4096  # rows of the id columns read at a time
-M32 = 0xFFFFFFFF
-
-
-def _allows(e):
-    return e != -128 and e != -127
-
-
-def _add(a, b):
-    if a[2] == b[2]:
-        return ((a[0] + b[0]) & M32, a[1], a[2])
-    if a[0] >= b[0]:
-        return (a[0] - b[0], a[1], a[2])
-    return (b[0] - a[0], a[1], not a[2])
-
-
-def _sub(a, b):
-    return _add(a, (b[0], b[1], not b[2]))
-
-
-def _mul(a, factor):
-    return ((a[0] * factor) & M32, a[1], a[2])
-
-
-def _threshold(v):
-    return (0, v[1], False) if v[0] & 0xFE000000 else v
-
-
-def _match(v, e):
-    if v[1] == e:
-        return v
-    if v[1] > e:
-        shift = v[1] - e
-        return None if shift > 7 else ((v[0] << shift) & M32, e, v[2])
-    shift = e - v[1]
-    return (0, e, v[2]) if shift > 24 else (v[0] >> shift, e, v[2])
-
-
-def _p1(p, e):
-    if not _allows(p[1]):
-        return (0, e, False)
-    if p[1] == e:
-        return p
-    if p[1] > e:
-        shift = p[1] - e
-        return (0, e, False) if shift > 1 else _threshold(((p[0] << shift) & M32, e, p[2]))
-    shift = e - p[1]
-    return (0, e, False) if shift > 24 else (p[0] >> shift, e, p[2])
-
-
-def _two(p2, p1, e, average):
-    if not _allows(p1[1]):
-        return _p1(p2, e)
-    if not _allows(p2[1]):
-        return _p1(p1, e)
-    if not _allows(e):
-        return (0, e, False)
-    m2, r = _match(p2, e), _match(p1, e)
-    if m2 is None or r is None:
-        return (0, e, False)
-    if average:
-        r = _add(r, m2)
-        return _threshold((r[0] // 2, e, r[2]))
-    return _threshold(_sub(_mul(r, 2), m2))
-
-
-def _p2(p2, p1, e):
-    return _two(p2, p1, e, False)
-
-
-def _average(p2, p1, e):
-    return _two(p2, p1, e, True)
-
-
-def _three(p3, p2, p1, e, linear):
-    if not _allows(p1[1]):
-        return _p1(p2, e)
-    if not _allows(p2[1]):
-        return _p1(p1, e)
-    if not _allows(p3[1]):
-        return _p2(p2, p1, e)
-    if not _allows(e):
-        return (0, e, False)
-    m3 = _match((p3[0], p3[1], not p3[2]) if linear else p3, e)
-    if m3 is None:
-        return _p2(p2, p1, e)
-    m2 = _match(p2, e)
-    if m2 is None:
-        return _p1(p1, e)
-    r = _match(p1, e)
-    if r is None:
-        return _p1(p2, e)
-    if linear:  # (4 p1 + p2 - 2 p3) / 3
-        r = _add(_add(_mul(r, 4), m2), _mul(m3, 2))
-        return _threshold((r[0] // 3, e, r[2]))
-    return _threshold(_add(_sub(_mul(r, 3), _mul(m2, 3)), m3))
-
-
-def _p3(p3, p2, p1, e):
-    return _three(p3, p2, p1, e, False)
-
-
-def _linear(p3, p2, p1, e):
-    return _three(p3, p2, p1, e, True)
-
-
-def _four(p4, p3, p2, p1, e, quadratic):
-    if not _allows(p1[1]):
-        return _p1(p2, e)
-    if not _allows(p2[1]):
-        return _p1(p1, e)
-    if not _allows(p3[1]):
-        return _p2(p2, p1, e)
-    if not _allows(p4[1]):
-        return _p3(p3, p2, p1, e)
-    if not _allows(e):
-        return (0, e, False)
-    m4 = _match(p4, e)
-    if m4 is None:
-        return _p3(p3, p2, p1, e)
-    m3 = _match(p3, e)
-    if m3 is None:
-        return _p2(p2, p1, e)
-    m2 = _match(p2, e)
-    if m2 is None:
-        return _p1(p1, e)
-    r = _match(p1, e)
-    if r is None:
-        return _p1(p2, e)
-    if quadratic:  # (9 p1 - 3 p2 - 5 p3 + 3 p4) / 4
-        r = _add(_sub(_sub(_mul(r, 9), _mul(m2, 3)), _mul(m3, 5)), _mul(m4, 3))
-        return _threshold((r[0] // 4, e, r[2]))
-    return _threshold(_sub(_add(_sub(_mul(r, 4), _mul(m2, 6)), _mul(m3, 4)), m4))
-
-
-def _p4(p4, p3, p2, p1, e):
-    return _four(p4, p3, p2, p1, e, False)
-
-
-def _quadratic4(p4, p3, p2, p1, e):
-    return _four(p4, p3, p2, p1, e, True)
-
-
-# prediction level -> the predictors used with 1, 2, ... earlier values
-PREDICTORS = {0: (_p1,), 10: (_p1, _average), 1: (_p1, _p2), 11: (_p1, _p2, _linear),
-              2: (_p1, _p2, _p3), 12: (_p1, _p2, _p3, _quadratic4), 3: (_p1, _p2, _p3, _p4)}
-# level 21 predicts along the channels as level 2, along time as level 1
-LEVELS = {level: (p, p) for level, p in PREDICTORS.items()}
-LEVELS[21] = (PREDICTORS[2], PREDICTORS[1])
-LEVELS[-1] = ((), ())
-
-
-def _to_float_bits(v):
-    m, e, sign = v
-    if _allows(e):
-        if m == 0:
-            return 0x80000000 if sign else 0
-        while m & 0xFF000000:
-            e, m = e + 1, m >> 1
-        while not m & 0x00800000:
-            e, m = e - 1, (m << 1) & M32
-        e = (e + 128) % 256 - 128
-    return (m & 0x007FFFFF) | (((e + 127) & 0xFF) << 23) | (0x80000000 if sign else 0)
-
-
-def _along_channels(mantissas, exponents, predictors):
-    """One item's values: each residual plus the prediction from the channels before."""
-    out, depth = [], len(predictors)
-    for i, (m, e) in enumerate(zip(mantissas, exponents)):
-        v = (m & 0x7FFFFFFF, e, m > 0x7FFFFFFF)
-        k = min(i, depth)
-        if k and _allows(e):
-            v = _add(v, predictors[k - 1](*out[i - k:i], e))
-        out.append(v)
-    return out
-
-
-def _along_time(values, history, predictors):
-    """Add the prediction from the baseline's earlier items; keep this one in its history."""
-    k = min(len(history), len(predictors))
-    if k:
-        if any(len(h) != len(values) for h in history):
-            raise FormatError("a baseline's items change their channel count")
-        earlier, predict = history[-k:], predictors[k - 1]
-        values = [_add(v, predict(*(h[i] for h in earlier), v[1])) if _allows(v[1]) else v
-                  for i, v in enumerate(values)]
-    history.append(values)
-    if len(history) > len(predictors):
-        del history[0]
-    return values
+BATCH_VALUES = 1 << 18  # values decoded together
+RECENT_BYTES = 16 << 20  # decoded rows kept for reads handed over out of order
 
 
 class _Chunks:
@@ -269,68 +83,112 @@ class _Chunks:
         self.mantissas, self.exponents = mantissas, planes[(width - 1) * n:].view(np.int8)
         self.values, self.used = n, 0
 
-    def take(self, channels):
-        """The next item: (real mantissas, exponents, imaginary mantissas, exponents)."""
-        if self.used >= self.values:
-            self._next_chunk()
-        a, b, c = self.used, self.used + channels, self.used + 2 * channels
-        if c > self.values:
-            raise FormatError(f"{self.name}: an item of {channels} channels passes its "
-                              "chunk's end")
-        self.used = c
-        return (self.mantissas[a:b].tolist(), self.exponents[a:b].tolist(),
-                self.mantissas[b:c].tolist(), self.exponents[b:c].tolist())
+    def take(self, count, channels):
+        """The next ``count`` items of ``channels`` channels: mantissas (uint32) and
+        exponents (int8), each (count, 2, channels): real parts, then imaginary."""
+        width = 2 * channels
+        mantissas, exponents = [], []
+        while count:
+            if self.used >= self.values:
+                self._next_chunk()
+            fit = min(count, (self.values - self.used) // width)
+            if fit == 0:
+                raise FormatError(f"{self.name}: an item of {channels} channels passes its "
+                                  "chunk's end")
+            span = slice(self.used, self.used + fit * width)
+            mantissas.append(self.mantissas[span].reshape(fit, 2, channels))
+            exponents.append(self.exponents[span].reshape(fit, 2, channels))
+            self.used += fit * width
+            count -= fit
+        return np.concatenate(mantissas), np.concatenate(exponents)
 
 
 class _Stream:
-    """The column's cells decoded from the first row on."""
+    """The column's cells decoded from the first row on, some rows at a time: each item's
+    channels along the channels for all items at once, then along time in waves (the
+    n-th item of each baseline in the batch together), keeping each baseline's last
+    few items."""
 
     def __init__(self, reader, col):
         self.reader, self.row = reader, 0
         self.chunks = _Chunks(reader.source, reader.name, reader.level)
-        self.ids, self.history = {}, {}
+        self.ids = {}
         self.channels, self.correlations = col.cell_shape
-        self.id_first, self.id_rows = 0, []
+        self.stored = STORED.get(reader.mode, self.correlations)
+        self.along_channels, self.along_time = LEVELS[reader.level]
+        depth = len(self.along_time)
+        self.history = [np.zeros((depth, 0, self.channels), kind) for kind in
+                        (np.int64, np.int64, bool)]  # m, e, s of each baseline's last items
+        self.count = np.zeros(0, np.int64)  # items in each baseline's history
+        self.batch = max(1, BATCH_VALUES // max(1, 2 * self.stored * self.channels))
 
-    def _row_ids(self, row):
-        """(FIELD_ID, DATA_DESC_ID, ANTENNA1, ANTENNA2) of ``row``, read ID_ROWS at a time."""
-        if not self.id_first <= row < self.id_first + len(self.id_rows):
-            stop = min(self.reader.table.nrow, row + ID_ROWS)
-            self.id_first, self.id_rows = row, list(zip(*(
-                self.reader.ids(name, row, stop)
-                for name in ("FIELD_ID", "DATA_DESC_ID", "ANTENNA1", "ANTENNA2"))))
-        return self.id_rows[row - self.id_first]
+    def _baselines(self, count):
+        """Each item's baseline number, for rows ``row..row+count`` (ids read as needed)."""
+        stop = self.row + count
+        columns = [self.reader.ids(name, self.row, stop)
+                   for name in ("FIELD_ID", "DATA_DESC_ID", "ANTENNA1", "ANTENNA2")]
+        return np.array([self.ids.setdefault(key + (pol,), len(self.ids))
+                         for key in zip(*columns) for pol in range(self.stored)], np.int64)
 
-    def next_row(self):
-        """The next row's cell (channels, correlations) as complex64."""
-        along_channels, along_time = LEVELS[self.reader.level]
-        key = self._row_ids(self.row)
-        stored = STORED.get(self.reader.mode, self.correlations)
-        bits = np.zeros((stored, 2, self.channels), np.uint32)
-        for pol in range(stored):
-            baseline = self.ids.setdefault(key + (pol,), len(self.ids))
-            if not self.channels:
-                continue
-            item = self.chunks.take(self.channels)
-            for part in (0, 1):
-                mantissas, exponents = item[2 * part], item[2 * part + 1]
-                if self.reader.level == -1:
-                    values = [(m & 0x7FFFFFFF, e, m > 0x7FFFFFFF)
-                              for m, e in zip(mantissas, exponents)]
-                else:
-                    values = _along_channels(mantissas, exponents, along_channels)
-                    values = _along_time(values, self.history.setdefault((baseline, part), []),
-                                         along_time)
-                bits[pol, part] = [_to_float_bits(v) for v in values]
-        floats = bits.view(np.float32)
-        self.row += 1
-        cell = np.zeros((self.channels, self.correlations), np.complex64)
+    def _grow(self, baselines):
+        more = baselines - len(self.count)
+        if more > 0:
+            self.history = [np.concatenate([h, np.zeros((h.shape[0], more) + h.shape[2:],
+                                                        h.dtype)], axis=1)
+                            for h in self.history]
+            self.count = np.concatenate([self.count, np.zeros(more, np.int64)])
+
+    def _along_time(self, m, e, s, keys):
+        """Each item plus the prediction from its baseline's earlier items (``keys``: its
+        baseline and part, one per row of m, e, s)."""
+        self._grow(int(keys.max()) + 1)
+        order = np.argsort(keys, kind="stable")
+        first = np.r_[0, np.flatnonzero(np.diff(keys[order])) + 1]
+        rank = np.empty(len(keys), np.int64)
+        rank[order] = np.arange(len(keys)) - np.repeat(first, np.diff(np.r_[first, len(keys)]))
+        hm, he, hs = self.history
+        depth = hm.shape[0]
+        for wave in range(int(rank.max()) + 1):
+            items = np.flatnonzero(rank == wave)
+            keys_now = keys[items]
+            held = np.minimum(self.count[keys_now], depth)
+            for k in range(1, depth + 1):
+                which = held == k
+                if not which.any():
+                    continue
+                rows, at = items[which], keys_now[which]
+                earlier = [(hm[j, at], he[j, at], hs[j, at]) for j in reversed(range(k))]
+                m[rows], _, s[rows] = predicted((m[rows], e[rows], s[rows]), earlier,
+                                                self.along_time)
+            for h, values in ((hm, m), (he, e), (hs, s)):
+                h[1:, keys_now] = h[:-1, keys_now]
+                h[0, keys_now] = values[items]
+            self.count[keys_now] = np.minimum(self.count[keys_now] + 1, depth)
+
+    def rows(self, count):
+        """The next ``count`` rows' cells (count, channels, correlations) as complex64."""
+        baselines = self._baselines(count)
+        cells = np.zeros((count, self.channels, self.correlations), np.complex64)
+        self.row += count
+        if not self.channels:
+            return cells
+        mantissas, exponents = self.chunks.take(len(baselines), self.channels)
+        mantissas = mantissas.reshape(-1, self.channels).astype(np.int64)
+        m, s = mantissas & 0x7FFFFFFF, mantissas > 0x7FFFFFFF
+        e = exponents.reshape(-1, self.channels).astype(np.int64)
+        if self.reader.level != -1:
+            m, e, s = along_channels(m, e, s, self.along_channels)
+            self._along_time(m, e, s, np.repeat(baselines * 2, 2) + np.tile([0, 1],
+                                                                            len(baselines)))
+        values = float_bits(m, e, s).view(np.float32).reshape(count, self.stored, 2,
+                                                              self.channels)
         if self.reader.mode == "all":
-            cell.real, cell.imag = floats[:, 0].T, floats[:, 1].T
+            cells.real, cells.imag = (values[:, :, part].transpose(0, 2, 1) for part in (0, 1))
         else:  # Stokes I as [I, 0, 0, I], the diagonal as [XX, 0, 0, YY]
-            for column, pol in ((0, 0), (3, stored - 1)):
-                cell.real[:, column], cell.imag[:, column] = floats[pol, 0], floats[pol, 1]
-        return cell
+            for column, pol in ((0, 0), (3, self.stored - 1)):
+                cells.real[..., column] = values[:, pol, 0]
+                cells.imag[..., column] = values[:, pol, 1]
+        return cells
 
 
 class SiscoReader:
@@ -349,7 +207,7 @@ class SiscoReader:
         self.level = int.from_bytes(head[20:21], "little", signed=True)
         if self.level not in LEVELS:
             raise FormatError(f"{self.name}: unknown Sisco prediction level {self.level}")
-        self._stream, self._lock = None, threading.Lock()
+        self._stream, self._recent, self._lock = None, deque(), threading.Lock()
 
     def ids(self, name, start, stop):
         values = self.table.read_column(name, start, stop)
@@ -369,18 +227,40 @@ class SiscoReader:
                               f"{shape[1]}")
         out = np.empty((max(0, stop - start),) + tuple(shape), np.complex64)
         with self._lock:
+            if self._recent and self._recent[0][0] <= start and stop <= self._stream.row:
+                self._copy_recent(start, stop, out)
+                return out
             stream = self._stream
             if stream is None or stream.row > start:
-                stream = self._stream = _Stream(self, col)
+                stream, self._recent = _Stream(self, col), deque()
+                self._stream = stream
             try:
                 while stream.row < stop:
-                    cell = stream.next_row()
-                    if stream.row > start:
-                        out[stream.row - 1 - start] = cell
+                    first = stream.row
+                    until = min(stop if first >= start else start, first + stream.batch)
+                    cells = stream.rows(until - first)
+                    if first >= start:
+                        out[first - start:until - start] = cells
+                    self._keep(first, cells)
             except FormatError:
-                self._stream = None
+                self._stream, self._recent = None, deque()
                 raise
         return out
+
+    def _keep(self, first, cells):
+        """Keep the latest rows decoded (up to RECENT_BYTES): a read that the kernel hands
+        over after the one following it finds its rows here, not by decoding anew from
+        the first row."""
+        self._recent.append((first, cells))
+        while len(self._recent) > 1 and \
+                sum(c.nbytes for _, c in self._recent) > RECENT_BYTES:
+            self._recent.popleft()
+
+    def _copy_recent(self, start, stop, out):
+        for first, cells in self._recent:
+            a, b = max(start, first), min(stop, first + len(cells))
+            if a < b:
+                out[a - start:b - start] = cells[a - first:b - first]
 
 
 DECODERS = {"SiscoStMan": SiscoReader}
