@@ -84,6 +84,18 @@ class RowFile:
         return data.reshape(count, self.stride)
 
 
+def scalar_ints(table, name, start, stop):
+    """Rows ``start..stop`` of the table's Int scalar column ``name`` (int64): a manager
+    that computes its values from other columns (UvwStMan, SiscoStMan) reads them here."""
+    col = table.columns.get(name)
+    if col is None or col.data_type != TP_INT or col.is_array:
+        raise FormatError(f"the table has no Int column {name}, which this manager needs")
+    values = table.read_column(name, start, stop)
+    if not isinstance(values, np.ndarray) or values.shape != (stop - start,):
+        raise FormatError(f"{name} is not a scalar column of {stop - start} rows")
+    return values.astype(np.int64)
+
+
 def _needs(col, types, what):
     if col.data_type not in types:
         raise FormatError(f"{what} does not store a column of type {col.type_name}")
@@ -150,10 +162,7 @@ class UvwReader:
                               f"{self.antennas}")
 
     def _antennas(self, name, start, stop):
-        values = self.table.read_column(name, start, stop)
-        if not isinstance(values, np.ndarray) or values.shape != (stop - start,):
-            raise FormatError(f"{name} is not a scalar column of {stop - start} rows")
-        values = values.astype(np.int64)
+        values = scalar_ints(self.table, name, start, stop)
         if ((values < 0) | (values >= self.antennas)).any():
             raise FormatError(f"{self.name}: {name} names an antenna past the file's "
                               f"{self.antennas}")

@@ -33,6 +33,7 @@ from collections import deque
 import numpy as np
 
 from ..errors import FormatError
+from .casacore_altmans import scalar_ints
 from .casacore_base import TP_COMPLEX, read_exact
 from .casacore_sisco_predict import LEVELS, along_channels, float_bits, predicted
 
@@ -42,6 +43,7 @@ MODES = {0: "all", 0x4000: "diagonal", 0x8000: "stokes_i"}
 STORED = {"diagonal": 2, "stokes_i": 1}
 MAX_CHUNK = 64 << 20  # decompressed bytes of one chunk (casacore writes about 10 MiB)
 BATCH_VALUES = 1 << 18  # values decoded together
+MAX_HISTORY = 1 << 30  # bytes of the baselines' last items
 RECENT_BYTES = 16 << 20  # decoded rows kept for reads handed over out of order
 
 
@@ -67,10 +69,11 @@ class _Chunks:
         data = read_exact(self.source, self.name, self.at + 16, packed, "chunk")
         self.at += 16 + packed
         try:
-            plain = zlib.decompressobj(-15).decompress(bytes(data), full)
+            inflate = zlib.decompressobj(-15)
+            plain = inflate.decompress(bytes(data), full)
         except zlib.error as exc:
             raise FormatError(f"{self.name}: chunk does not inflate ({exc})") from None
-        if len(plain) != full:
+        if len(plain) != full or not inflate.eof:
             raise FormatError(f"{self.name}: chunk inflates to {len(plain)} bytes, not {full}")
         n = full // width
         planes = np.frombuffer(plain, np.uint8)
@@ -125,13 +128,17 @@ class _Stream:
     def _baselines(self, count):
         """Each item's baseline number, for rows ``row..row+count`` (ids read as needed)."""
         stop = self.row + count
-        columns = [self.reader.ids(name, self.row, stop)
+        columns = [scalar_ints(self.reader.table, name, self.row, stop).tolist()
                    for name in ("FIELD_ID", "DATA_DESC_ID", "ANTENNA1", "ANTENNA2")]
         return np.array([self.ids.setdefault(key + (pol,), len(self.ids))
                          for key in zip(*columns) for pol in range(self.stored)], np.int64)
 
     def _grow(self, baselines):
         more = baselines - len(self.count)
+        held = sum(h.dtype.itemsize * h.shape[0] for h in self.history) * self.channels
+        if baselines * held > MAX_HISTORY:
+            raise FormatError(f"{self.reader.name}: {baselines // 2} baselines and correlations keep "
+                              "more history than this reader holds")
         if more > 0:
             self.history = [np.concatenate([h, np.zeros((h.shape[0], more) + h.shape[2:],
                                                         h.dtype)], axis=1)
@@ -208,12 +215,6 @@ class SiscoReader:
         if self.level not in LEVELS:
             raise FormatError(f"{self.name}: unknown Sisco prediction level {self.level}")
         self._stream, self._recent, self._lock = None, deque(), threading.Lock()
-
-    def ids(self, name, start, stop):
-        values = self.table.read_column(name, start, stop)
-        if not isinstance(values, np.ndarray) or values.shape != (stop - start,):
-            raise FormatError(f"{name} is not a scalar column of {stop - start} rows")
-        return values.tolist()
 
     def read(self, col, start, stop):
         if col.data_type != TP_COMPLEX:
