@@ -227,6 +227,8 @@ class SiscoReader:
             raise FormatError(f"a Sisco {self.mode} column shows 4 correlations, not "
                               f"{shape[1]}")
         out = np.empty((max(0, stop - start),) + tuple(shape), np.complex64)
+        if stop <= start:
+            return out
         with self._lock:
             if self._recent and self._recent[0][0] <= start and stop <= self._stream.row:
                 self._copy_recent(start, stop, out)
