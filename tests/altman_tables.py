@@ -65,14 +65,16 @@ def stokes_i_set(path, antennas=range(5), times=4, channels=6, autos=True, by_an
     t.close()
 
 
-def sisco_set(path, structured, antennas=range(3), times=5, channels=6):
-    """One SiscoStMan column a prediction level (``L<level>``, 4 correlations; level 2 also
-    with 2), and DATA_I / DATA_DIAG stored as Stokes I and diagonal; NaN, infinities,
-    zeros, negative zero and a subnormal among the values."""
+def sisco_set(path, structured, antennas=range(3), times=5, channels=6,
+              levels=SISCO_LEVELS, modes=True):
+    """One SiscoStMan column a prediction level (``L<level>``, 4 correlations), and (with
+    ``modes``) DATA_I / DATA_DIAG stored as Stokes I and diagonal and DATA_2 of 2
+    correlations; NaN, infinities, zeros, negative zero and a subnormal among the values."""
     names = {f"L{abs(level)}{'m' if level < 0 else ''}": {"predict_level": level}
-             for level in SISCO_LEVELS}
-    names.update({"DATA_I": {"stokes_i": True}, "DATA_DIAG": {"diagonal": True},
-                  "DATA_2": {}})
+             for level in levels}
+    if modes:
+        names.update({"DATA_I": {"stokes_i": True}, "DATA_DIAG": {"diagonal": True},
+                      "DATA_2": {}})
     columns = [ct.makearrcoldesc(name, 0j, valuetype="complex",
                                  shape=[channels, 2 if name == "DATA_2" else 4], options=4)
                for name in names]
@@ -108,4 +110,5 @@ if __name__ == "__main__":
      "stokes-by-antenna2": lambda: stokes_i_set(path, range(1, 5), 1, 3, autos=False,
                                                 by_antenna2=True),
      "sisco-random": lambda: sisco_set(path, False),
-     "sisco-structured": lambda: sisco_set(path, True)}[kind]()
+     "sisco-structured": lambda: sisco_set(path, True),
+     "sisco-large": lambda: sisco_set(path, True, range(8), 40, 32, (2, 12), False)}[kind]()
