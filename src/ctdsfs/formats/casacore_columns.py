@@ -22,7 +22,15 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import FormatError
-from . import casacore_ism, casacore_ssm, casacore_stmanaipsio, casacore_tsm, tabledat
+from . import (
+    casacore_altmans,
+    casacore_ism,
+    casacore_sisco,
+    casacore_ssm,
+    casacore_stmanaipsio,
+    casacore_tsm,
+    tabledat,
+)
 from .casacore_base import NUMERIC_TYPES, TP_BOOL, TP_STRING, EndianAipsReader
 from .casacore_tsm_axes import decodable, hypercolumn_roles
 
@@ -194,7 +202,8 @@ def _decoders():
             "TiledColumnStMan": casacore_tsm.TiledReader,
             "TiledShapeStMan": casacore_tsm.TiledReader,
             "TiledCellStMan": casacore_tsm.TiledReader,
-            "TiledDataStMan": casacore_tsm.TiledReader}
+            "TiledDataStMan": casacore_tsm.TiledReader, **casacore_altmans.DECODERS,
+            **casacore_sisco.DECODERS}
 
 
 class CasacoreTable:
