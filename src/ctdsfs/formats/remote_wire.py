@@ -206,6 +206,18 @@ class Deadlines:
         if watch is not None:
             watch.connection = connection
 
+    @contextlib.contextmanager
+    def until(self, when):
+        """Requests this thread makes meanwhile end by ``when`` (monotonic; None: no
+        limit) at the latest, whatever their own deadlines: a user's request waits for
+        them no longer (``remote_retry.user_request``)."""
+        before = getattr(self._local, "until", None)
+        self._local.until = when
+        try:
+            yield
+        finally:
+            self._local.until = before
+
     def most_bytes(self):
         """Bytes an answer to this thread's request may bring (ANSWER_BYTES outside one)."""
         watch = getattr(self._local, "watch", None)
@@ -215,6 +227,11 @@ class Deadlines:
     def watching(self, seconds, most):
         """Run a request that must end within ``seconds``, each answer within ``most``
         bytes."""
+        until = getattr(self._local, "until", None)
+        if until is not None:
+            seconds = min(seconds, until - time.monotonic())
+            if seconds <= 0:
+                raise TransientFailure("no time left for another attempt")
         with self._starting:
             if not self._started:
                 self._start()
