@@ -71,6 +71,7 @@ from .remote_wire import (
     TransientFailure,
     answer_bytes,
     check_body,
+    check_head,
     check_range,
     deadline,
     parsed_size,
@@ -208,6 +209,9 @@ class _S3:
     def head(self):
         with DEADLINES.watching(deadline(self.options, 0), ANSWER_BYTES):
             r = self._call(self._client.head_object, Key=self.key)
+        headers = r.get("ResponseMetadata", {}).get("HTTPHeaders", {})
+        check_head(r.get("ResponseMetadata", {}).get("HTTPStatusCode"),
+                   lambda name: headers.get(name.lower()))
         if not r.get("ETag"):
             raise RemoteError(f"{self.url}: the server sends no ETag, so a replaced object "
                               "could serve mixed bytes: refused")

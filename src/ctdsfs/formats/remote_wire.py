@@ -151,6 +151,17 @@ def check_range(status, header, start, end, size):
         raise TransientFailure(f"Content-Length {length[:40]!r} for {asked}")
 
 
+def check_head(status, header):
+    """Raise TransientFailure unless a HEAD's answer (``status``, ``header(name)``) describes
+    the whole object, unencoded: its size would be believed, and a new size or ETag makes
+    the object replaced."""
+    encoding = (header("Content-Encoding") or "identity").strip().lower()
+    if status != 200 or header("Content-Range") is not None or encoding != "identity":
+        raise TransientFailure(f"a HEAD answered with HTTP {status}"
+                               f"{', a range' if header('Content-Range') is not None else ''}"
+                               f"{', ' + encoding[:40] + '-encoded' if encoding != 'identity' else ''}")
+
+
 def check_body(body, start, end):
     """The body read (at most one byte more than asked for) must be exactly as long."""
     if len(body) != end - start:
