@@ -13,6 +13,7 @@ answer and then hold the connection: before the status line, after the headers, 
 between the chunks of a chunked body (``slow-headers``, ``trickled-body`` and
 ``half-body-held`` stall in the other phases)."""
 
+import functools
 import re
 import socket
 import struct
@@ -44,8 +45,9 @@ LISTING_ENTRY = (b'<Contents><Key>object.mf</Key><LastModified>2023-01-02T03:04:
                  b'</LastModified><ETag>&quot;hostile-1&quot;</ETag><Size>1</Size></Contents>')
 
 
+@functools.cache
 def _gzip_bomb():
-    """A gzip member of BOMB zero bytes (about 70 KiB)."""
+    """A gzip member of BOMB zero bytes (about 70 KiB), made once."""
     squeeze = zlib.compressobj(1, zlib.DEFLATED, 31)  # (31: with the gzip header and trailer)
     zeros = bytes(1 << 20)
     return b"".join(squeeze.compress(zeros) for _ in range(BOMB >> 20)) + squeeze.flush()
@@ -66,7 +68,6 @@ class HostileServer:
         self._lock = threading.Lock()
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.port = self._listener.getsockname()[1]
-        self._bomb = _gzip_bomb() if mode == "gzip-bomb" else None
         self._flips = 0
         self._acceptor = threading.Thread(target=self._accept, daemon=True)
         self._acceptor.start()
@@ -204,10 +205,11 @@ class HostileServer:
                 shift = -shift
             start, end = start + shift, end + shift
         if mode == "gzip-bomb":
+            bomb = _gzip_bomb()
             self._send(conn, "206 Partial Content",
                        [("Content-Range", f"bytes {start}-{end - 1}/{size}"),
-                        ("Content-Encoding", "gzip"), ("Content-Length", str(len(self._bomb)))]
-                       + validators, self._bomb)
+                        ("Content-Encoding", "gzip"), ("Content-Length", str(len(bomb)))]
+                       + validators, bomb)
             return True
         total = size + 1 if mode == "wrong-total" else size
         ranged = [("Content-Range", f"bytes {start}-{end - 1}/{total}")] + validators

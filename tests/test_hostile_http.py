@@ -231,21 +231,33 @@ def test_listing_never_waits_for_a_get(container, hostile, mount):
 
 
 @pytest.mark.fuse
-def test_nested_container_that_failed_on_the_network_is_a_directory_again(hostile, mount):
-    """A subtable whose first GET failed gives EIO, not a plain file for the rest of the
-    mount: once the server answers it is a directory again."""
+@pytest.mark.parametrize("where", ["http", "s3-prefix"])
+def test_nested_container_that_failed_on_the_network_is_a_directory_again(hostile, mount,
+                                                                         monkeypatch, where):
+    """A subtable (or a container object under a prefix) whose first GET failed gives
+    EIO, not a plain file for the rest of the mount: once the server answers it is a
+    directory again."""
     data = (DATA / "mf2_nested.mf").read_bytes()
-    server = hostile(data, "503", honest_below=8192)  # (the header and table.dat: blocks 0-1)
-    m = mount(server.url(), ["timeout=1,retries=1,chunk_size=4096,readahead=1"])
+    # (over HTTP the header and table.dat, blocks 0-1, are served well; under a prefix
+    # only the listing)
+    server = hostile(data, "503", honest_below=8192 if where == "http" else 0)
+    options = ["timeout=1,retries=1,chunk_size=4096,readahead=1"]
+    source, inside = server.url(), ["SUB"]
+    if where == "s3-prefix":
+        monkeypatch.setenv("AWS_ACCESS_KEY_ID", "hostile")
+        monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "hostile")
+        options.append(f"endpoint_url=http://127.0.0.1:{server.port}")
+        source, inside = "s3://bucket/", ["object.mf", "SUB"]
+    m = mount(source, options)
     for _ in range(2):  # (not remembered as a file either)
         with pytest.raises(OSError) as failed:
-            os.listdir(m.mountpoint / "SUB")
+            os.listdir(m.mountpoint.joinpath(*inside))
         assert failed.value.errno == errno.EIO
     server.mode = "honest"
     time.sleep(FAILED_SECONDS)  # (a chunk that failed this recently fails again at once)
     local = open_container(DATA / "mf2_nested.mf").nested("SUB")
-    assert sorted(os.listdir(m.mountpoint / "SUB")) == sorted(local.names())
-    assert (m.mountpoint / "SUB" / "x").read_bytes() == local.read("x", 0, 1 << 20)
+    assert sorted(os.listdir(m.mountpoint.joinpath(*inside))) == sorted(local.names())
+    assert m.mountpoint.joinpath(*inside, "x").read_bytes() == local.read("x", 0, 1 << 20)
     assert "Traceback" not in m.log_text()
 
 
