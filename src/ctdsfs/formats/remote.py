@@ -33,7 +33,9 @@ Faults: every request has a ``timeout`` between bytes and a total deadline
 after which its connection is cut; a failure (5xx, reset, timeout, a wrong
 answer) is retried ``retries`` times with exponential backoff, then the read
 fails with a :class:`RemoteError` (a BlockError: EIO for that read in a mount,
-one line from a command). Nothing a server answers is trusted
+one line from a command). A user's request (a FUSE read, lookup or listing)
+waits for all its GETs within one budget (``remote_retry``), and a chunk that
+failed a moment ago fails again at once (FAILED_SECONDS). Nothing a server answers is trusted
 (``remote_wire.check_range``): a 206 must name exactly the range asked for and
 the object's size, the body must be exactly that long (at most one byte more
 is ever read), an encoded body is refused (``Accept-Encoding: identity``),
@@ -59,7 +61,7 @@ from urllib.parse import urlsplit
 from ..errors import CtdsfsError
 from .remote_disk import DiskCache
 from .remote_http import HTTPObject, timed_pool_classes
-from .remote_retry import Revalidation, request_deadline, retried
+from .remote_retry import OutOfTime, Revalidation, request_deadline, retried
 from .remote_wire import (
     ANSWER_BYTES,
     DEADLINES,
@@ -441,7 +443,9 @@ class RemoteStore:
 
     def _remember_failure(self, version, first, last, failure):
         """Chunks ``first..last`` failed: asked for again within FAILED_SECONDS, they fail
-        at once with the same error."""
+        at once with the same error (unless the server was not even asked)."""
+        if isinstance(failure, OutOfTime):
+            return
         now = time.monotonic()
         with self._lock:
             for index in range(first, last + 1):

@@ -18,7 +18,7 @@ import threading
 import time
 
 from ..errors import CtdsfsError
-from .remote_wire import DEADLINES, ObjectMissing, RemoteError, TransientFailure, deadline
+from .remote_wire import DEADLINES, ObjectMissing, RemoteError, TransientFailure
 
 log = logging.getLogger(__name__)
 
@@ -33,10 +33,11 @@ def backoffs(retries):
 
 
 def budget(options):
-    """Seconds a user's request may wait for a remote object in all: every attempt of the
-    largest GET it can need (a whole chunk's), and the pauses between them."""
-    return (options.retries + 1) * deadline(options, options.chunk_size) \
-        + sum(backoffs(options.retries))
+    """Seconds a user's request may wait for a remote object in all: ``timeout`` for each
+    attempt, and the pauses between them. A GET's own deadline may be longer (``timeout``
+    per MiB too): it is cut at the request's, so a whole chunk read by a stream must come
+    in within this time."""
+    return (options.retries + 1) * options.timeout + sum(backoffs(options.retries))
 
 
 @contextlib.contextmanager
@@ -60,6 +61,11 @@ def request_deadline(options):
     return (time.monotonic() if start is None else start) + budget(options)
 
 
+class OutOfTime(RemoteError):
+    """A request's time was spent before this GET could be asked for: the server was not
+    asked, so nothing is known of the bytes (not remembered as failed)."""
+
+
 def retried(label, options, what, request, *args, until=None):
     """``request(*args)`` with bounded retries and backoff; RemoteError once they are
     spent, or once no attempt can start before ``until`` (monotonic), by when every
@@ -80,8 +86,10 @@ def retried(label, options, what, request, *args, until=None):
         if pause is None or (until is not None and time.monotonic() + pause >= until):
             break
         time.sleep(pause)
-    detail = f"{what} failed {attempts} times ({reason[:200]})" if attempts \
-        else f"{what}: no time left to ask"
+    if not attempts:
+        detail = f"{what}: the request's time was spent before it could be asked for"
+        raise OutOfTime(f"{label}: {detail}", detail)
+    detail = f"{what} failed {attempts} times ({reason[:200]})"
     raise RemoteError(f"{label}: {detail}", detail)
 
 
