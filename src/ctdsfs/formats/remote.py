@@ -35,9 +35,9 @@ answer) is retried ``retries`` times with exponential backoff, then the read
 fails with a :class:`RemoteError` (a BlockError: EIO for that read in a mount,
 one line from a command). A user's request (a FUSE read, lookup or listing)
 waits for all its GETs within one budget (``remote_retry``), and a chunk that
-failed a moment ago fails again at once (FAILED_SECONDS). Nothing a server answers is trusted
-(``remote_wire.check_range``): a 206 must name exactly the range asked for and
-the object's size, the body must be exactly that long (at most one byte more
+failed a moment ago fails again at once (FAILED_SECONDS). Nothing a server
+answers is trusted (``remote_wire.check_range``, ``check_head``): a 206 must
+name exactly the range asked for and the object's size, the body must be exactly that long (at most one byte more
 is ever read), an encoded body is refused (``Accept-Encoding: identity``),
 redirects are never followed, and no answer brings more bytes than its request
 allows (``remote_wire.answer_bytes``, LIST_PAGE_MOST for a listing page), botocore's

@@ -156,10 +156,10 @@ def check_head(status, header):
     the whole object, unencoded: its size would be believed, and a new size or ETag makes
     the object replaced."""
     encoding = (header("Content-Encoding") or "identity").strip().lower()
-    if status != 200 or header("Content-Range") is not None or encoding != "identity":
-        raise TransientFailure(f"a HEAD answered with HTTP {status}"
-                               f"{', a range' if header('Content-Range') is not None else ''}"
-                               f"{', ' + encoding[:40] + '-encoded' if encoding != 'identity' else ''}")
+    ranged = header("Content-Range") is not None
+    if status != 200 or ranged or encoding != "identity":
+        raise TransientFailure(f"a HEAD answered with HTTP {status}, "
+                               f"{'a range' if ranged else 'no range'}, {encoding[:40]}")
 
 
 def check_body(body, start, end):
