@@ -139,6 +139,7 @@ class Mount:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+        unmount(self.mountpoint)  # (a slow start may have mounted after the first try)
         self.logfile.close()
         return self.proc.returncode
 

@@ -5,8 +5,15 @@ every connection it holds (the tests call it in a finalizer).
 A mode's misbehaviour applies to ranged GETs, and to HEADs too where the mode is about
 the answer itself (slow headers, redirects, huge headers, no validators). The error-body
 modes answer every GET (an S3 listing too) with an error whose body is huge or endless;
-the listing modes answer an S3 listing (a GET without a Range), and ranged GETs well."""
+the listing modes answer an S3 listing (a GET without a Range), and ranged GETs well;
+other modes answer a listing well (the one object). With ``everything``, every mode
+answers a HEAD and a listing too, as it would a GET of the whole object (so a
+revalidation fails in that mode's way). The stall modes answer up to one phase of the
+answer and then hold the connection: before the status line, after the headers, or
+between the chunks of a chunked body (``slow-headers``, ``trickled-body`` and
+``half-body-held`` stall in the other phases)."""
 
+import functools
 import re
 import socket
 import struct
@@ -20,10 +27,11 @@ HEAD_MODES = {"slow-headers", "redirect-port", "redirect-self", "redirect-file",
               "long-headers"}
 ERROR_MODES = {"huge-error-body", "endless-error-body", "endless-chunk-size"}
 LISTING_MODES = {"huge-listing", "endless-listing"}
-MODES = {"honest", "wrong-range", "shifted-range", "wrong-total", "gzip-bomb", "slow-headers",
-         "trickled-body", "half-body-held", "ignored-range", "503", "reset", "etag-flips",
-         "longer-body", "endless-body", "endless-chunked"} | HEAD_MODES | ERROR_MODES \
-    | LISTING_MODES
+STALL_MODES = {"stall-before-status", "slow-headers", "stall-after-headers", "trickled-body",
+               "half-body-held", "stall-between-chunks"}
+MODES = {"honest", "wrong-range", "shifted-range", "wrong-total", "gzip-bomb", "ignored-range",
+         "503", "reset", "etag-flips", "longer-body", "endless-body", "endless-chunked"} \
+    | STALL_MODES | HEAD_MODES | ERROR_MODES | LISTING_MODES
 BOMB = 16 << 20  # bytes a gzip-bomb body inflates to
 HUGE = 256 << 20  # bytes of a huge error body or listing
 # a trickled answer's pause between bytes: well under the tests' 1 s socket timeout, so
@@ -36,8 +44,9 @@ LISTING_ENTRY = (b'<Contents><Key>object.mf</Key><LastModified>2023-01-02T03:04:
                  b'</LastModified><ETag>&quot;hostile-1&quot;</ETag><Size>1</Size></Contents>')
 
 
+@functools.cache
 def _gzip_bomb():
-    """A gzip member of BOMB zero bytes (about 70 KiB)."""
+    """A gzip member of BOMB zero bytes (about 70 KiB), made once."""
     squeeze = zlib.compressobj(1, zlib.DEFLATED, 31)  # (31: with the gzip header and trailer)
     zeros = bytes(1 << 20)
     return b"".join(squeeze.compress(zeros) for _ in range(BOMB >> 20)) + squeeze.flush()
@@ -47,9 +56,10 @@ class HostileServer:
     """``data`` at ``url()``, misbehaving as ``mode`` says (MODES), except to GETs of a
     range starting below ``honest_below`` (where a container's header lies)."""
 
-    def __init__(self, data, mode, other_port=None, honest_below=0):
+    def __init__(self, data, mode, other_port=None, honest_below=0, everything=False):
         assert mode in MODES, mode
         self.data, self.mode, self.other_port = data, mode, other_port
+        self.everything = everything  # HEADs and listings misbehave too
         self.honest_below = honest_below  # GETs starting below it are answered well
         self.requests = []  # (method, {header: value}) of each request seen
         self._closing = threading.Event()
@@ -57,7 +67,6 @@ class HostileServer:
         self._lock = threading.Lock()
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.port = self._listener.getsockname()[1]
-        self._bomb = _gzip_bomb() if mode == "gzip-bomb" else None
         self._flips = 0
         self._acceptor = threading.Thread(target=self._accept, daemon=True)
         self._acceptor.start()
@@ -128,6 +137,9 @@ class HostileServer:
         match = re.fullmatch(r"bytes=(\d+)-(\d+)", headers.get("range", ""))
         if match and int(match[1]) < self.honest_below:
             mode = "honest"
+        if self.everything and mode != "honest" and (method == "HEAD" or not match) \
+                and mode not in HEAD_MODES | ERROR_MODES | LISTING_MODES:
+            method, match = "GET", re.fullmatch(r"bytes=(\d+)-(\d+)", f"bytes=0-{size - 1}")
         validators = [] if mode == "no-validators" else [("ETag", self._etag(mode)),
                                                           ("Last-Modified", MODIFIED)]
         if mode in HEAD_MODES or method == "GET":
@@ -164,11 +176,19 @@ class HostileServer:
             self._send(conn, "200 OK", [("Content-Length", str(size)),
                                         ("Accept-Ranges", "bytes")] + validators)
             return True
-        if method != "GET" or not match:
+        if method == "GET" and not match:
+            body = (LISTING_HEAD + LISTING_ENTRY.replace(b"<Size>1<", b"<Size>%d<" % size)
+                    + b"<IsTruncated>false</IsTruncated></ListBucketResult>")
+            self._send(conn, "200 OK", [("Content-Length", str(len(body)))], body)
+            return True
+        if method != "GET":
             self._send(conn, "400 Bad Request", [("Content-Length", "0")])
             return True
         start, end = int(match[1]), min(int(match[2]) + 1, size)
         length = end - start
+        if mode == "stall-before-status":
+            self._hold()
+            return False
         if mode == "503":
             self._send(conn, "503 Service Unavailable", [("Content-Length", "0")])
             return True
@@ -184,10 +204,11 @@ class HostileServer:
                 shift = -shift
             start, end = start + shift, end + shift
         if mode == "gzip-bomb":
+            bomb = _gzip_bomb()
             self._send(conn, "206 Partial Content",
                        [("Content-Range", f"bytes {start}-{end - 1}/{size}"),
-                        ("Content-Encoding", "gzip"), ("Content-Length", str(len(self._bomb)))]
-                       + validators, self._bomb)
+                        ("Content-Encoding", "gzip"), ("Content-Length", str(len(bomb)))]
+                       + validators, bomb)
             return True
         total = size + 1 if mode == "wrong-total" else size
         ranged = [("Content-Range", f"bytes {start}-{end - 1}/{total}")] + validators
@@ -202,6 +223,12 @@ class HostileServer:
             while not self._closing.is_set():
                 conn.sendall(frame)
             return False
+        if mode == "stall-between-chunks":
+            self._send(conn, "206 Partial Content",
+                       ranged + [("Transfer-Encoding", "chunked")],
+                       b"%x\r\n" % (length // 2) + body[:length // 2] + b"\r\n")
+            self._hold()
+            return False
         if mode == "longer-body":  # a Content-Length that fits, more bytes than it says
             self._send(conn, "206 Partial Content",
                        ranged + [("Transfer-Encoding", "chunked")],
@@ -210,12 +237,16 @@ class HostileServer:
             return True
         self._send(conn, "206 Partial Content",
                    ranged + [("Content-Length", str(len(body)))],
-                   b"" if mode in ("trickled-body", "half-body-held") else body)
+                   b"" if mode in ("trickled-body", "half-body-held", "stall-after-headers")
+                   else body)
         if mode == "trickled-body":
             for byte in body:
                 if self._closing.wait(TRICKLE_SECONDS):
                     return False
                 conn.sendall(bytes([byte]))
+        elif mode == "stall-after-headers":
+            self._hold()
+            return False
         elif mode == "half-body-held":
             conn.sendall(body[:len(body) // 2])
             self._hold()

@@ -33,9 +33,11 @@ Faults: every request has a ``timeout`` between bytes and a total deadline
 after which its connection is cut; a failure (5xx, reset, timeout, a wrong
 answer) is retried ``retries`` times with exponential backoff, then the read
 fails with a :class:`RemoteError` (a BlockError: EIO for that read in a mount,
-one line from a command). Nothing a server answers is trusted
-(``remote_wire.check_range``): a 206 must name exactly the range asked for and
-the object's size, the body must be exactly that long (at most one byte more
+one line from a command). A user's request (a FUSE read, lookup or listing)
+waits for all its GETs within one budget (``remote_retry``), and a chunk that
+failed a moment ago fails again at once (FAILED_SECONDS). Nothing a server
+answers is trusted (``remote_wire.check_range``, ``check_head``): a 206 must
+name exactly the range asked for and the object's size, the body must be exactly that long (at most one byte more
 is ever read), an encoded body is refused (``Accept-Encoding: identity``),
 redirects are never followed, and no answer brings more bytes than its request
 allows (``remote_wire.answer_bytes``, LIST_PAGE_MOST for a listing page), botocore's
@@ -59,6 +61,7 @@ from urllib.parse import urlsplit
 from ..errors import CtdsfsError
 from .remote_disk import DiskCache
 from .remote_http import HTTPObject, timed_pool_classes
+from .remote_retry import OutOfTime, Revalidation, request_deadline, retried
 from .remote_wire import (
     ANSWER_BYTES,
     DEADLINES,
@@ -70,6 +73,7 @@ from .remote_wire import (
     TransientFailure,
     answer_bytes,
     check_body,
+    check_head,
     check_range,
     deadline,
     parsed_size,
@@ -79,11 +83,9 @@ from .schemes import REMOTE_SCHEMES
 log = logging.getLogger(__name__)
 
 SPEC_ENV = "CTDSFS_REMOTE_SPEC"  # how an HDF5 probe child gets the same pinned object
-BACKOFF_FIRST, BACKOFF_MAX = 0.2, 2.0  # seconds between attempts, doubling
 LIST_PAGE_BYTES = 1 << 20  # what a page of a listing may take as long as (its deadline;
 # it may bring remote_wire.LIST_PAGE_MOST bytes)
 LIST_IDLE_PAGES = 3  # pages in a row that bring no new name: the listing goes in circles
-UNREACHABLE_RECHECK = 10.0  # seconds between version checks while the server does not answer
 RECENT_ENDS = 8  # read ends remembered: a read starting at one carries on (a stream; several
 # streams may take turns)
 WHOLE_AFTER = 1  # scattered exact GETs into one chunk after which it is fetched whole (a
@@ -91,6 +93,10 @@ WHOLE_AFTER = 1  # scattered exact GETs into one chunk after which it is fetched
 NEAR = 1 << 20  # an exact read this close to the chunk's last one, not overlapping it, is
 # the same reader's next piece (a row range's parts of its tiles) and does not count
 EXACT_GETS_KEPT = 4096  # chunks whose exact GETs are counted (the oldest forgotten)
+FAILED_SECONDS = 3.0  # a chunk whose GET failed this recently fails again at once: the
+# kernel retries a failed read at once, and each retry would wait out the server again
+FAILED_KEPT = 4096  # failed chunks remembered (the oldest forgotten)
+WAIT_GRACE = 0.25  # seconds past a request's deadline its own GETs have to say why they failed
 
 
 def is_remote(source):
@@ -205,6 +211,9 @@ class _S3:
     def head(self):
         with DEADLINES.watching(deadline(self.options, 0), ANSWER_BYTES):
             r = self._call(self._client.head_object, Key=self.key)
+        headers = r.get("ResponseMetadata", {}).get("HTTPHeaders", {})
+        check_head(r.get("ResponseMetadata", {}).get("HTTPStatusCode"),
+                   lambda name: headers.get(name.lower()))
         if not r.get("ETag"):
             raise RemoteError(f"{self.url}: the server sends no ETag, so a replaced object "
                               "could serve mixed bytes: refused")
@@ -283,79 +292,6 @@ def _connect(url, options):
     return _S3(url, options) if url.startswith("s3://") else HTTPObject(url, options)
 
 
-def retried(label, options, what, request, *args):
-    """``request(*args)`` with bounded retries and backoff; RemoteError once they are spent."""
-    delay = BACKOFF_FIRST
-    tries = options.retries + 1
-    for attempt in range(tries):
-        try:
-            return request(*args)
-        except TransientFailure as exc:
-            reason = str(exc)
-        except ObjectMissing:
-            raise RemoteError(f"{label}: no such object", f"{what}: no such object") from None
-        if attempt + 1 < tries:
-            time.sleep(delay)
-            delay = min(2 * delay, BACKOFF_MAX)
-    detail = f"{what} failed {tries} times ({reason[:200]})"
-    raise RemoteError(f"{label}: {detail}", detail)
-
-
-class Revalidation:
-    """Background checks for a newer state of remote things (an object's version, a
-    prefix's listing), shared by RemoteStore and the directory sources: at most every
-    ``interval`` seconds, at once when ``take(urgent=True)`` (a read found another
-    version), one attempt each, so a lookup never waits for the network. An unreachable
-    server is logged once until it answers again, and asked only every
-    UNREACHABLE_RECHECK seconds meanwhile."""
-
-    def __init__(self, label, interval, check, what, start=None):
-        self.label, self.interval, self.what = label, interval, what
-        self._check = check  # one attempt: what it found (None: nothing new), or raises
-        self._start = start or self._in_thread  # runs a function in the background
-        self._lock = threading.Lock()
-        self._checked = time.monotonic()  # when the last check ended
-        self._running = False  # a check in flight
-        self._found = None  # what a finished check found, until taken
-        self.unreachable = False  # the last check failed
-
-    @staticmethod
-    def _in_thread(function):
-        threading.Thread(target=function, name="ctdsfs-check", daemon=True).start()
-
-    def take(self, urgent=False):
-        """What the last finished check found (None if nothing, or taken already);
-        the next check starts here when it is due."""
-        interval = max(self.interval, UNREACHABLE_RECHECK) if self.unreachable \
-            else self.interval
-        with self._lock:
-            start = not self._running and (urgent
-                                           or time.monotonic() - self._checked >= interval)
-            self._running = self._running or start
-            found, self._found = self._found, None
-        if start:
-            self._start(self._run)
-        return found
-
-    def _run(self):
-        found = None
-        try:
-            found = self._check()
-        except (TransientFailure, ObjectMissing, CtdsfsError) as exc:
-            if not self.unreachable:
-                log.warning("%s: cannot %s (%s)", self.label, self.what,
-                            str(exc) or "no such object")
-            self.unreachable = True
-        else:
-            if self.unreachable:
-                log.info("%s: reachable again", self.label)
-            self.unreachable = False
-        finally:  # whatever happened, the next check may start
-            with self._lock:
-                self._found, self._running = found, False
-                self._checked = time.monotonic()
-
-
 _STORES = weakref.WeakSet()  # reset in a forked child (a daemonizing mount)
 
 
@@ -383,7 +319,8 @@ class RemoteStore:
         self._version = version  # what is served: a listing's, or fetched by the first HEAD
         self._cache = OrderedDict()  # (etag, chunk index) -> bytes
         self._pending = {}  # (etag, chunk index) -> Future of a GET in flight
-        self._pool = None
+        self._pool = self._ahead_pool = None
+        self._failed = OrderedDict()  # (etag, chunk index) -> (monotonic time, RemoteError)
         self._revalidation = self._new_revalidation()
         self._stale = False  # a GET found another version: check at once
         self._next_chunk = None  # where a sequential reader goes on
@@ -398,7 +335,7 @@ class RemoteStore:
 
     def _forget_connections(self):
         """In a forked child: the pool's threads and the parent's connections are not ours."""
-        self._pool = None
+        self._pool = self._ahead_pool = None
         self._pending = {}
         self._lock = threading.Lock()
         self._revalidation = self._new_revalidation()
@@ -419,14 +356,15 @@ class RemoteStore:
                 self._backend_made = _connect(self.url, self.options)
             return self._backend_made
 
-    def _attempts(self, what, request, *args):
-        return retried(self.label, self.options, what, request, *args)
+    def _attempts(self, what, request, *args, until=None):
+        return retried(self.label, self.options, what, request, *args, until=until)
 
     def version(self):
         """The version served (HEAD at first use)."""
         version = self._version
         if version is None:
-            version = self._attempts("HEAD", self._backend.head)
+            version = self._attempts("HEAD", self._backend.head,
+                                     until=request_deadline(self.options))
             if self._pinned and version.etag != self._pinned:
                 raise RemoteError(f"{self.label}: replaced on the server while being opened")
             with self._lock:
@@ -434,7 +372,9 @@ class RemoteStore:
                 version = self._version
         return version
 
-    def _fetch(self, version, index):
+    def _fetch(self, version, index, until):
+        """Chunk ``index`` of ``version``, into the cache; ``until``: when the request that
+        asked for it must be answered (None: readahead, no request waits)."""
         start = index * self.options.chunk_size
         end = min(start + self.options.chunk_size, version.size)
         key = (version.etag, index)
@@ -443,14 +383,18 @@ class RemoteStore:
             data = self._disk.get(*chunk, end - start) if self._disk else None
             if data is None:
                 data = self._attempts(f"GET bytes {start}-{end - 1}", self._get, start, end,
-                                      version)
+                                      version, until=until)
                 if self._disk:
                     self._disk.put(*chunk, data)
             with self._lock:
+                self._failed.pop(key, None)
                 if self._version is version:
                     self._cache[key] = data
                     self._evict(version)
             return data
+        except RemoteError as exc:
+            self._remember_failure(version, index, index, exc)
+            raise
         finally:
             with self._lock:
                 self._pending.pop(key, None)
@@ -478,18 +422,44 @@ class RemoteStore:
                               "replaced on the server while being read") from None
         return data
 
-    def _chunk(self, version, index):
+    def _chunk(self, version, index, until):
         """Chunk ``index`` of ``version`` if cached, else the Future of its GET (in flight,
-        or asked for now). Called with the lock."""
+        or asked for now: readahead if ``until`` is None). A readahead GET still waiting for
+        a thread is asked for again among a reader's own. Called with the lock."""
         key = (version.etag, index)
         data = self._cache.get(key)
         if data is not None:
             self._cache.move_to_end(key)
             return data
         future = self._pending.get(key)
+        if future is not None and until is not None and getattr(future, "ahead", False) \
+                and future.cancel():
+            future = None
         if future is None:
-            future = self._pending[key] = self._executor().submit(self._fetch, version, index)
+            future = self._pending[key] = self._executor(ahead=until is None).submit(
+                self._fetch, version, index, until)
+            future.ahead = until is None
         return future
+
+    def _remember_failure(self, version, first, last, failure):
+        """Chunks ``first..last`` failed: asked for again within FAILED_SECONDS, they fail
+        at once with the same error (unless the server was not even asked)."""
+        if isinstance(failure, OutOfTime):
+            return
+        now = time.monotonic()
+        with self._lock:
+            for index in range(first, last + 1):
+                self._failed[(version.etag, index)] = (now, failure)
+                self._failed.move_to_end((version.etag, index))
+            while len(self._failed) > FAILED_KEPT:
+                self._failed.popitem(last=False)
+
+    def _recent_failure(self, version, index):
+        """The error chunk ``index`` failed with within FAILED_SECONDS, else None (called
+        with the lock)."""
+        failed = self._failed.get((version.etag, index))
+        return failed[1] if failed and time.monotonic() - failed[0] < FAILED_SECONDS \
+            else None
 
     def _wants_whole(self, version, index, lo, hi, carries_on):
         """Whether bytes ``lo..hi`` of chunk ``index`` come from the whole chunk, else from
@@ -518,12 +488,26 @@ class RemoteStore:
         step = self.options.chunk_size
         return min(step, version.size - index * step)
 
-    def _fetch_exact(self, version, start, end):
+    def _fetch_exact(self, version, start, end, until):
         """Bytes ``start..end`` alone (checked as a chunk's GET is), kept nowhere."""
-        return self._attempts(f"GET bytes {start}-{end - 1}", self._get, start, end, version)
+        try:
+            return self._attempts(f"GET bytes {start}-{end - 1}", self._get, start, end,
+                                  version, until=until)
+        except RemoteError as exc:
+            step = self.options.chunk_size
+            self._remember_failure(version, start // step, (end - 1) // step, exc)
+            raise
 
-    def _executor(self):
-        """The pool of request threads (made at the first request; called with the lock)."""
+    def _executor(self, ahead=False):
+        """The pool of request threads, or with ``ahead`` the one of readahead GETs: a
+        reader never queues behind GETs it did not ask for (each made at its first
+        request; called with the lock)."""
+        if ahead:
+            if self._ahead_pool is None:
+                self._ahead_pool = ThreadPoolExecutor(
+                    max(1, min(self.options.readahead, self.options.concurrency)),
+                    thread_name_prefix="ctdsfs-ahead")
+            return self._ahead_pool
         if self._pool is None:
             self._pool = ThreadPoolExecutor(self.options.concurrency,
                                             thread_name_prefix="ctdsfs-get")
@@ -554,6 +538,7 @@ class RemoteStore:
         """``pread`` without copying a piece of one chunk: bytes or a read-only memoryview
         of the cached chunk (a mount hands it to the kernel as it is)."""
         version = self.version()
+        until = request_deadline(self.options)
         end = min(offset + size, version.size)
         if offset >= end:
             return b""
@@ -562,13 +547,18 @@ class RemoteStore:
         spans = [(max(offset, i * step), min(end, (i + 1) * step))
                  for i in range(first, last + 1)]
         with self._lock:
+            for i in range(first, last + 1):
+                failure = (version.etag, i) not in self._cache \
+                    and self._recent_failure(version, i)
+                if failure:
+                    raise RemoteError(str(failure), failure.detail)
             carries_on = offset in self._ends
             self._ends.append(end)
             parts = []  # per chunk: its data or Future, or None for bytes GET exactly
             for i, (lo, hi) in zip(range(first, last + 1), spans):
                 whole = self._wants_whole(version, i, lo - i * step, hi - i * step, carries_on)
-                parts.append(self._chunk(version, i) if whole else None)
-            exact = self._exact_requests(version, spans, parts)
+                parts.append(self._chunk(version, i, until) if whole else None)
+            exact = self._exact_requests(version, spans, parts, until)
             # readahead starts when a reader carries on past the header's chunk, or from it
             # into the next chunk (opening a container reads its first chunk piece by piece)
             was = self._next_chunk
@@ -584,18 +574,19 @@ class RemoteStore:
             elif not stays:
                 self._read_ahead_to = 0
             for i in ahead:
-                self._chunk(version, i)
+                if not self._recent_failure(version, i):
+                    self._chunk(version, i, None)
         pieces = []
         for i, (lo, hi), data in zip(range(first, last + 1), spans, parts):
             if data is None:
-                pieces.append(self._exact_piece(exact, lo, hi))
+                pieces.append(self._exact_piece(exact, lo, hi, version, until))
                 continue
-            data = self._result(data)
+            data = self._result(data, version, lo, hi, until)
             lo, hi = lo - i * step, hi - i * step
             pieces.append(data if (lo, hi) == (0, len(data)) else memoryview(data)[lo:hi])
         return pieces[0] if len(pieces) == 1 else b"".join(pieces)
 
-    def _exact_requests(self, version, spans, parts):
+    def _exact_requests(self, version, spans, parts, until):
         """``[(start, end, Future)]``: one exact GET per run of neighbouring spans whose
         chunk is not read whole (called with the lock)."""
         runs = []
@@ -606,25 +597,32 @@ class RemoteStore:
                 runs[-1][1] = hi
             else:
                 runs.append([lo, hi])
-        return [(lo, hi, self._executor().submit(self._fetch_exact, version, lo, hi))
+        return [(lo, hi, self._executor().submit(self._fetch_exact, version, lo, hi, until))
                 for lo, hi in runs]
 
-    def _exact_piece(self, exact, lo, hi):
+    def _exact_piece(self, exact, lo, hi, version, until):
         """Bytes ``lo..hi`` out of the exact GET that holds them."""
         start, _, future = next(e for e in exact if e[0] <= lo and hi <= e[1])
-        data = self._result(future)
+        data = self._result(future, version, lo, hi, until)
         return data if (lo - start, hi - start) == (0, len(data)) \
             else memoryview(data)[lo - start:hi - start]
 
-    def _result(self, data):
-        """What a GET brought (waited for), or ``data`` itself if it is no Future."""
+    def _result(self, data, version, lo, hi, until):
+        """What a GET of bytes ``lo..hi`` brought (waited for until ``until``, when the
+        request must be answered), or ``data`` itself if it is no Future."""
         if not isinstance(data, Future):
             return data
         try:
-            return data.result()
+            return data.result(max(0.0, until - time.monotonic()) + WAIT_GRACE)
         except CancelledError:  # closed meanwhile: its object was replaced or removed
             raise RemoteError(f"{self.label}: replaced on the server while being read",
                               "replaced on the server while being read") from None
+        except TimeoutError:  # (a GET begun before this request: it goes on, unwaited)
+            detail = f"GET bytes {lo}-{hi - 1}: no answer within the request's time"
+            failure = RemoteError(f"{self.label}: {detail}", detail)
+            step = self.options.chunk_size
+            self._remember_failure(version, lo // step, (hi - 1) // step, failure)
+            raise failure from None
 
     def size(self):
         return self.version().size
@@ -645,12 +643,15 @@ class RemoteStore:
         """Whether a check found the object replaced (a new ETag) since last asked; the
         store then serves the new version. Never waits for the network: checks run in the
         background (``Revalidation``), at once after a read found another version."""
-        new = self._revalidation.take(urgent=self._stale)
-        if new is None:
+        found = self._revalidation.take(urgent=self._stale)
+        if found is None:
             return False
+        new, header = found
         with self._lock:
             old, self._version = self._version, new
             self._cache.clear()
+            self._cache[(new.etag, 0)] = header
+            self._failed.clear()
             self._next_chunk = None
             self._read_ahead_to = 0
             self._exact_gets.clear()
@@ -661,13 +662,22 @@ class RemoteStore:
         return True
 
     def _check_version(self):
-        """One HEAD: a version other than the one served, else None."""
+        """One HEAD: ``(version, its first chunk)`` of a version other than the one served,
+        else None. The new version is served only once its first chunk (the container's
+        header) came in whole: a server naming a version it cannot give keeps the one
+        known served (stale if error), and a reload never waits for a GET."""
         new = self._backend.head()
         with self._lock:
             self._stale = False
             old = self._version
-        return new if old is not None and (new.etag, new.size) != (old.etag, old.size) \
-            else None
+        if old is None or (new.etag, new.size) == (old.etag, old.size):
+            return None
+        try:
+            return new, self._backend.get(0, self._chunk_length(new, 0), new) \
+                if new.size else b""
+        except ObjectReplaced:
+            raise TransientFailure(f"the version it names ({new.etag}) is not the one it "
+                                   "serves") from None
 
     def sibling(self, suffix):
         """The object named like this one plus ``suffix`` (a v1 MultiFile's ``_hdrext``),
@@ -689,8 +699,9 @@ class RemoteStore:
                            "options": dataclasses.asdict(self.options)})
 
     def close(self):
-        if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
+        for pool in (self._pool, self._ahead_pool):
+            if pool is not None:
+                pool.shutdown(wait=False, cancel_futures=True)
         if self._backend_made is not None and self._owns_backend:
             self._backend_made.close()
         self._cache.clear()

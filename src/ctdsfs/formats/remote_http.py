@@ -15,6 +15,7 @@ from .remote_wire import (
     answer_bytes,
     capped_response_class,
     check_body,
+    check_head,
     check_range,
     deadline,
     parsed_size,
@@ -93,6 +94,7 @@ class HTTPObject:
         """The version: its ETag, else its Last-Modified date (with its size); a server
         sending neither cannot tell versions apart, so its objects are refused."""
         r, _ = self._request("HEAD", {}, 0)
+        check_head(r.status, r.headers.get)
         modified = r.headers.get("Last-Modified")
         try:
             mtime = parsedate_to_datetime(modified).timestamp() if modified else 0.0

@@ -151,6 +151,17 @@ def check_range(status, header, start, end, size):
         raise TransientFailure(f"Content-Length {length[:40]!r} for {asked}")
 
 
+def check_head(status, header):
+    """Raise TransientFailure unless a HEAD's answer (``status``, ``header(name)``) describes
+    the whole object, unencoded: its size would be believed, and a new size or ETag makes
+    the object replaced."""
+    encoding = (header("Content-Encoding") or "identity").strip().lower()
+    ranged = header("Content-Range") is not None
+    if status != 200 or ranged or encoding != "identity":
+        raise TransientFailure(f"a HEAD answered with HTTP {status}, "
+                               f"{'a range' if ranged else 'no range'}, {encoding[:40]}")
+
+
 def check_body(body, start, end):
     """The body read (at most one byte more than asked for) must be exactly as long."""
     if len(body) != end - start:
@@ -206,6 +217,18 @@ class Deadlines:
         if watch is not None:
             watch.connection = connection
 
+    @contextlib.contextmanager
+    def until(self, when):
+        """Requests this thread makes meanwhile end by ``when`` (monotonic; None: no
+        limit) at the latest, whatever their own deadlines: a user's request waits for
+        them no longer (``remote_retry.user_request``)."""
+        before = getattr(self._local, "until", None)
+        self._local.until = when
+        try:
+            yield
+        finally:
+            self._local.until = before
+
     def most_bytes(self):
         """Bytes an answer to this thread's request may bring (ANSWER_BYTES outside one)."""
         watch = getattr(self._local, "watch", None)
@@ -215,6 +238,11 @@ class Deadlines:
     def watching(self, seconds, most):
         """Run a request that must end within ``seconds``, each answer within ``most``
         bytes."""
+        until = getattr(self._local, "until", None)
+        if until is not None:
+            seconds = min(seconds, until - time.monotonic())
+            if seconds <= 0:
+                raise TransientFailure("no time left for another attempt")
         with self._starting:
             if not self._started:
                 self._start()

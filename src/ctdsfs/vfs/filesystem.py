@@ -48,6 +48,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from ..errors import BlockError, ContainerFull, CtdsfsError, NotPermitted, ReadOnlyError, TooLarge
+from ..formats.remote_retry import user_request
 
 log = logging.getLogger(__name__)
 
@@ -156,6 +157,17 @@ _ERRNOS = ((FileNotFoundError, errno.ENOENT), (FileExistsError, errno.EEXIST),
            (BlockError, errno.EIO), (ReadOnlyError, errno.EROFS), (NotPermitted, errno.EPERM),
            (ContainerFull, errno.ENOSPC), (TooLarge, errno.EFBIG),
            (CtdsfsError, errno.EINVAL))  # the first match wins; anything else is EIO
+
+
+def _one_request(method):
+    """A user's request: whatever a remote source waits for during it shares one time
+    budget (``remote_retry.user_request``), however many GETs it takes."""
+
+    @functools.wraps(method)
+    def wrapper(*args, **kwargs):
+        with user_request():
+            return method(*args, **kwargs)
+    return wrapper
 
 
 class ContainerFS:
@@ -391,6 +403,7 @@ class ContainerFS:
 
     # ------------------------------------------------------------ reading
 
+    @_one_request
     def lookup(self, parent_ino, name):
         with self._lock:
             self._refresh()
@@ -403,16 +416,19 @@ class ContainerFS:
                 raise FSError(errno.ENAMETOOLONG)
             return self._attr(self._existing_child(parent, name))
 
+    @_one_request
     def getattr(self, ino):
         with self._lock:
             return self._attr(self._node(ino))
 
+    @_one_request
     def opendir(self, ino):
         with self._lock:
             self._refresh()
             self._directory(ino)
             return ino
 
+    @_one_request
     def readdir(self, ino, start=0, limit=None):
         """``[(name, attr, next_offset)]`` for at most ``limit`` entries from offset ``start``
         on, ``.`` and ``..`` first. The kernel reads a listing in small batches, so only the
@@ -455,6 +471,7 @@ class ContainerFS:
                      atime, mtime, ctime) if node.directory is None
                 else self._attr(node, st, blksize) for node, (size, nblocks) in zip(nodes, stats)]
 
+    @_one_request
     def readlink(self, ino):
         """A symbolic link's text, as stored (never resolved here)."""
         with self._lock:
@@ -463,6 +480,7 @@ class ContainerFS:
                 raise FSError(errno.EINVAL)
             return target
 
+    @_one_request
     def open(self, ino, flags):
         with self._lock:
             self._refresh()
@@ -497,6 +515,7 @@ class ContainerFS:
         except KeyError:
             raise FSError(errno.EBADF) from None
 
+    @_one_request
     def read(self, fh, offset, size):
         node = self._handle(fh).node
         return self._call(self._read_logged, node, offset, size)
@@ -514,6 +533,7 @@ class ContainerFS:
             self._log_once(f"{self.source_path}: {self._path(node)}: {exc.detail}")
             raise
 
+    @_one_request
     def statfs(self):
         """Space in the root container's blocks. Counts come from an untrusted header: the
         free count is kept within 0 .. total, so every field fits the kernel's unsigned ones."""

@@ -22,7 +22,14 @@ import time
 from ..container import Usage, name_problem
 from ..errors import CtdsfsError
 from ..formats import open_from_store
-from ..formats.remote import RemoteStore, Revalidation, retried, s3_backend, source_stat
+from ..formats.remote import (
+    RemoteError,
+    RemoteStore,
+    Revalidation,
+    retried,
+    s3_backend,
+    source_stat,
+)
 from .directory import CONTAINER_SUFFIXES, TABLE_CONTAINERS, DirectorySource, TableView
 
 log = logging.getLogger(__name__)
@@ -133,6 +140,8 @@ class RemotePrefix(DirectorySource):
         store = self._container_stores[name] = self._new_store(name)
         try:
             return open_from_store(store, verify_crc=self.verify_crc)
+        except RemoteError:
+            raise  # a failed GET tells nothing of the object: EIO now, tried again next time
         except CtdsfsError as exc:
             self.problems.append(f"{name!r} shown as a file: {exc}")
             log.warning("%s: %r shown as a file: %s", self.label, name, exc)
