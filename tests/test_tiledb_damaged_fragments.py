@@ -1,5 +1,5 @@
 """One damaged fragment beside healthy ones, for every file a fragment has (its metadata
-truncated, zeroed or flipped; a data, var data, offsets, validity or coordinates file
+truncated, zeroed, flipped or missing; a data, var data, offsets, validity or coordinates file
 missing or truncated; its commit file missing), in a dense and a sparse array: the
 array's root still lists, the healthy fragments read as tiledb-py reads them, the
 damaged fragment's files and every view that needs it are EIO (the mount logs one
@@ -63,6 +63,7 @@ DAMAGES = {
     "metadata truncated": ("__fragment_metadata.tdb", "truncate", None, None),
     "metadata zeroed": ("__fragment_metadata.tdb", "zero", None, None),
     "metadata flipped": ("__fragment_metadata.tdb", "flip", None, None),
+    "metadata missing": ("__fragment_metadata.tdb", "remove", None, None),
     "values missing": ("a0.tdb", "remove", ["v.npy"], ["v.npy"]),
     "values truncated": ("a0.tdb", "truncate", ["v.npy"], ["v.npy"]),
     "var data missing": ("a1_var.tdb", "remove", ["t.data"], ["t.offsets.npy", "t.data"]),
