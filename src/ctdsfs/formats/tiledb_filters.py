@@ -466,6 +466,7 @@ def _be(reader, width):
 
 
 def _width(width, what):
+    """``width``, if a big-endian integer of the string encodings can be that wide."""
     if width not in (1, 2, 4, 8):
         raise FormatError(f"{what}: integer width {width} is not 1, 2, 4 or 8")
     return width
