@@ -24,7 +24,16 @@ import zstandard
 
 from ctdsfs.formats import open_container
 
-from .test_tiledb_hostile import gzip_bomb
+from .test_tiledb_hostile import (
+    ZSTD,
+    compressor,
+    generic_tile,
+    gzip_bomb,
+    measure,
+    one_chunk,
+    pipeline_bytes,
+    write_sparse,
+)
 
 GROWTH_LIMIT = 64 << 20  # every bomb below would take 128 MiB to 4 GiB
 FIXED_CELLS = 60_000  # one tile of int64 (or float64) values: 480,000 bytes
@@ -333,3 +342,37 @@ def test_filters_that_grow_a_chunk_still_read(tmp_path):
     for name in values:
         got = np.load(io.BytesIO(bytes(frag.read(f"{name}.npy", 0, 1 << 30))))
         assert np.array_equal(got, ref[name]), name
+
+
+METADATA_BOMB = 200 << 20  # a tile of tile offsets that really holds 25 million of them
+
+
+def test_fragment_metadata_tile_bomb_is_refused_in_bounded_memory(tmp_path):
+    """A fragment's tile offsets in a ZSTD generic tile of 200 MiB that says so (a frame
+    of a few KiB): more than a fragment of a few hundred bytes can index, refused before
+    it is decompressed; fragment.json and the reads say so, memory stays bounded."""
+    uri = tmp_path / "a"
+    write_sparse(str(uri), 7, "key")
+    frag = next((uri / "__fragments").iterdir())
+    meta = frag / "__fragment_metadata.tdb"
+    data = meta.read_bytes()
+    footer_at = len(data) - 8 - struct.unpack("<Q", data[-8:])[0]
+    count = (METADATA_BOMB - 8) // 8
+    frame = zstandard.ZstdCompressor().compress(struct.pack("<Q", count) + bytes(8 * count))
+    bomb = generic_tile(22, pipeline_bytes(compressor(ZSTD)),
+                        one_chunk(METADATA_BOMB, frame, METADATA_BOMB), METADATA_BOMB)
+    footer = bytearray(data[footer_at:])
+    fields = 3  # a, the legacy coordinates slot, x
+    at = 4 + 8 + struct.unpack_from("<Q", footer, 4)[0] + 2 + 16 + 16 + 2 + 8 * (3 * fields + 1)
+    footer[at:at + 8] = struct.pack("<Q", footer_at)  # (tile offsets of a: the bomb)
+    meta.write_bytes(data[:footer_at] + bomb + bytes(footer))
+    grew, printed = measure(
+        "import json\nfrom ctdsfs.errors import BlockError\n"
+        "frag = open_container(path).nested('fragments')\n"
+        "frag = frag.nested(frag.names()[0])\n"
+        "print(json.loads(frag.read('fragment.json', 0, 1 << 20))['fields']['a']['problem'])\n"
+        "try:\n    frag.read('a.npy', 0, 1 << 20)\nexcept BlockError as exc:\n    print(exc)\n",
+        uri)
+    assert grew < GROWTH_LIMIT, grew
+    assert len(printed) == 2 and all("tile_offsets" in p and "larger than ctdsfs reads here"
+                                     in p for p in printed), printed
