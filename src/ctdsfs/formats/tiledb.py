@@ -61,11 +61,14 @@ log = logging.getLogger(__name__)
 
 
 class _Folder(TileDBDirectory):
-    """A directory of given entries (``schemas/``, ``fragments/``, ``dense/``)."""
+    """A directory of given entries (``schemas/``, ``fragments/``, ``dense/``); one of files
+    only says so, and a stat of it then lists nothing (the array's root lists whatever
+    its views' fragments are like)."""
 
-    def __init__(self, label, build):
+    def __init__(self, label, build, holds_directories=False):
         super().__init__(label)
         self._builder = build
+        self.holds_directories = holds_directories
 
     def _build(self):
         return self._builder()
@@ -204,7 +207,7 @@ class TileDBArray(SparseView, DenseView, TileDBFolder):
         entries["schemas"] = _Folder(f"{self.label}/schemas", self._schemas_folder)
         entries["metadata.json"] = json_bytes(self.metadata())
         entries["fragments"] = _Folder(f"{self.label}/fragments", lambda: OrderedDict(
-            (name, self.fragment(name)) for name in self.fragment_names))
+            (name, self.fragment(name)) for name in self.fragment_names), True)
         if self.schema["array_type"] == 0:
             entries["dense"] = _Folder(f"{self.label}/dense", self._dense_folder)
         else:

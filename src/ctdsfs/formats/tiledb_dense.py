@@ -37,7 +37,7 @@ class DenseView:
         for index, field in enumerate(fields_of(self.schema, False, False)[:len(
                 self.schema["attributes"])]):
             too_big = cells * max(8, field.cell_size) > MAX_DENSE_BYTES
-            if too_big and (field.var or self._bands_at_listing(index) is None):
+            if too_big and (field.var or self._bands_if_readable(index) is None):
                 self.problems.append(f"dense/{field.name} not shown: {cells} cells are more "
                                      f"than ctdsfs merges in memory")
                 continue
@@ -58,8 +58,9 @@ class DenseView:
                     entries[name] = self._dense_file(index, part, header, size)
         return entries
 
-    def _bands_at_listing(self, attr_index):
-        """``_dense_bands``, or None where the fragments cannot be read to say."""
+    def _bands_if_readable(self, attr_index):
+        """``_dense_bands``, or None where the fragments cannot be read to say (the merge,
+        which meets the same fragment when read, is EIO then, saying why)."""
         try:
             return self._dense_bands(attr_index)
         except CtdsfsError:
@@ -72,7 +73,8 @@ class DenseView:
         bands = []
 
         def layout():
-            plan = self._dense_bands(attr_index) if part in ("values", "validity") else None
+            plan = self._bands_if_readable(attr_index) if part in ("values", "validity") \
+                else None
             if plan is None:
                 return header, [len(self._merged_part(attr_index, part)) if size is None
                                 else size]
@@ -208,12 +210,10 @@ class DenseView:
             t = ranges.get(name)
             if t and any(o != t and o[0] <= t[0] and t[1] <= o[1] for o in ranges.values()):
                 continue
-            frag = self.fragment(name)
-            frag.names()  # (listing reads its metadata)
-            meta = frag.meta
-            if meta is None or not meta.dense or meta.non_empty_domain is None:
+            meta = self.fragment(name)._load_meta()  # (unreadable: the view cannot be merged)
+            if not meta.dense or meta.non_empty_domain is None:
                 continue
-            yield frag, meta
+            yield self.fragment(name), meta
 
     def _own_field(self, frag, attr_index):
         """The index of attribute ``attr_index`` (of the newest schema) among the fields

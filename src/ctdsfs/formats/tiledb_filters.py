@@ -8,8 +8,10 @@ its own header from the front of the chunk metadata and hands the rest on
 libraries (zlib, zstandard, lz4, bz2); TileDB's own transforms are done here
 with NumPy, but for the usual BYTESHUFFLE then ZSTD (or LZ4), undone by python-blosc
 in one pass, a whole tile in one call (see ``_blosc_tile`` and ``tiledb_blosc``).
-Everything is untrusted: every length is checked against what is there, and no output
-grows past the size the chunk declares.
+Everything is untrusted: every length is checked against what is there, and every
+filter's output is bounded before it is made: by what that filter can have been given
+when the chunk was written (``_output_limits``), the chunk's declared size grown by the
+filters before it, and for string encodings by the tile's cell count.
 """
 
 import bz2
@@ -73,6 +75,18 @@ _THREAD = threading.local()
 
 class ChecksumMismatch(FormatError):
     """A checksum filter's digest does not match the bytes it guards."""
+
+
+class StringOffsets(list):
+    """The cell offsets RLE or DICTIONARY strings keep in a var tile (an array a chunk), at
+    most ``cells`` in all: the tile's cell count bounds what each chunk may declare."""
+
+    def __init__(self, cells):
+        super().__init__()
+        self.cells = cells
+
+    def room(self):
+        return self.cells - sum(map(len, self))
 
 
 def dtype_of(datatype, what="TileDB"):
@@ -163,7 +177,7 @@ def unfilter_tile(data, pipeline, datatype, cell_size, expected, what, string_of
     declare it); a tile that claims more, or whose chunks do not add up, is a
     FormatError, and a checksum that fails a ChecksumMismatch. For var-sized
     strings under RLE or DICTIONARY (whose offsets live in the data tile, not in
-    the offsets file) ``string_offsets`` is a list that receives the cell offsets.
+    the offsets file) ``string_offsets``, a StringOffsets, receives the cell offsets.
     A large tile's chunks are unfiltered by several threads unless not ``parallel``.
     """
     problem = pipeline_problem(pipeline)  # (every pipeline: attributes', offsets', validity's)
@@ -207,9 +221,12 @@ def _unfilter_tile(data, pipeline, datatype, cell_size, expected, what, string_o
                                             data, places, room):
             return memoryview(out)
 
+    string_cells = None if string_offsets is None else string_offsets.cells
+
     def unfilter(index):
         original, meta, body = chunks[index]
-        for step, (f, dtype) in enumerate(stages):
+        limits = _output_limits(stages, cell_size, original, string_cells, what)
+        for step, ((f, dtype), limit) in enumerate(zip(stages, limits)):
             if fused and step == len(stages) - 2 and _uncompress_unshuffle(
                     f, dtype, width, meta, body, address + starts[index], original, what):
                 return None
@@ -217,9 +234,9 @@ def _unfilter_tile(data, pipeline, datatype, cell_size, expected, what, string_o
                 into = out[starts[index]:starts[index] + original]
                 return _byte_unshuffle_chunk(dtype, meta, body, into, what)
             if string_offsets is not None and f["type"] in (4, 14):
-                meta, body = _strings_reverse(f, meta, body, string_offsets, what)
+                meta, body = _strings_reverse(f, meta, body, limit, string_offsets, what)
             else:
-                meta, body = _reverse(f, dtype, cell_size, meta, body, original, what)
+                meta, body = _reverse(f, dtype, cell_size, meta, body, limit, what)
         if len(body) != original:
             raise FormatError(f"{what}: chunk {index} unfilters to {len(body)} bytes, "
                               f"not the {original} it declares")
@@ -236,6 +253,28 @@ def _unfilter_tile(data, pipeline, datatype, cell_size, expected, what, string_o
     else:
         bodies = unfilter_run(range(len(chunks)))
     return memoryview(out) if out is not None else b"".join(bodies)
+
+
+def _output_limits(stages, cell_size, original, string_cells, what):
+    """The most bytes each of ``stages`` (the last filter first) may give for a chunk of
+    ``original`` bytes: what its filter was given when the chunk was written, which is the
+    chunk grown by every filter applied before it (a compressor's framing, RLE's run
+    lengths, SCALE_FLOAT's wider integers, a string encoding's ids or runs)."""
+    limits, size = [], original
+    for f, datatype in reversed(stages):  # (in the order the writer applied them)
+        limits.append(size)
+        ftype = f["type"]
+        if ftype in (1, 2, 3, 5):  # (gzip, zstd, lz4 and bzip2 grow bytes by less)
+            size += size // 64 + 1024
+        elif ftype in (4, 14) and string_cells is not None:  # (ids or runs, every cell)
+            size += 16 * string_cells + 64
+        elif ftype == 4:  # (a run of one value: the value and a 2-byte length)
+            size = (size // cell_size + 1) * (cell_size + 2)
+        elif ftype == 15:
+            size = (size // dtype_of(datatype, what).itemsize + 1) * f["byte_width"]
+        else:  # (a delta's header; the others give as many bytes as they take)
+            size += 64
+    return limits[::-1]
 
 
 def _tile_buffer(size):
@@ -362,11 +401,18 @@ def _reverse(f, datatype, cell_size, meta, body, limit, what):
     if ftype in (8, 9, 16, 15):
         parts = md.count("I", 4)
         sizes = [md.unpack("I") for _ in range(parts)]
+        if ftype == 15:  # (stored integers of byte_width back to values of the datatype)
+            made = sum(n // f["byte_width"] for n in sizes) * dtype_of(datatype, what).itemsize
+        else:
+            made = sum(sizes)
+        if made > limit:
+            raise FormatError(f"{what}: {name} parts give {made} bytes, more than the "
+                              f"{limit} the chunk can hold")
         src = Reader(body, what)
         out = [_unshuffle(ftype, f, datatype, bytes(src.take(n)), what) for n in sizes]
         return bytes(md.take(md.left())), b"".join(out)
     if ftype in (7, 10):
-        return _unwindow(ftype, datatype, md, body, what)
+        return _unwindow(ftype, datatype, md, body, limit, what)
     if ftype == 0:
         return meta, body
     raise FormatError(f"{what}: filter {name} cannot be undone")
@@ -385,59 +431,78 @@ def _compressed_parts(f, meta, body, limit, what):
     return parts[:parts_meta], parts[parts_meta:]
 
 
-def _strings_reverse(f, meta, body, offsets_out, what):
+def _strings_reverse(f, meta, body, limit, offsets_out, what):
     """RLE or DICTIONARY on var-sized strings: runs (or ids) back to the strings, and the
-    cell offsets, which the writer kept here instead of in the offsets tile."""
+    cell offsets, which the writer kept here instead of in the offsets tile (appended to
+    ``offsets_out``, a StringOffsets). The strings' size and cell count are checked
+    against ``limit`` and the tile's cells left before anything is decoded."""
     md = Reader(meta, what)
     md.unpack("II")  # metadata and data part counts (one data part)
     size, compressed, offsets_bytes = md.unpack("III")
-    cells = offsets_bytes // 8
-    src = Reader(bytes(Reader(body, what).take(compressed)), what)
+    cells, room = offsets_bytes // 8, offsets_out.room()
+    if size > limit or cells > room:
+        raise FormatError(f"{what}: {f['name']} strings declare {size} bytes in {cells} "
+                          f"cells, more than the chunk's {limit} bytes or the tile's "
+                          f"{room} cells left")
+    src = Reader(Reader(body, what).take(compressed), what)
     if f["type"] == 4:
         run_width, length_width = md.unpack("BB")
-        pieces = _string_runs(src, run_width, length_width, cells, what)
+        runs, words = _string_runs(src, run_width, length_width, cells, what)
     else:
-        id_width, length_width = md.unpack("BB")
-        words = Reader(md.take(md.unpack("I")), what)
-        dictionary = []
-        while words.left():
-            dictionary.append(bytes(words.take(_be(words, length_width))))
-            if len(dictionary) > cells + 1:
-                raise FormatError(f"{what}: dictionary longer than the tile")
-        pieces = []
-        while src.left():
-            word = _be(src, id_width)
-            if word >= len(dictionary) or len(pieces) >= cells:
-                raise FormatError(f"{what}: dictionary id {word} is not in the dictionary")
-            pieces.append((1, dictionary[word]))
-    lengths = np.array([len(s) for _, s in pieces], np.uint64)
-    runs = np.array([n for n, _ in pieces], np.int64)
-    if int(runs.sum()) != cells or int((lengths * runs.astype(np.uint64)).sum()) != size:
+        runs, words = _dictionary_cells(md, src, cells, what)
+    lengths = np.fromiter(map(len, words), np.int64, len(words))
+    if int(runs.sum()) != cells or int((lengths * runs).sum()) != size:
         raise FormatError(f"{what}: {f['name']} strings do not fill the tile")
     starts = np.repeat(lengths, runs)
     offsets_out.append(np.concatenate(([0], np.cumsum(starts)[:-1])).astype("<u8")
                        if cells else np.zeros(0, "<u8"))
-    return bytes(md.take(md.left())), b"".join(s * n for n, s in pieces)
+    return bytes(md.take(md.left())), b"".join(
+        word * n for word, n in zip(words, runs.tolist()))
 
 
 def _be(reader, width):
     """A big-endian unsigned integer of ``width`` bytes (1, 2, 4 or 8)."""
+    return int.from_bytes(reader.take(_width(width, reader.what)), "big")
+
+
+def _width(width, what):
+    """``width``, if a big-endian integer of the string encodings can be that wide."""
     if width not in (1, 2, 4, 8):
-        raise FormatError(f"{reader.what}: integer width {width} is not 1, 2, 4 or 8")
-    return int.from_bytes(reader.take(width), "big")
+        raise FormatError(f"{what}: integer width {width} is not 1, 2, 4 or 8")
+    return width
 
 
 def _string_runs(src, run_width, length_width, cells, what):
-    """(run length, string) pairs, never more runs than cells."""
-    pieces = []
+    """(run lengths, strings) of RLE strings, never more runs than cells nor a run longer."""
+    runs, words = [], []
     while src.left():
+        if len(runs) >= cells:
+            raise FormatError(f"{what}: more RLE runs than cells")
         run = _be(src, run_width)
         if run > cells:
             raise FormatError(f"{what}: an RLE run longer than the tile")
-        pieces.append((run, bytes(src.take(_be(src, length_width)))))
-        if len(pieces) > cells:
-            raise FormatError(f"{what}: more RLE runs than cells")
-    return pieces
+        runs.append(run)
+        words.append(bytes(src.take(_be(src, length_width))))
+    return np.array(runs, np.int64), words
+
+
+def _dictionary_cells(md, src, cells, what):
+    """(ones, the string of every cell) of DICTIONARY strings: the dictionary from the
+    metadata, then an id a cell, never more words or ids than cells."""
+    id_width, length_width = md.unpack("BB")
+    words = Reader(md.take(md.unpack("I")), what)
+    dictionary = []
+    while words.left():
+        if len(dictionary) > cells:
+            raise FormatError(f"{what}: dictionary longer than the tile")
+        dictionary.append(bytes(words.take(_be(words, length_width))))
+    width = _width(id_width, what)
+    if src.left() % width or src.left() // width > cells:
+        raise FormatError(f"{what}: {src.left()} bytes of dictionary ids for {cells} cells")
+    ids = np.frombuffer(src.take(src.left()), f">u{width}")
+    if len(ids) and int(ids.max()) >= len(dictionary):
+        raise FormatError(f"{what}: dictionary id {int(ids.max())} is not in the dictionary")
+    return np.ones(len(ids), np.int64), [dictionary[i] for i in ids.tolist()]
 
 
 def _decompress(ftype, f, datatype, cell_size, data, size, what):
@@ -579,19 +644,24 @@ def _bitunshuffle(block, width):
     return out.tobytes() + block[shuffled * width:]
 
 
-def _unwindow(ftype, datatype, md, body, what):
-    """BIT_WIDTH_REDUCTION and POSITIVE_DELTA: windows of values relative to an offset."""
+def _unwindow(ftype, datatype, md, body, limit, what):
+    """BIT_WIDTH_REDUCTION and POSITIVE_DELTA: windows of values relative to an offset,
+    giving no more than ``limit`` bytes."""
     dtype = dtype_of(datatype, what)
     if datatype not in INTEGER_TYPES or (ftype == 7 and dtype.itemsize == 1):
         return bytes(md.data[md.pos:]), body  # these types pass through unchanged
     total = md.unpack("I") if ftype == 7 else None
     windows = md.count("I", dtype.itemsize + 4)
     src = Reader(body, what)
-    out = []
+    out, made = [], 0
     for _ in range(windows):
         base = np.frombuffer(md.take(dtype.itemsize), dtype)[0]
         bits = md.unpack("B") if ftype == 7 else dtype.itemsize * 8
         nbytes = md.unpack("I")
+        made += nbytes
+        if made > limit:
+            raise FormatError(f"{what}: {FILTER_NAMES[ftype]} windows give more than the "
+                              f"{limit} bytes the chunk can hold")
         if nbytes % dtype.itemsize or (ftype == 7 and bits >= dtype.itemsize * 8):
             out.append(bytes(src.take(nbytes)))
             continue

@@ -359,7 +359,6 @@ class Fragment(TileDBDirectory):
         meta = self.meta
         field = meta.fields[index]
         schema = meta.schema
-        string_offsets = [] if kind == "var" and meta.offsets_in_data(field) else None
         file_name = _data_file(field, kind)
         where = f"tile {i} of {field.name} ({file_name})"
         try:
@@ -370,6 +369,8 @@ class Fragment(TileDBDirectory):
             counts = self.cell_counts()
             if i >= len(counts):
                 raise FormatError(f"{where}: the fragment has {len(counts)} tiles")
+            string_offsets = tf.StringOffsets(counts[i]) \
+                if kind == "var" and meta.offsets_in_data(field) else None
             if kind == "var":
                 offsets = meta.u64_list("tile_var_offsets", index)
                 file_size = meta.file_var_sizes[index]

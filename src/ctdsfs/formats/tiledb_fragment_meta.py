@@ -15,7 +15,7 @@ import numpy as np
 
 from ..errors import FormatError
 from . import tiledb_filters as tf
-from .beneath import open_regular_beneath, read_small_beneath
+from .beneath import listdir_beneath, lstat_beneath, open_regular_beneath, read_small_beneath
 from .byte_reader import Reader
 from .store import preadv_all
 from .tiledb_schema import (
@@ -31,6 +31,10 @@ from .tiledb_schema import (
 )
 
 LEGACY_VERSIONS = (1, 2)  # fragment metadata in one generic tile (TileDB 1.4 and 1.5)
+# a fragment's metadata tiles together hold at most this many bytes for each byte of its
+# files (every tile a field lists costs its data file more than a tenth of what the
+# metadata keeps of it: offsets, sizes, sums, counts, mins and maxes, its MBR), and a MiB
+METADATA_PER_FILE_BYTE = 16
 EXTRA_FIELDS = (("__timestamps", "t"), ("__delete_timestamps", "dt"),
                 ("__delete_condition_index", "dci"))  # uint64 fields of consolidated fragments
 
@@ -185,6 +189,7 @@ class FragmentMetadata:
         self.fragment_stats_at = r.unpack("Q") if self.version >= 11 else None
         self.processed_conditions_at = r.unpack("Q") if self.version >= 16 else None
         self._cache = {}
+        self._budget = None
 
     def footer_json(self):
         """The footer as JSON: what a consolidated metadata file keeps of each fragment."""
@@ -241,9 +246,24 @@ class FragmentMetadata:
             length = GENERIC_HEAD.size + fields[-1] + fields[1]
             if length > MAX_SMALL_FILE:
                 raise FormatError(f"{what}: generic tile of {length} bytes")
+            room = self._tiles_budget(what) - sum(map(len, self._cache.values()))
             self._cache[offset] = read_generic_tile(self.file.pread(offset, length, what), 0,
-                                                    what)[0]
+                                                    what, max(room, 0))[0]
         return self._cache[offset]
+
+    def _tiles_budget(self, what):
+        """The most bytes this fragment's metadata tiles may hold (METADATA_PER_FILE_BYTE):
+        a tile that declares more is refused before it is decompressed, so the memory a
+        fragment's metadata takes follows the bytes its files really hold."""
+        if self._budget is None:
+            folder = os.path.dirname(self.file.rel)
+            try:
+                held = sum(lstat_beneath(self.file.root, os.path.join(folder, name)).st_size
+                           for name in listdir_beneath(self.file.root, folder))
+            except OSError as exc:
+                raise FormatError(f"{what}: {exc.strerror}") from None
+            self._budget = METADATA_PER_FILE_BYTE * held + (1 << 20)
+        return self._budget
 
     def u64_list(self, kind, index):
         """A tile of u64 values (offsets, sizes, sums, counts) of field ``index``."""

@@ -51,8 +51,9 @@ def value_list(raw, datatype, cell_val_num=1):
 
 # ---------------------------------------------------------------- generic tiles
 
-def read_generic_tile(data, offset, what):
-    """The unfiltered content of the generic tile at ``offset`` of ``data``, and its end."""
+def read_generic_tile(data, offset, what, limit=MAX_TILE_BYTES):
+    """The unfiltered content of the generic tile at ``offset`` of ``data``, and its end;
+    a tile declaring more than ``limit`` bytes is refused before it is unfiltered."""
     head = Reader(data, what)
     head.take(offset)
     version, persisted, size, datatype, cell_size, encryption, plen = \
@@ -64,8 +65,9 @@ def read_generic_tile(data, offset, what):
         cipher = ENCRYPTIONS.get(encryption, f"encryption type {encryption}")
         raise FormatError(f"{what}: encrypted ({cipher}); ctdsfs reads no encrypted "
                           f"TileDB array (it takes no key)")
-    if size > MAX_TILE_BYTES:
-        raise FormatError(f"{what}: tile of {size} bytes is larger than ctdsfs reads")
+    if size > limit:
+        raise FormatError(f"{what}: tile of {size} bytes is larger than ctdsfs reads"
+                          + ("" if limit == MAX_TILE_BYTES else f" here ({limit} at most)"))
     pipeline = tf.parse_pipeline(Reader(head.take(plen), what))
     problem = tf.pipeline_problem(pipeline)
     if problem:

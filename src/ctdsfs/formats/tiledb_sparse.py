@@ -73,9 +73,9 @@ class SparseView:
         strings = [k for k, d in enumerate(schema["dimensions"]) if d["domain"] is None]
         if strings and len(self.fragment_names) > 1 and any(
                 not str(bound).isascii()
-                for name in self.fragment_names
+                for domain in self._readable_domains()
                 for k in strings
-                for bound in (self.fragment(name)._load_meta().non_empty_domain or [[]])[k]):
+                for bound in (domain or [[]])[k]):
             return BEYOND_ASCII
         if schema["cell_order"] == HILBERT and any(d["domain"] is None
                                                    for d in schema["dimensions"]):
@@ -84,6 +84,15 @@ class SparseView:
         if any(n.endswith(".upd") for n in commits):
             return "the array has updates, which ctdsfs does not apply"
         return None
+
+    def _readable_domains(self):
+        """The non-empty domain of every fragment whose metadata can be read (a damaged
+        one is EIO where a read needs it, its fragment.json saying why)."""
+        for name in self.fragment_names:
+            try:
+                yield self.fragment(name)._load_meta().non_empty_domain
+            except CtdsfsError:
+                continue
 
     def _sparse_layout(self, field_index, part):
         cells = len(self._sparse_order()[0])

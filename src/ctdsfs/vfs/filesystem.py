@@ -283,8 +283,8 @@ class ContainerFS:
             size = nblocks = 0
             blksize = node.directory.usage().block_size
         else:
-            size = node.owner.entry_size(node.key)
-            nblocks = node.owner.entry_blocks(node.key)
+            size = self._call(self._call_logged, node, node.owner.entry_size, node.key)
+            nblocks = self._call(node.owner.entry_blocks, node.key)
             blksize = blksize or node.owner.usage().block_size
         return Attr(ino=node.ino, mode=mode, nlink=nlink, size=size,
                     blocks=nblocks * blksize // 512, blksize=blksize,
@@ -518,17 +518,18 @@ class ContainerFS:
     @_one_request
     def read(self, fh, offset, size):
         node = self._handle(fh).node
-        return self._call(self._read_logged, node, offset, size)
+        return self._call(self._call_logged, node, node.owner.read, node.key, offset, size)
 
     def read_at_once(self, fh, offset, size):
         """Whether that read is answered from memory, without waiting (``Container.cached``)."""
         node = self._handle(fh).node
         return self._call(node.owner.cached, node.key, offset, size)
 
-    def _read_logged(self, node, offset, size):
-        """Read; a bad block is logged once per mount, with the file's path in the mount."""
+    def _call_logged(self, node, call, *args):
+        """``call(*args)`` (a read of ``node``, or its size); a bad block is logged once per
+        mount, with the file's path in the mount."""
         try:
-            return node.owner.read(node.key, offset, size)
+            return call(*args)
         except BlockError as exc:
             self._log_once(f"{self.source_path}: {self._path(node)}: {exc.detail}")
             raise
