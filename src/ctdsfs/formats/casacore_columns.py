@@ -23,6 +23,7 @@ import numpy as np
 
 from ..errors import FormatError
 from . import casacore_ism, casacore_ssm, casacore_stmanaipsio, casacore_tsm, tabledat
+from .casacore_dysco import DyscoReader
 from .casacore_base import NUMERIC_TYPES, TP_BOOL, TP_STRING, EndianAipsReader
 from .casacore_tsm_axes import decodable, hypercolumn_roles
 
@@ -194,7 +195,8 @@ def _decoders():
             "TiledColumnStMan": casacore_tsm.TiledReader,
             "TiledShapeStMan": casacore_tsm.TiledReader,
             "TiledCellStMan": casacore_tsm.TiledReader,
-            "TiledDataStMan": casacore_tsm.TiledReader}
+            "TiledDataStMan": casacore_tsm.TiledReader,
+            "DyscoStMan": DyscoReader}
 
 
 class CasacoreTable:
