@@ -23,8 +23,8 @@ import numpy as np
 
 from ..errors import FormatError
 from . import casacore_ism, casacore_ssm, casacore_stmanaipsio, casacore_tsm, tabledat
-from .casacore_dysco import DyscoReader
 from .casacore_base import NUMERIC_TYPES, TP_BOOL, TP_STRING, EndianAipsReader
+from .casacore_dysco import DyscoReader
 from .casacore_tsm_axes import decodable, hypercolumn_roles
 
 OPTION_DIRECT = 1
