@@ -109,10 +109,10 @@ class DyscoReader:
         self.normalization = head["normalization"]
         self.header_size = head["header_size"]
         distribution = head["distribution"]
-        if distribution not in (dysco_tables.GAUSSIAN, dysco_tables.UNIFORM,
-                                dysco_tables.TRUNCATED_GAUSSIAN):
-            raise FormatError(f"{self.name}: the {dysco_tables.NAMES.get(distribution, '?')} "
-                              "distribution is not decoded")
+        if distribution not in dysco_tables.NAMES:
+            raise FormatError(f"{self.name}: distribution {distribution} is not Dysco's")
+        if distribution == dysco_tables.STUDENT_T:
+            raise FormatError(f"{self.name}: the StudentT distribution is not decoded")
         self.table_args = (head["data_bits"], distribution, head["nu"], head["truncation"])
         self.parts, offset = {}, 0
         for col, column_header in zip(columns, head["columns"]):

@@ -31,6 +31,7 @@ import numpy as np
 GAUSSIAN, UNIFORM, STUDENT_T, TRUNCATED_GAUSSIAN = 0, 1, 2, 3
 NAMES = {GAUSSIAN: "Gaussian", UNIFORM: "Uniform", STUDENT_T: "StudentT",
          TRUNCATED_GAUSSIAN: "TruncatedGaussian"}
+NAMES_TO_CODES = {name: code for code, name in NAMES.items()}
 BISECTION_TOLERANCE = 1e-13
 _erf = np.frompyfunc(math.erf, 1, 1)
 _erfc = np.frompyfunc(math.erfc, 1, 1)
