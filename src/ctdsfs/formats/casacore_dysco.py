@@ -43,7 +43,7 @@ from .casacore_base import TP_COMPLEX, TP_FLOAT, read_exact
 HEADER_READ = 1 << 16
 MAX_NAME = 4096
 MAX_BLOCK = 1 << 30  # bytes of one block (every column's part)
-MAX_COLUMN_HEADERS = 1 << 16
+ANTENNA_ROWS = 1 << 16  # rows of ANTENNA1/ANTENNA2 read at a time (AF needs each row's)
 # bits -> (bytes, symbols) of the smallest run of whole bytes holding whole symbols
 GROUPS = {2: (1, 4), 3: (3, 8), 4: (1, 2), 6: (3, 4), 8: (1, 1), 10: (5, 4), 12: (3, 2),
           16: (2, 1)}
@@ -54,29 +54,26 @@ WEIGHT_COLUMN = "WEIGHT_SPECTRUM"  # Dysco tells the weight column by this name
 
 def unpack_symbols(raw, bits, skip, count):
     """Symbols ``skip .. skip + count`` of ``raw`` (starting where a group of whole bytes
-    starts), ``bits`` each, packed from the lowest bit up."""
+    starts), ``bits`` each, packed from the lowest bit up, as ``intp`` (numpy's ``take``
+    converts narrower indices slowly). A symbol of the widths Dysco packs lies within
+    the two bytes from the one it starts in: the j-th symbol of every group is cut at
+    once from those bytes read as little-endian words, a group's size apart."""
     size, per = GROUPS[bits]
     groups = -(-(skip + count) // per)
-    raw = np.asarray(raw, np.uint8)
-    if len(raw) < groups * size:
-        raw = np.concatenate([raw, np.zeros(groups * size - len(raw), np.uint8)])
-    raw = raw[:groups * size]
-    if bits == 8:
-        symbols = raw
-    elif bits == 16:
-        symbols = raw.view("<u2")
-    elif size == 1:
-        shifts = np.arange(0, 8, bits, dtype=np.uint8)
-        symbols = ((raw[:, None] >> shifts) & ((1 << bits) - 1)).reshape(-1)
-    else:
-        parts = raw.reshape(groups, size).astype(np.uint64)
-        word = parts[:, 0].copy()
-        for j in range(1, size):
-            word |= parts[:, j] << np.uint64(8 * j)
-        shifts = (np.arange(per, dtype=np.uint64) * np.uint64(bits))
-        symbols = ((word[:, None] >> shifts) & np.uint64((1 << bits) - 1)).astype(np.uint16)
-        symbols = symbols.reshape(-1)
-    return symbols[skip:skip + count]
+    if bits in (8, 16):  # (a symbol a group: nothing to skip)
+        return np.frombuffer(raw, "<u1" if bits == 8 else "<u2", count).astype(np.intp)
+    padded = np.zeros(groups * size + 1, np.uint8)  # (a last group cut short, and the
+    available = min(len(raw), groups * size)       # byte after it, read as zeros)
+    padded[:available] = np.frombuffer(raw, np.uint8, available)
+    out = np.empty((groups, per), np.intp)
+    part = np.empty(groups, np.uint16)
+    mask = np.uint16((1 << bits) - 1)
+    for j in range(per):
+        first, shift = divmod(j * bits, 8)
+        words = np.ndarray((groups,), "<u2", buffer=padded, offset=first, strides=(size,))
+        np.right_shift(words, shift, out=part)
+        np.bitwise_and(part, mask, out=out[:, j])
+    return out.reshape(-1)[skip:skip + count]
 
 
 class _Part:
@@ -113,7 +110,8 @@ class DyscoReader:
             raise FormatError(f"{self.name}: distribution {distribution} is not Dysco's")
         if distribution == dysco_tables.STUDENT_T:
             raise FormatError(f"{self.name}: the StudentT distribution is not decoded")
-        self.table_args = (head["data_bits"], distribution, head["nu"], head["truncation"])
+        self._table = dysco_tables.decode_table(head["data_bits"], distribution, head["nu"],
+                                                head["truncation"])
         self.parts, offset = {}, 0
         for col, column_header in zip(columns, head["columns"]):
             part = self._part(col, head, offset)
@@ -131,6 +129,7 @@ class DyscoReader:
             raise FormatError(f"{self.name}: blocks of {offset} bytes are too large")
         past = self.file_size - self.header_size
         self.blocks = past // offset if self.rows_per_block and past > 0 else 0
+        self._antenna_chunks = {}
 
     def _parse_header(self, data, ncolumns):
         name = self.name
@@ -189,6 +188,10 @@ class DyscoReader:
     def uniform_shape(self, col):
         return col.cell_shape
 
+    def forget_cached(self):
+        """Drop the antennas kept (the table's files were written)."""
+        self._antenna_chunks = {}
+
     def read(self, col, start, stop):
         part = self.parts[col.name]
         out = np.zeros((stop - start, part.channels, part.pols),
@@ -213,10 +216,27 @@ class DyscoReader:
                 self._data(part, block, within, pair, into)
         return out
 
+    def _antenna_rows(self, name, chunk):
+        """Column ``name`` (ANTENNA1 or ANTENNA2) of the ``chunk``-th ANTENNA_ROWS rows, read
+        once for the reads of all blocks in them (the last few kept)."""
+        key = (name, chunk)
+        values = self._antenna_chunks.get(key)
+        if values is None:
+            first = chunk * ANTENNA_ROWS
+            values = np.asarray(self.table.read_column(
+                name, first, min(self.table.nrow, first + ANTENNA_ROWS)))
+            if len(self._antenna_chunks) >= 4:
+                self._antenna_chunks.pop(next(iter(self._antenna_chunks)), None)
+            self._antenna_chunks[key] = values
+        return values
+
     def _antennas(self, start, stop):
         pair = []
         for name in ("ANTENNA1", "ANTENNA2"):
-            values = np.asarray(self.table.read_column(name, start, stop))
+            values = np.concatenate([
+                self._antenna_rows(name, chunk)[max(start - chunk * ANTENNA_ROWS, 0):
+                                                stop - chunk * ANTENNA_ROWS]
+                for chunk in range(start // ANTENNA_ROWS, (stop - 1) // ANTENNA_ROWS + 1)])
             if values.shape != (stop - start,) or (values < 0).any() or \
                     (values >= self.antennas).any():
                 raise FormatError(f"{self.name}: {name} of rows {start}..{stop} is not an "
@@ -259,9 +279,11 @@ class DyscoReader:
             if self.normalization == RF:
                 per_row = rest.reshape(-1, pols)[within[0]:within[1]]
             else:
-                per_antenna = rest.reshape(pols, self.antennas)
-                per_row = per_antenna[:, antennas[0]].T * per_antenna[:, antennas[1]].T
+                per_antenna = rest.reshape(pols, self.antennas).T
+                per_row = per_antenna[antennas[0]] * per_antenna[antennas[1]]
             factor = per_channel * per_row.reshape(nrow, 1, pols)
-        values = dysco_tables.decode_table(*self.table_args)[symbols].astype(np.float64)
-        values = values.reshape(nrow, channels, pols, 2) * factor[..., None]
-        into.view(np.float32).reshape(nrow, channels, pols, 2)[...] = values
+        values = np.take(self._table, symbols).reshape(nrow, channels, pols, 2)
+        out = into.view(np.float32).reshape(values.shape)
+        for part in (0, 1):  # real, imaginary: one factor for both, a double product
+            np.multiply(values[..., part], factor, out=out[..., part], dtype=np.float64,
+                        casting="unsafe")
