@@ -258,6 +258,7 @@ def damaged_copy(small, tmp_path, field=None, value=None, size=None):
     ("data_bits", 5, "5 data bits"), ("data_bits", 0, "0 data bits"),
     ("data_bits", 17, "17 data bits"), ("weight_bits", 255, "255 weight bits"),
     ("distribution", 9, "distribution 9"), ("normalization", 3, "normalisation 3"),
+    ("distribution", 2, "the StudentT distribution is not decoded"),
     ("major", 2, "format 2.0"), ("columns", 5, "5 columns in the file"),
     ("rows", 0xFFFFFFFF, "too many"), ("rows", 7, "block size"),
     ("antennas", 0x7FFFFFFF, "too many"), ("antennas", 5, "header"),

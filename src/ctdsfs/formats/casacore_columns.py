@@ -13,7 +13,7 @@ reading only the buckets or tiles that hold those rows. Results:
   :class:`VarShapeColumn` (per-row shape and defined flag, element offsets, flat values);
   ``cell(i)`` gives back what ``getvarcol`` gives for row ``i``.
 
-A column bound to a data manager not decoded here (a virtual column engine, Dysco,
+A column bound to a data manager not decoded here (a virtual column engine,
 Adios2StMan, ...) is listed with its manager; reading it raises :class:`NotDecoded`.
 """
 
