@@ -27,7 +27,7 @@ from .test_columns import table_source
 
 HERE = Path(__file__).parent
 BITS = (4, 6, 8, 10, 12, 16)
-DISTRIBUTIONS = ("Gaussian", "Uniform", "TruncatedGaussian")
+DISTRIBUTIONS = ("Gaussian", "Uniform", "TruncatedGaussian", "StudentT")
 NORMALISATIONS = ("AF", "RF", "Row")
 
 
@@ -41,7 +41,7 @@ def write_ms(path, settings, multifile=False):
 
 
 def matrix(shift):
-    """Nine managers, one per distribution and normalisation, with bit counts shifted by
+    """Twelve managers, one per distribution and normalisation, with bit counts shifted by
     ``shift``; DATA's manager (TruncatedGaussian, AF, as LOFAR's pipelines write) also
     holds WEIGHT_SPECTRUM and MODEL_DATA (its columns in that order in its blocks)."""
     managers = []
@@ -52,7 +52,7 @@ def matrix(shift):
             columns = ["DATA", "WEIGHT_SPECTRUM", "MODEL_DATA"]
         managers.append({"name": f"Dysco{n}", "columns": columns,
                          "spec": spec(bits, BITS[(n + shift + 2) % len(BITS)], dist, norm,
-                                      truncation=1.5 + n % 2)})
+                                      nu=1.5 + n, truncation=1.5 + n % 2)})
     return {"managers": managers, "specials": True, "times": 4, "seed": shift}
 
 
@@ -85,7 +85,7 @@ def assert_bit_exact(got, expected, what):
 def test_every_column_equals_getcol_bit_for_bit(written, kind):
     path = written[kind]
     names = dysco_columns(path)
-    assert len(names) == 11
+    assert len(names) == 14
     with table_source(path) as source, ct.table(path, ack=False) as ref:
         table = open_table(source, path)
         for name in names:
@@ -143,12 +143,12 @@ def test_through_a_mount_and_writes_refused(written, mount):
         assert "Traceback" not in m.log_text()
 
 
-def table_values(bits, distribution, truncation, rows, cells):
+def table_values(bits, distribution, nu, truncation, rows, cells):
     """Rows holding every entry of our table for ``bits`` and ``distribution`` (as many
     as fit, each row also holding the largest entry), for the Row normalisation: each
     row's factor is then 1, so casacore stores and decodes our entries unchanged only
     if each is an entry of its own table."""
-    table = dysco_tables.decode_table(bits, dysco_tables.NAMES_TO_CODES[distribution], 0.0,
+    table = dysco_tables.decode_table(bits, dysco_tables.NAMES_TO_CODES[distribution], nu,
                                       truncation)[:-1]
     largest = table[-1]
     entries = table[np.abs(table) <= largest]
@@ -161,21 +161,23 @@ def table_values(bits, distribution, truncation, rows, cells):
 
 
 def test_tables_are_casacores(tmp_path):
-    """Every entry of our quantisation tables (2 to 16 bits; Gaussian, Uniform, and
-    TruncatedGaussian at two truncations) survives casacore's encoding and decoding
-    unchanged: casacore's tables hold the same values."""
+    """Every entry of our quantisation tables (2 to 16 bits; Gaussian, Uniform,
+    TruncatedGaussian at two truncations, StudentT at three nu) survives casacore's
+    encoding and decoding unchanged: casacore's tables hold the same values."""
     channels, pols, rows = 64, 4, 132
-    cases = [(bits, dist, trunc) for bits in (2, 3) + BITS
-             for dist, trunc in (("Gaussian", 0.0), ("Uniform", 0.0),
-                                 ("TruncatedGaussian", 2.5), ("TruncatedGaussian", 1.2))]
+    cases = [(bits, dist, nu, trunc) for bits in (2, 3) + BITS
+             for dist, nu, trunc in (("Gaussian", 0, 0), ("Uniform", 0, 0),
+                                     ("TruncatedGaussian", 0, 2.5),
+                                     ("TruncatedGaussian", 0, 1.2), ("StudentT", 1.0, 0),
+                                     ("StudentT", 3.0, 0), ("StudentT", 8.5, 0))]
     exact, managers = {}, []
-    for n, (bits, dist, trunc) in enumerate(cases):
-        values, count = table_values(bits, dist, trunc, rows, channels * pols * 2)
+    for n, (bits, dist, nu, trunc) in enumerate(cases):
+        values, count = table_values(bits, dist, nu, trunc, rows, channels * pols * 2)
         assert count >= (1 << bits) - 2
         name = f"T{n}"
         exact[name] = values.view(np.complex64).reshape(rows, channels, pols)
         managers.append({"name": f"M{n}", "columns": [name],
-                         "spec": spec(bits, 8, dist, "Row", truncation=trunc)})
+                         "spec": spec(bits, 8, dist, "Row", nu=nu, truncation=trunc)})
     np.savez(tmp_path / "values.npz", **exact)
     path = write_ms(tmp_path / "tables.ms", {
         "managers": managers, "antennas": 2, "times": rows // 3, "channels": channels,
@@ -258,7 +260,7 @@ def damaged_copy(small, tmp_path, field=None, value=None, size=None):
     ("data_bits", 5, "5 data bits"), ("data_bits", 0, "0 data bits"),
     ("data_bits", 17, "17 data bits"), ("weight_bits", 255, "255 weight bits"),
     ("distribution", 9, "distribution 9"), ("normalization", 3, "normalisation 3"),
-    ("distribution", 2, "the StudentT distribution is not decoded"),
+    ("distribution", 2, "StudentT with nu 0.0"),
     ("major", 2, "format 2.0"), ("columns", 5, "5 columns in the file"),
     ("rows", 0xFFFFFFFF, "too many"), ("rows", 7, "block size"),
     ("antennas", 0x7FFFFFFF, "too many"), ("antennas", 5, "header"),

@@ -108,8 +108,8 @@ class DyscoReader:
         distribution = head["distribution"]
         if distribution not in dysco_tables.NAMES:
             raise FormatError(f"{self.name}: distribution {distribution} is not Dysco's")
-        if distribution == dysco_tables.STUDENT_T:
-            raise FormatError(f"{self.name}: the StudentT distribution is not decoded")
+        if distribution == dysco_tables.STUDENT_T and not 0 < head["nu"] < float("inf"):
+            raise FormatError(f"{self.name}: StudentT with nu {head['nu']}")
         self._table = dysco_tables.decode_table(head["data_bits"], distribution, head["nu"],
                                                 head["truncation"])
         self.parts, offset = {}, 0

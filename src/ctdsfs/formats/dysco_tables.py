@@ -154,6 +154,78 @@ def _truncated_gaussian(count, truncation):
     return _normal_quantiles(centres * factor + at_truncation).astype(np.float32)
 
 
+TINY = 1e-300
+
+
+def _fixed(values):
+    return np.where(np.abs(values) < TINY, TINY, values)
+
+
+def _beta_fraction(z, a, b):
+    """The continued fraction of the incomplete beta function (modified Lentz), for
+    ``z < (a + 1) / (a + b + 2)``, all ``z`` at once."""
+    c = np.ones_like(z)
+    d = 1 / _fixed(1 - (a + b) * z / (a + 1))
+    h = d.copy()
+    for m in range(1, 1000):
+        for term in (m * (b - m) * z / ((a - 1 + 2 * m) * (a + 2 * m)),
+                     -(a + m) * (a + b + m) * z / ((a + 2 * m) * (a + 1 + 2 * m))):
+            d = 1 / _fixed(1 + term * d)
+            c = _fixed(1 + term / c)
+            h *= d * c
+        if (np.abs(d * c - 1) < 1e-15).all():
+            break
+    return h
+
+
+def _log_beta(a, b):
+    return math.lgamma(a) + math.lgamma(b) - math.lgamma(a + b)
+
+
+def _incomplete_beta(z, a, b):
+    """The regularised incomplete beta function ``I_z(a, b)`` (``double``, 0 < z < 1)."""
+    out = np.empty_like(z)
+    direct = z < (a + 1) / (a + b + 2)
+    front = np.exp(a * np.log(z) + b * np.log1p(-z) - _log_beta(a, b))
+    out[direct] = front[direct] * _beta_fraction(z[direct], a, b) / a
+    out[~direct] = 1 - front[~direct] * _beta_fraction(1 - z[~direct], b, a) / b
+    return out
+
+
+def _inverse_incomplete_beta(target, a, b):
+    """``z`` with ``I_z(a, b) = target`` (``0 < target <= 1/2``): Newton's method on
+    ``log I`` over ``log z``, from the power law of small ``z``."""
+    u = np.minimum((np.log(target * a) + _log_beta(a, b)) / a, math.log(0.5))
+    for _ in range(40):
+        z = np.exp(u)
+        value = _incomplete_beta(z, a, b)
+        slope = np.exp(a * u + (b - 1) * np.log1p(-z) - _log_beta(a, b)) / value
+        step = (np.log(value) - np.log(target)) / slope
+        u = np.where(u - step >= 0, u / 2, u - step)
+        if (np.abs(step) <= 1e-13 * np.abs(u)).all():  # (one more step: quadratic)
+            break
+    z = np.exp(u)
+    value = _incomplete_beta(z, a, b)
+    slope = np.exp(a * u + (b - 1) * np.log1p(-z) - _log_beta(a, b)) / value
+    return np.exp(u - (np.log(value) - np.log(target)) / slope)
+
+
+def _student_t(count, nu):
+    """Student's t quantiles of the centres: the tail ``q`` of ``|t|`` solves
+    ``I_x(nu/2, 1/2) = 2 q`` with ``x = nu / (nu + t**2)``, or for a tail near 1/2
+    ``I_y(1/2, nu/2) = 1 - 2 q`` with ``y = 1 - x`` (the smaller target, for accuracy)."""
+    centres = _centres(count).astype(np.float64)
+    tail = np.minimum(centres, 1 - centres)
+    size = np.zeros_like(tail)
+    small = 2 * tail <= 0.5
+    x = _inverse_incomplete_beta(2 * tail[small], nu / 2, 0.5)
+    size[small] = np.sqrt(nu * (1 - x) / x)
+    near = ~small & (tail < 0.5)
+    y = _inverse_incomplete_beta(1 - 2 * tail[near], 0.5, nu / 2)
+    size[near] = np.sqrt(nu * y / (1 - y))
+    return np.where(centres < 0.5, -size, size).astype(np.float32)
+
+
 @functools.lru_cache(maxsize=16)
 def decode_table(bits, distribution, nu=0.0, truncation=0.0):
     """The ``float32`` value of each of the ``2**bits`` symbols (the last one NaN); ``nu``
@@ -165,6 +237,8 @@ def decode_table(bits, distribution, nu=0.0, truncation=0.0):
         values = _uniform(count)
     elif distribution == TRUNCATED_GAUSSIAN:
         values = _truncated_gaussian(count, truncation)
+    elif distribution == STUDENT_T and nu > 0:
+        values = _student_t(count, nu)
     else:
         raise ValueError(f"distribution {distribution}")
     table = np.append(values, np.float32(np.nan))
