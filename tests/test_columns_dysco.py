@@ -224,7 +224,8 @@ def header_fields(data):
     for name, fmt, size in [("rows", "<I", 4), ("antennas", "<I", 4), ("block", "<I", 4),
                             ("major", "<H", 2), ("minor", "<H", 2), ("data_bits", "<B", 1),
                             ("weight_bits", "<B", 1), ("distribution", "<B", 1),
-                            ("normalization", "<B", 1)]:
+                            ("normalization", "<B", 1), ("nu", "<d", 8),
+                            ("truncation", "<d", 8)]:
         fields[name] = (at, fmt)
         at += size
     column_at = int.from_bytes(data[4:8], "little")
@@ -247,9 +248,12 @@ def damaged_copy(small, tmp_path, field=None, value=None, size=None):
     table = open_table(DirectorySource(str(path)), str(path))
     file = path / f"table.f{table.columns['DATA'].seqnr}"
     data = bytearray(file.read_bytes())
-    if field is not None:
-        at, fmt = header_fields(data)[field]
-        struct.pack_into(fmt, data, at, value)
+    if field is not None:  # (a field, or a tuple of them and a tuple of values)
+        fields = header_fields(data)
+        for one, number in zip(*((field, value) if isinstance(field, tuple) else
+                                 ((field,), (value,)))):
+            at, fmt = fields[one]
+            struct.pack_into(fmt, data, at, number)
     if size is not None:
         data = data[:size]
     file.write_bytes(bytes(data))
@@ -260,7 +264,10 @@ def damaged_copy(small, tmp_path, field=None, value=None, size=None):
     ("data_bits", 5, "5 data bits"), ("data_bits", 0, "0 data bits"),
     ("data_bits", 17, "17 data bits"), ("weight_bits", 255, "255 weight bits"),
     ("distribution", 9, "distribution 9"), ("normalization", 3, "normalisation 3"),
-    ("distribution", 2, "StudentT with nu 0.0"),
+    ("distribution", 2, "StudentT with nu 0.0 is not decoded"),
+    (("distribution", "nu"), (2, 250.0), "StudentT with nu 250.0"),
+    ("truncation", float("nan"), "at nan"),
+    ("truncation", -1.0, "TruncatedGaussian at -1.0"),
     ("major", 2, "format 2.0"), ("columns", 5, "5 columns in the file"),
     ("rows", 0xFFFFFFFF, "too many"), ("rows", 7, "block size"),
     ("antennas", 0x7FFFFFFF, "too many"), ("antennas", 5, "header"),

@@ -33,6 +33,7 @@ number in the file is little-endian, whatever the table's byte order):
 """
 
 import struct
+import threading
 
 import numpy as np
 
@@ -108,8 +109,13 @@ class DyscoReader:
         distribution = head["distribution"]
         if distribution not in dysco_tables.NAMES:
             raise FormatError(f"{self.name}: distribution {distribution} is not Dysco's")
-        if distribution == dysco_tables.STUDENT_T and not 0 < head["nu"] < float("inf"):
-            raise FormatError(f"{self.name}: StudentT with nu {head['nu']}")
+        if distribution == dysco_tables.STUDENT_T and \
+                not dysco_tables.MIN_NU <= head["nu"] <= dysco_tables.MAX_NU:
+            raise FormatError(f"{self.name}: StudentT with nu {head['nu']} is not decoded "
+                              f"({dysco_tables.MIN_NU} to {dysco_tables.MAX_NU} are)")
+        if distribution == dysco_tables.TRUNCATED_GAUSSIAN and \
+                not 0 < head["truncation"] < float("inf"):
+            raise FormatError(f"{self.name}: TruncatedGaussian at {head['truncation']}")
         self._table = dysco_tables.decode_table(head["data_bits"], distribution, head["nu"],
                                                 head["truncation"])
         self.parts, offset = {}, 0
@@ -130,6 +136,7 @@ class DyscoReader:
         past = self.file_size - self.header_size
         self.blocks = past // offset if self.rows_per_block and past > 0 else 0
         self._antenna_chunks = {}
+        self._lock = threading.Lock()
 
     def _parse_header(self, data, ncolumns):
         name = self.name
@@ -220,14 +227,16 @@ class DyscoReader:
         """Column ``name`` (ANTENNA1 or ANTENNA2) of the ``chunk``-th ANTENNA_ROWS rows, read
         once for the reads of all blocks in them (the last few kept)."""
         key = (name, chunk)
-        values = self._antenna_chunks.get(key)
+        with self._lock:  # (reads come from several threads)
+            values = self._antenna_chunks.get(key)
         if values is None:
             first = chunk * ANTENNA_ROWS
             values = np.asarray(self.table.read_column(
                 name, first, min(self.table.nrow, first + ANTENNA_ROWS)))
-            if len(self._antenna_chunks) >= 4:
-                self._antenna_chunks.pop(next(iter(self._antenna_chunks)), None)
-            self._antenna_chunks[key] = values
+            with self._lock:
+                if len(self._antenna_chunks) >= 4:
+                    self._antenna_chunks.pop(next(iter(self._antenna_chunks)))
+                self._antenna_chunks[key] = values
         return values
 
     def _antennas(self, start, stop):

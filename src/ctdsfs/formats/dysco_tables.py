@@ -15,7 +15,8 @@ builds its tables with a unit scale, as ``float`` values computed in these types
 * TruncatedGaussian with truncation ``t``: the normal quantile (``double``) of
   ``c * (1 - 2 P(-t)) + P(-t)``, ``P`` the normal CDF and ``c`` the centre above
   rounded to ``double``;
-* StudentT with ``nu`` degrees of freedom: Student's t quantile of the centre.
+* StudentT with ``nu`` degrees of freedom: Student's t quantile of the centre (GSL's
+  ``gsl_cdf_tdist_Pinv`` there; here from the regularised incomplete beta function).
 
 The rounding to ``float`` makes a table independent of how its ``double`` value was
 reached to within a unit in its last place, except on the rare value within that
@@ -33,6 +34,10 @@ NAMES = {GAUSSIAN: "Gaussian", UNIFORM: "Uniform", STUDENT_T: "StudentT",
          TRUNCATED_GAUSSIAN: "TruncatedGaussian"}
 NAMES_TO_CODES = {name: code for code, name in NAMES.items()}
 BISECTION_TOLERANCE = 1e-13
+# StudentT's nu decoded: the incomplete beta's continued fraction takes ever more steps
+# as nu grows (a table at nu 200 takes seconds), and under 1/4 the extreme quantiles
+# pass a float's range
+MIN_NU, MAX_NU = 0.25, 200.0
 _erf = np.frompyfunc(math.erf, 1, 1)
 _erfc = np.frompyfunc(math.erfc, 1, 1)
 _LD = np.longdouble
@@ -237,7 +242,7 @@ def decode_table(bits, distribution, nu=0.0, truncation=0.0):
         values = _uniform(count)
     elif distribution == TRUNCATED_GAUSSIAN:
         values = _truncated_gaussian(count, truncation)
-    elif distribution == STUDENT_T and nu > 0:
+    elif distribution == STUDENT_T and MIN_NU <= nu <= MAX_NU:
         values = _student_t(count, nu)
     else:
         raise ValueError(f"distribution {distribution}")
