@@ -22,7 +22,11 @@ rounds (the machine is shared: its load moves every reader) with the best beside
   client), against ``getcol`` from local disk;
 * the bytes a range of 100 rows of DATA fetches from SeaweedFS, with the remote reader's
   defaults and with 64 KiB chunks, beside the size of one tile row (the tiles across a
-  cell that hold a band of rows).
+  cell that hold a band of rows);
+* Dysco: a MeasurementSet whose DATA (64 channels x 4 correlations) python-casacore
+  stores with DyscoStMan (10 bits, TruncatedGaussian, AF normalisation: LOFAR's
+  pipelines' choice), written by tests/dysco_ms.py: ``numpy.load(columns/DATA.npy)``
+  through a fresh mount against ``getcol`` and the floor, as for the local figures.
 """
 
 import os
@@ -201,6 +205,32 @@ def remote_figures(tmp, ms, table, names, rounds):
         server.close()
 
 
+def dysco_figures(tmp, data_mib, rounds):
+    """The Dysco line: DATA of about ``data_mib`` MiB decoded (see the module docstring)."""
+    import json
+
+    ms = tmp / "dysco.ms"
+    antennas = 28  # 406 rows a time step, autocorrelations included
+    times = max(2, data_mib * 2 ** 20 // (2048 * antennas * (antennas + 1) // 2))
+    spec = {"dataBitCount": 10, "weightBitCount": 12, "distribution": "TruncatedGaussian",
+            "normalization": "AF", "studentTNu": 0.0, "distributionTruncation": 2.5}
+    settings = {"managers": [{"name": "Dysco", "columns": ["DATA"], "spec": spec}],
+                "antennas": antennas, "times": times, "channels": 64, "pols": 4}
+    print(f"columns: a Dysco DATA column of {data_mib} MiB ...", flush=True)
+    subprocess.run([sys.executable, str(HERE.parent / "tests" / "dysco_ms.py"), str(ms),
+                    json.dumps(settings)], check=True, stdout=subprocess.DEVNULL)
+    table, _ = tiled_columns(ms)
+    stored = (ms / table.manager_files("DATA")[0]).stat().st_size
+    getcol, mounted, floor, (cpu, _) = local_figures(tmp, ms, ["DATA"], rounds)
+    return (f"columns: Dysco DATA ({data_mib} MiB decoded, {stored / 2 ** 20:.0f} MiB stored: "
+            f"10 bits, TruncatedGaussian, AF), {rounds} alternated rounds, page cache warm: "
+            f"python-casacore getcol {summary(getcol)}, numpy.load through a fresh -o columns "
+            f"mount {summary(mounted)}, ratio of medians "
+            f"{statistics.median(getcol) / statistics.median(mounted):.2f} (target >= 1); the "
+            f"pyfuse3 floor {summary(floor)}; the mount's CPU median "
+            f"{statistics.median(cpu):.3f} s")
+
+
 def columns_figures(tmp, ms_mib, rounds=5):
     """The lines of the part (see the module docstring)."""
     ms = tmp / "columns.ms"
@@ -232,4 +262,5 @@ def columns_figures(tmp, ms_mib, rounds=5):
         f"the view listed: {moved / 1024:.0f} KiB fetched with the default chunks (what "
         f"the listing fetched is not fetched again), {moved_small / 1024:.0f} KiB with "
         f"64 KiB chunks; a tile row of DATA is {tile_row / 1024:.0f} KiB",
+        dysco_figures(tmp, 200, rounds),
     ]

@@ -189,17 +189,17 @@ def test_measurement_set_and_subtables(tmp_path):
 
 
 def test_column_of_a_manager_not_decoded_is_listed_not_read(made):
-    """A column bound to a manager not decoded (here table.dat names DyscoStMan) is listed
+    """A column bound to a manager not decoded (here table.dat names Adios2StMan) is listed
     with its manager, and reading it is refused, not guessed."""
     from ctdsfs.formats import tabledat
     path = made("fixed", "IncrementalStMan")
     dat = tabledat.decode(Path(path, "table.dat").read_bytes())
-    dat.column_set.data_managers[0] = ("DyscoStMan", dat.column_set.data_managers[0][1])
+    dat.column_set.data_managers[0] = ("Adios2StMan", dat.column_set.data_managers[0][1])
     Path(path, "table.dat").write_bytes(dat.encode())
     table = open_table(DirectorySource(path))
     info = table.describe()["columns"]["s_int"]
-    assert info["data_manager"] == "DyscoStMan" and not info["decoded"]
-    with pytest.raises(NotDecoded, match="DyscoStMan"):
+    assert info["data_manager"] == "Adios2StMan" and not info["decoded"]
+    with pytest.raises(NotDecoded, match="Adios2StMan"):
         table.read_column("s_int")
 
 

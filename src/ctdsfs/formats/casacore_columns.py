@@ -13,7 +13,7 @@ reading only the buckets or tiles that hold those rows. Results:
   :class:`VarShapeColumn` (per-row shape and defined flag, element offsets, flat values);
   ``cell(i)`` gives back what ``getvarcol`` gives for row ``i``.
 
-A column bound to a data manager not decoded here (a virtual column engine, Dysco,
+A column bound to a data manager not decoded here (a virtual column engine,
 Adios2StMan, ...) is listed with its manager; reading it raises :class:`NotDecoded`.
 """
 
@@ -32,6 +32,7 @@ from . import (
     tabledat,
 )
 from .casacore_base import NUMERIC_TYPES, TP_BOOL, TP_STRING, EndianAipsReader
+from .casacore_dysco import DyscoReader
 from .casacore_tsm_axes import decodable, hypercolumn_roles
 
 OPTION_DIRECT = 1
@@ -202,8 +203,8 @@ def _decoders():
             "TiledColumnStMan": casacore_tsm.TiledReader,
             "TiledShapeStMan": casacore_tsm.TiledReader,
             "TiledCellStMan": casacore_tsm.TiledReader,
-            "TiledDataStMan": casacore_tsm.TiledReader, **casacore_altmans.DECODERS,
-            **casacore_sisco.DECODERS}
+            "TiledDataStMan": casacore_tsm.TiledReader, "DyscoStMan": DyscoReader,
+            **casacore_altmans.DECODERS, **casacore_sisco.DECODERS}
 
 
 class CasacoreTable:
