@@ -21,7 +21,7 @@ import numpy as np
 from ..errors import FormatError
 from .aipsio import AipsReader
 from .buffers import aligned_empty
-from .store import preadv_all
+from .store import open_regular, preadv_all
 
 # casacore DataType codes (casa/Utilities/DataType.h) of the column types decoded.
 TP_BOOL, TP_UCHAR, TP_SHORT, TP_USHORT, TP_INT, TP_UINT = 0, 2, 3, 4, 5, 6
@@ -38,25 +38,59 @@ MAX_READ = 1 << 31  # bytes of one read_aligned (callers check their ranges agai
 
 
 class DirectorySource:
-    """The files of a table directory on a local file system."""
+    """The files of a table directory on a local file system (a link, FIFO, socket or
+    device in place of a file is refused, never followed or opened)."""
 
     def __init__(self, path):
         self.path = os.fspath(path)
 
     def entry_size(self, name):
-        return os.path.getsize(os.path.join(self.path, name))
+        return os.lstat(os.path.join(self.path, name)).st_size
 
     def read(self, name, offset, size):
-        with open(os.path.join(self.path, name), "rb") as f:
-            f.seek(offset)
-            return f.read(size)
+        fd = open_regular(os.path.join(self.path, name))
+        try:
+            return os.pread(fd, size, offset)
+        finally:
+            os.close(fd)
 
     def read_into(self, name, offset, buffer):
-        fd = os.open(os.path.join(self.path, name), os.O_RDONLY | os.O_CLOEXEC)
+        fd = open_regular(os.path.join(self.path, name))
         try:
             return preadv_all(fd, buffer, offset)
         finally:
             os.close(fd)
+
+
+class TableFiles:
+    """A table's source as the storage managers' decoders read it: a file that cannot be
+    reached (missing, a link refused, unreadable) is a one-line FormatError naming it, so
+    it costs the columns stored in it, not the whole table. Anything else (writes, what a
+    source says of itself) is the source's own."""
+
+    def __init__(self, source):
+        self.source = source
+        if getattr(source, "read_into", None) is None:
+            self.read_into = None
+
+    def __getattr__(self, name):
+        return getattr(self.source, name)
+
+    def _reach(self, func, name, *args):
+        try:
+            return func(name, *args)
+        except (OSError, KeyError) as exc:
+            why = getattr(exc, "strerror", None) or "no such file"
+            raise FormatError(f"{name}: {why}") from None
+
+    def entry_size(self, name):
+        return self._reach(self.source.entry_size, name)
+
+    def read(self, name, offset, size):
+        return self._reach(self.source.read, name, offset, size)
+
+    def read_into(self, name, offset, buffer):
+        return self._reach(self.source.read_into, name, offset, buffer)
 
 
 class LayeredSource:

@@ -23,11 +23,10 @@ import numpy as np
 
 from ..errors import FormatError
 from . import casacore_ism, casacore_ssm, casacore_stmanaipsio, casacore_tsm, tabledat
-from .casacore_base import NUMERIC_TYPES, TP_BOOL, TP_STRING, EndianAipsReader
+from .casacore_base import NUMERIC_TYPES, TP_BOOL, TP_STRING, EndianAipsReader, TableFiles
 from .casacore_tsm_axes import decodable, hypercolumn_roles
 
 OPTION_DIRECT = 1
-MAX_TABLE_DAT = 64 << 20
 
 
 class NotDecoded(FormatError):
@@ -201,12 +200,13 @@ class CasacoreTable:
     """One casacore table read through ``source`` (see :mod:`.casacore_base`)."""
 
     def __init__(self, source, label="table"):
-        self.source, self.label = source, label
-        size = source.entry_size("table.dat")
-        if size > MAX_TABLE_DAT:
+        self.source, self.label = TableFiles(source), label
+        size = self.source.entry_size("table.dat")
+        if size > tabledat.MAX_BYTES:
             raise FormatError(f"{label}/table.dat: {size} bytes is too large for a table.dat")
-        self.dat = tabledat.decode(source.read("table.dat", 0, size), f"{label}/table.dat")
-        self.nrow = _synced_rows(source, label, int(self.dat.nrow))
+        self.dat = tabledat.decode(self.source.read("table.dat", 0, size),
+                                   f"{label}/table.dat")
+        self.nrow = _synced_rows(self.source, label, int(self.dat.nrow))
         self.big_endian = self.dat.endian == 0
         self.columns = {c.name: c for c in _column_infos(self.dat)}
         self.keywords = tabledat.record_dict(self.dat.desc.keywords)
@@ -235,10 +235,10 @@ class CasacoreTable:
         """(known, shape): whether the manager can tell without decoding that every cell of
         the column is defined with one shape, and that shape (None: not one shape)."""
         col = self.columns[name]
-        reader = self._reader(col.seqnr)
-        if not hasattr(reader, "uniform_shape"):
-            return False, None
         try:
+            reader = self._reader(col.seqnr)
+            if not hasattr(reader, "uniform_shape"):
+                return False, None
             shape = reader.uniform_shape(col)
         except FormatError as exc:
             raise FormatError(f"{self.label}: column {name}: {exc}") from None
