@@ -17,6 +17,7 @@ A column bound to a data manager not decoded here (a virtual column engine, Dysc
 Adios2StMan, ...) is listed with its manager; reading it raises :class:`NotDecoded`.
 """
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -281,6 +282,7 @@ class CasacoreTable:
                              f"{col.manager}, which is not decoded")
         try:
             result = self._reader(col.seqnr).read(col, start, stop)
+            _check_cells(col, result, start)
         except FormatError as exc:
             raise FormatError(f"{self.label}: column {name}: {exc}") from None
         if isinstance(result, np.ndarray):
@@ -293,6 +295,33 @@ class CasacoreTable:
             if fixed is not None:
                 return fixed
         return var
+
+
+def _check_cells(col, result, start):
+    """Refuse cells whose header cannot be true (FormatError): a defined array cell has
+    at least one axis, as many as its column's (when the column fixes them), and as many
+    values as its shape holds. A cell is then defined, or undefined, in every file the
+    view shows."""
+    if not col.is_array:
+        return
+    if isinstance(result, np.ndarray):
+        if len(result):
+            _check_shape(col, result.shape[1:], start)
+        return
+    for row, cell in enumerate(result, start):
+        if cell is not None:
+            shape, values = cell
+            _check_shape(col, shape, row)
+            if len(values) != math.prod(shape):
+                raise FormatError(f"row {row}: a cell of shape {list(shape)} holds "
+                                  f"{len(values)} values")
+
+
+def _check_shape(col, shape, row):
+    if not shape or (col.ndim > 0 and len(shape) != col.ndim):
+        axes = col.ndim if col.ndim > 0 else "any number of"
+        raise FormatError(f"row {row}: a cell of shape {list(shape)} in a column of {axes} "
+                          "axes")
 
 
 def open_table(source, label="table"):
