@@ -385,7 +385,7 @@ class ColumnsView(DerivedView):
         ``problems`` (and a column's in table.json)."""
         try:
             self._open_table()
-        except (FormatError, OSError) as exc:
+        except (FormatError, BlockError, OSError) as exc:
             self._problem(f"no columns shown: {exc}")
             return {}
         entries, shown, failed = {}, {}, {}
