@@ -134,14 +134,17 @@ def kind_of(mode):
     return next((words for test, words in _KINDS if test(mode)), "not a regular file")
 
 
-def open_if_regular(path, flags=os.O_RDONLY, *, dir_fd=None, what=None):
+def open_if_regular(path, flags=os.O_RDONLY, *, dir_fd=None, what=None, follow=False):
     """A descriptor of ``path`` opened with ``flags``, only if ``path`` itself is a regular
     file. It is first reached with ``O_PATH | O_NOFOLLOW``, which opens nothing (opening a
     FIFO would block the daemon, a device would run its driver), and a link, directory,
     FIFO, socket or device there is refused with a one-line FormatError naming ``what``
     (default: the path); a regular file is then opened through that same descriptor, so
-    what is opened is what was looked at. A failure to reach ``path`` stays an OSError."""
-    seen = os.open(path, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+    what is opened is what was looked at. A failure to reach ``path`` stays an OSError.
+    With ``follow``, a link is followed to what it names (a container the user named, and
+    the files beside it), which is then held to the same rule."""
+    seen = os.open(path, os.O_PATH | (0 if follow else os.O_NOFOLLOW) | os.O_CLOEXEC,
+                   dir_fd=dir_fd)
     try:
         mode = os.fstat(seen).st_mode
         if not stat.S_ISREG(mode):
@@ -287,8 +290,9 @@ class FileStore:
         self.label = os.fspath(path)
         flags = os.O_CLOEXEC | (os.O_RDWR if writable else os.O_RDONLY)
         if create:
-            flags |= os.O_CREAT | os.O_EXCL
-        self.fd = os.open(path, flags, 0o644)
+            self.fd = os.open(path, flags | os.O_CREAT | os.O_EXCL, 0o644)
+        else:
+            self.fd = open_if_regular(path, flags, follow=True)
         self.writable = writable
         self._direct = None  # a DirectWriter from the first bulk write on; False: none
 
