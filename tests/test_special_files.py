@@ -156,3 +156,27 @@ def test_special_files_in_every_kind_of_source(tree, tmp_path, kind):
         {n: found.get(n) for n in HEALTHY}
     assert all(f"{path.name!r} hidden: " in log for path in planted
                if path.parent.name not in (fragment, "data")), log  # (views' own: raw/)
+
+
+@pytest.mark.parametrize("place", ["container", "_hdrext", "journal"])
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_special_file_as_a_container_or_beside_one(data_dir, tmp_path, kind, place):
+    """A FIFO, socket or device node named as a container, as a MultiFile's _hdrext, or as a
+    MultiHDF5 file's journal: ``ctdsfs info`` refuses it in one line and returns (before,
+    the journal's or the _hdrext's open blocked for good on a FIFO)."""
+    source = {"container": "mf2_basic.mf", "_hdrext": "casacore_test_v1.mf",
+              "journal": "mh5_basic.mfh5"}[place]
+    container = tmp_path / source
+    shutil.copy(data_dir / source, container)
+    if place == "_hdrext":
+        shutil.copy(data_dir / f"{source}_hdrext", tmp_path)
+    planted = {"container": container, "_hdrext": tmp_path / f"{source}_hdrext",
+               "journal": tmp_path / f"{source}.ctdsfs-journal"}[place]
+    if planted.exists():
+        planted.unlink()
+    os.mknod(planted, 0o644 | KINDS[kind], os.makedev(1, 3) if kind == "device" else 0)
+    done = subprocess.run(["ctdsfs", "info", str(container)], capture_output=True, text=True,
+                          timeout=WALK_SECONDS)
+    assert done.returncode == 1, done.stdout
+    assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr, done.stderr
+    assert planted.name in done.stderr, done.stderr
