@@ -32,6 +32,7 @@ mount, and a device's driver would run. A file that turns into one after it was
 listed fails its reads with EIO (see :func:`~ctdsfs.formats.store.open_if_regular`).
 """
 
+import errno
 import logging
 import os
 import stat
@@ -175,8 +176,8 @@ class DirectorySource(Container):
             st = os.lstat(self._real(key))
         except FileNotFoundError:
             raise FileNotFoundError(key) from None
-        if _is_special(st.st_mode):  # (hidden from the listing)
-            raise FileNotFoundError(key)
+        if _is_special(st.st_mode):  # hidden from the listing
+            raise FileNotFoundError(errno.ENOENT, f"{kind_of(st.st_mode)}, hidden", key)
         return st
 
     def entry_size(self, key):
