@@ -194,6 +194,7 @@ CHANGES = {  # an array header that cannot be true -> its bytes
 # (manager, column, file, byte order of its headers: None for the table's)
 HEADERS = [("StandardStMan", "v_float", "table.f2i", None),
            ("StandardStMan", "v_string", "table.f4", True),  # its heap's shaped arrays
+           ("IncrementalStMan", "v_float", "table.f2i", None),
            ("StManAipsIO", "v_int", "table.f1i", True)]
 
 
