@@ -62,37 +62,6 @@ class DirectorySource:
             os.close(fd)
 
 
-class TableFiles:
-    """A table's source as the storage managers' decoders read it: a file that cannot be
-    reached (missing, a link refused, unreadable) is a one-line FormatError naming it, so
-    it costs the columns stored in it, not the whole table. Anything else (writes, what a
-    source says of itself) is the source's own."""
-
-    def __init__(self, source):
-        self.source = source
-        if getattr(source, "read_into", None) is None:
-            self.read_into = None
-
-    def __getattr__(self, name):
-        return getattr(self.source, name)
-
-    def _reach(self, func, name, *args):
-        try:
-            return func(name, *args)
-        except (OSError, KeyError) as exc:
-            why = getattr(exc, "strerror", None) or "no such file"
-            raise FormatError(f"{name}: {why}") from None
-
-    def entry_size(self, name):
-        return self._reach(self.source.entry_size, name)
-
-    def read(self, name, offset, size):
-        return self._reach(self.source.read, name, offset, size)
-
-    def read_into(self, name, offset, buffer):
-        return self._reach(self.source.read_into, name, offset, buffer)
-
-
 class LayeredSource:
     """Files found in the first of several sources that holds them: a MultiFile table keeps
     ``table.dat`` beside its ``table.mf``, and the storage managers' files inside it."""
