@@ -180,3 +180,36 @@ def test_a_special_file_as_a_container_or_beside_one(data_dir, tmp_path, kind, p
     assert done.returncode == 1, done.stdout
     assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr, done.stderr
     assert planted.name in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("swap", ["fifo", "link"])
+def test_table_dat_swapped_under_a_legacy_view(made, tmp_path, swap):  # noqa: F811
+    """A MultiFile table's table.dat replaced, while its view is shown, by a FIFO (before:
+    the next listing blocked for good) or by a link to a file outside (before: its bytes
+    were served as table.dat): the listing answers, and table.dat is hidden or EIO."""
+    import errno
+    import threading
+
+    from ctdsfs.vfs import ROOT_INO, ContainerFS
+    from ctdsfs.vfs.directory import directory_or_table
+    from ctdsfs.vfs.filesystem import FSError
+
+    path = tmp_path / "t"
+    shutil.copytree(made("fixed", "StandardStMan", multifile=True), path)
+    fs = ContainerFS(directory_or_table(str(path), source=True), str(path))
+    outside = tmp_path / "outside"
+    outside.write_bytes(b"SECRET" * 100)
+    os.unlink(path / "table.dat")
+    os.mkfifo(path / "table.dat") if swap == "fifo" else os.symlink(outside, path / "table.dat")
+    listed = {}
+    lister = threading.Thread(target=lambda: listed.update(
+        (n, a.size) for n, a, _ in fs.readdir(fs.opendir(ROOT_INO))), daemon=True)
+    lister.start()
+    lister.join(WALK_SECONDS)
+    assert not lister.is_alive() and "table.f3" in listed
+    if swap == "fifo":
+        assert "table.dat" not in listed
+        return
+    with pytest.raises(FSError) as failed:
+        fs.read(fs.open(fs.lookup(ROOT_INO, "table.dat").ino, os.O_RDONLY), 0, 4096)
+    assert failed.value.errno == errno.EIO and "symbolic link" in str(failed.value)

@@ -447,12 +447,17 @@ class TableView(DirectorySource):
 
         One that does not decode (damaged, or hostile) is shown as it is, with
         one log line per state of the file: the rest of the table stays usable.
+        One that is no longer a regular file (a link or a FIFO put in its place)
+        is a BlockError: its reads fail with EIO.
         """
         if self._staged is not None:
             return bytes(self._staged)
         key = self._table_dat_version()
         if self._translated is None or self._translated[0] != key:
-            stored = self._stored_table_dat()
+            try:
+                stored = self._stored_table_dat()
+            except FormatError as exc:
+                raise BlockError(str(exc)) from None
             try:
                 shown = tabledat.decode(stored, self._real("table.dat")) \
                     .with_storage("SepFile").encode()
@@ -476,7 +481,10 @@ class TableView(DirectorySource):
 
     def entry_size(self, key):
         if key == "table.dat":
-            return len(self._table_dat())
+            try:
+                return len(self._table_dat())
+            except BlockError:
+                return 0  # (its reads say why)
         if self._in_container(key):
             return self.container.entry_size(key)
         return super().entry_size(key)
