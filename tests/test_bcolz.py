@@ -534,7 +534,7 @@ def test_superchunk_link_is_not_followed(damaged, tmp_path):
     os.unlink(root / "data" / "__0.blp")
     os.symlink(secret, root / "data" / "__0.blp")
     c = open_container(root)
-    with pytest.raises(BlockError, match="__0.blp: Too many levels of symbolic links"):
+    with pytest.raises(BlockError, match="__0.blp: a symbolic link"):
         c.read("array.npy", c.entry_size("array.npy") - c.data_bytes(), 4)
 
 

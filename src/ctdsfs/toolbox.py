@@ -21,6 +21,7 @@ from tqdm import tqdm
 
 from .errors import CtdsfsError
 from .formats import create_container, open_container, refuse_existing
+from .formats.store import open_regular
 
 CHUNK = 4 << 20
 # Block sizes a pack may choose (casacore reads any): the largest that keeps the
@@ -148,7 +149,9 @@ def _copy_file(container, name, chunks, bar):
 
 
 def _file_chunks(path):
-    with open(path, "rb") as f:
+    """The bytes of regular file ``path`` (one that became a FIFO or a device since it was
+    looked at is refused in one line, never opened)."""
+    with os.fdopen(open_regular(path), "rb") as f:
         yield from iter(lambda: f.read(CHUNK), b"")
 
 

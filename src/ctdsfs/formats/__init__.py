@@ -21,8 +21,9 @@ import importlib
 import os
 from dataclasses import dataclass
 
-from ..errors import CtdsfsError, NotAContainer
+from ..errors import CtdsfsError, FormatError, NotAContainer
 from .schemes import REMOTE_SCHEMES
+from .store import open_if_regular
 
 SNIFF_BYTES = 68  # what recognition reads of a file's start
 
@@ -90,11 +91,11 @@ def open_container(path, *, verify_crc=True, writable=False, remote=None):
         if fmt is None:
             raise NotAContainer(f"{path}: a directory, but not one ctdsfs translates")
         return fmt.implementation().open_file(path, verify_crc=verify_crc, writable=writable)
-    if os.path.exists(path) and not os.path.isfile(path):  # (opening a FIFO would block)
-        raise NotAContainer(f"{path}: not a regular file")
     try:
-        with open(path, "rb") as f:
+        with os.fdopen(open_if_regular(path, follow=True), "rb") as f:
             first = f.read(SNIFF_BYTES)
+    except FormatError as exc:  # a FIFO, socket or device: never opened
+        raise NotAContainer(str(exc)) from None
     except OSError as exc:
         raise CtdsfsError(f"{path}: {exc.strerror}") from None
     for fmt in FORMATS:

@@ -12,7 +12,7 @@ instead of being followed. ``root`` itself is trusted (the user named it).
 import contextlib
 import os
 
-from .store import read_whole, regular_or_refused
+from .store import open_if_regular, read_whole, regular_or_refused
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
@@ -79,10 +79,15 @@ def listdir_beneath(root, rel=""):
 
 
 def open_regular_beneath(root, rel, what=None):
-    """A read-only descriptor of the regular file ``root/rel``; failures are FormatErrors
+    """A read-only descriptor of the regular file ``root/rel`` (a FIFO, socket or device
+    there is never opened: see :func:`~.store.open_if_regular`); failures are FormatErrors
     naming ``what`` (default: the path)."""
     what = what or os.path.join(root, rel)
-    return regular_or_refused(lambda: open_beneath(root, rel, os.O_RDONLY | os.O_NONBLOCK), what)
+
+    def opener():
+        with parent_fd(root, rel) as (fd, name):
+            return open_if_regular(name, dir_fd=fd, what=what)
+    return regular_or_refused(opener, what)
 
 
 def read_small_beneath(root, rel, limit, what=None):

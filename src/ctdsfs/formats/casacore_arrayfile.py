@@ -77,7 +77,9 @@ class ArrayFile:
         pos = offset + (4 if self.version > 0 else 0)
         (ndim,) = struct.unpack(self.order + "I", read_exact(self.source, self.name, pos, 4,
                                                              "array rank"))
-        checked_count(ndim, MAX_NDIM, f"{self.name}: array rank at offset {offset}")
+        if checked_count(ndim, MAX_NDIM, f"{self.name}: array rank at offset {offset}") == 0:
+            raise FormatError(f"{self.name}: array of rank 0 at offset {offset} (a defined "
+                              "cell has at least one axis)")
         shape = struct.unpack(f"{self.order}{ndim}i",
                               read_exact(self.source, self.name, pos + 4, 4 * ndim, "array shape"))
         if any(n < 0 for n in shape) or math.prod(shape) > self.size * 8:

@@ -21,7 +21,7 @@ import numpy as np
 from ..errors import FormatError
 from .aipsio import AipsReader
 from .buffers import aligned_empty
-from .store import preadv_all
+from .store import open_regular, preadv_all
 
 # casacore DataType codes (casa/Utilities/DataType.h) of the column types decoded.
 TP_BOOL, TP_UCHAR, TP_SHORT, TP_USHORT, TP_INT, TP_UINT = 0, 2, 3, 4, 5, 6
@@ -38,21 +38,24 @@ MAX_READ = 1 << 31  # bytes of one read_aligned (callers check their ranges agai
 
 
 class DirectorySource:
-    """The files of a table directory on a local file system."""
+    """The files of a table directory on a local file system (a link, FIFO, socket or
+    device in place of a file is refused, never followed or opened)."""
 
     def __init__(self, path):
         self.path = os.fspath(path)
 
     def entry_size(self, name):
-        return os.path.getsize(os.path.join(self.path, name))
+        return os.lstat(os.path.join(self.path, name)).st_size
 
     def read(self, name, offset, size):
-        with open(os.path.join(self.path, name), "rb") as f:
-            f.seek(offset)
-            return f.read(size)
+        fd = open_regular(os.path.join(self.path, name))
+        try:
+            return os.pread(fd, size, offset)
+        finally:
+            os.close(fd)
 
     def read_into(self, name, offset, buffer):
-        fd = os.open(os.path.join(self.path, name), os.O_RDONLY | os.O_CLOEXEC)
+        fd = open_regular(os.path.join(self.path, name))
         try:
             return preadv_all(fd, buffer, offset)
         finally:

@@ -17,6 +17,7 @@ A column bound to a data manager not decoded here (a virtual column engine,
 Adios2StMan, ...) is listed with its manager; reading it raises :class:`NotDecoded`.
 """
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -36,11 +37,41 @@ from .casacore_dysco import DyscoReader
 from .casacore_tsm_axes import decodable, hypercolumn_roles
 
 OPTION_DIRECT = 1
-MAX_TABLE_DAT = 64 << 20
 
 
 class NotDecoded(FormatError):
     """The column's data manager is not one this module decodes."""
+
+
+class TableFiles:
+    """A table's source as the storage managers' decoders read it: a file that cannot be
+    reached (missing, a link refused, unreadable) is a one-line FormatError naming it, so
+    it costs the columns stored in it, not the whole table. Anything else (writes, what a
+    source says of itself) is the source's own."""
+
+    def __init__(self, source):
+        self.source = source
+        if getattr(source, "read_into", None) is None:
+            self.read_into = None
+
+    def __getattr__(self, name):
+        return getattr(self.source, name)
+
+    def _reach(self, func, name, *args):
+        try:
+            return func(name, *args)
+        except (OSError, KeyError) as exc:
+            why = getattr(exc, "strerror", None) or "no such file"
+            raise FormatError(f"{name}: {why}") from None
+
+    def entry_size(self, name):
+        return self._reach(self.source.entry_size, name)
+
+    def read(self, name, offset, size):
+        return self._reach(self.source.read, name, offset, size)
+
+    def read_into(self, name, offset, buffer):
+        return self._reach(self.source.read_into, name, offset, buffer)
 
 
 @dataclass
@@ -211,12 +242,13 @@ class CasacoreTable:
     """One casacore table read through ``source`` (see :mod:`.casacore_base`)."""
 
     def __init__(self, source, label="table"):
-        self.source, self.label = source, label
-        size = source.entry_size("table.dat")
-        if size > MAX_TABLE_DAT:
+        self.source, self.label = TableFiles(source), label
+        size = self.source.entry_size("table.dat")
+        if size > tabledat.MAX_BYTES:
             raise FormatError(f"{label}/table.dat: {size} bytes is too large for a table.dat")
-        self.dat = tabledat.decode(source.read("table.dat", 0, size), f"{label}/table.dat")
-        self.nrow = _synced_rows(source, label, int(self.dat.nrow))
+        self.dat = tabledat.decode(self.source.read("table.dat", 0, size),
+                                   f"{label}/table.dat")
+        self.nrow = _synced_rows(self.source, label, int(self.dat.nrow))
         self.big_endian = self.dat.endian == 0
         self.columns = {c.name: c for c in _column_infos(self.dat)}
         self.keywords = tabledat.record_dict(self.dat.desc.keywords)
@@ -245,10 +277,10 @@ class CasacoreTable:
         """(known, shape): whether the manager can tell without decoding that every cell of
         the column is defined with one shape, and that shape (None: not one shape)."""
         col = self.columns[name]
-        reader = self._reader(col.seqnr)
-        if not hasattr(reader, "uniform_shape"):
-            return False, None
         try:
+            reader = self._reader(col.seqnr)
+            if not hasattr(reader, "uniform_shape"):
+                return False, None
             shape = reader.uniform_shape(col)
         except FormatError as exc:
             raise FormatError(f"{self.label}: column {name}: {exc}") from None
@@ -291,6 +323,7 @@ class CasacoreTable:
                              f"{col.manager}, which is not decoded")
         try:
             result = self._reader(col.seqnr).read(col, start, stop)
+            _check_cells(col, result, start)
         except FormatError as exc:
             raise FormatError(f"{self.label}: column {name}: {exc}") from None
         if isinstance(result, np.ndarray):
@@ -303,6 +336,33 @@ class CasacoreTable:
             if fixed is not None:
                 return fixed
         return var
+
+
+def _check_cells(col, result, start):
+    """Refuse cells whose header cannot be true (FormatError): a defined array cell has
+    at least one axis, as many as its column's (when the column fixes them), and as many
+    values as its shape holds. A cell is then defined, or undefined, in every file the
+    view shows."""
+    if not col.is_array:
+        return
+    if isinstance(result, np.ndarray):
+        if len(result):
+            _check_shape(col, result.shape[1:], start)
+        return
+    for row, cell in enumerate(result, start):
+        if cell is not None:
+            shape, values = cell
+            _check_shape(col, shape, row)
+            if len(values) != math.prod(shape):
+                raise FormatError(f"row {row}: a cell of shape {list(shape)} holds "
+                                  f"{len(values)} values")
+
+
+def _check_shape(col, shape, row):
+    if not shape or (col.ndim > 0 and len(shape) != col.ndim):
+        axes = col.ndim if col.ndim > 0 else "any number of"
+        raise FormatError(f"row {row}: a cell of shape {list(shape)} in a column of {axes} "
+                          "axes")
 
 
 def open_table(source, label="table"):

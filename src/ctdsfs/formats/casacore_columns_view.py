@@ -30,6 +30,7 @@ is refused (EPERM) before anything changes.
 
 import json
 import logging
+import re
 import threading
 
 import numpy as np
@@ -42,6 +43,7 @@ from .casacore_columns import StringColumn, VarShapeColumn, open_table
 from .npy import npy_header
 
 BLOCK_BYTES = 1 << 20
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 log = logging.getLogger(__name__)
 
@@ -271,6 +273,14 @@ def _shapes(column, ndim):
     return out
 
 
+def _json_bytes(value):
+    """``value`` as UTF-8 JSON. A byte of the table that is not UTF-8 (a string keeps it as
+    a surrogate escape) is written as the JSON escape ``\\udcNN``, as ``ctdsfs tableinfo
+    --json`` writes it: ``text.encode("utf-8", "surrogateescape")`` gives the byte back."""
+    text = json.dumps(value, indent=2, ensure_ascii=False, default=str) + "\n"
+    return _SURROGATE.sub(lambda m: f"\\u{ord(m.group()):04x}", text).encode()
+
+
 def _npy_bytes(array):
     array = np.ascontiguousarray(array)
     return npy_header(array.dtype.str, array.shape) + array.tobytes()
@@ -375,7 +385,7 @@ class ColumnsView(DerivedView):
         ``problems`` (and a column's in table.json)."""
         try:
             self._open_table()
-        except (FormatError, OSError) as exc:
+        except (FormatError, BlockError, OSError) as exc:
             self._problem(f"no columns shown: {exc}")
             return {}
         entries, shown, failed = {}, {}, {}
@@ -396,8 +406,7 @@ class ColumnsView(DerivedView):
             described["columns"][name]["files"] = files
             if name in failed:
                 described["columns"][name]["error"] = failed[name]
-        entries["table.json"] = (json.dumps(described, indent=2, ensure_ascii=False,
-                                            default=str) + "\n").encode()
+        entries["table.json"] = _json_bytes(described)
         return entries
 
     def cached(self, key, offset, size):

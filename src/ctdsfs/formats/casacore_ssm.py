@@ -382,7 +382,7 @@ class HeapReader:
             return None
         self.get(bucket, offset, 0)
         ndim = self._int()
-        if not 0 <= ndim <= 32 or 4 * (ndim + 2) > length:
+        if not 1 <= ndim <= 32 or 4 * (ndim + 2) > length:
             raise FormatError(f"string array rank {ndim} is out of range")
         shape = [self._int() for _ in range(ndim)]
         if min(shape, default=0) < 0:

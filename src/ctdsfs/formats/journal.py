@@ -28,7 +28,7 @@ import struct
 import zlib
 
 from ..errors import ContainerFull, CtdsfsError, FormatError
-from .store import fsync_path, lock_for_writing, write_synced
+from .store import fsync_path, lock_for_writing, open_if_regular, write_synced
 
 PAGE = 4096
 JOURNAL_SUFFIX = ".ctdsfs-journal"
@@ -55,7 +55,7 @@ def read_journal(path, file_size):
     one that is complete but does not fit the file is refused.
     """
     try:
-        with open(journal_path(path), "rb") as f:
+        with os.fdopen(open_if_regular(journal_path(path), follow=True), "rb") as f:
             # A journal of this file holds at most one record per page of it.
             pages = -(-file_size // PAGE)
             data = f.read(HEAD.size + pages * (PAGE_HEAD.size + PAGE) + TAIL.size + 1)
@@ -122,7 +122,8 @@ class JournaledFile:
     def __init__(self, path, writable):
         self.path = os.fspath(path)
         self.writable = writable
-        self.fd = os.open(self.path, (os.O_RDWR if writable else os.O_RDONLY) | os.O_CLOEXEC)
+        self.fd = open_if_regular(self.path, os.O_RDWR if writable else os.O_RDONLY,
+                                  follow=True)
         try:
             if writable:
                 lock_for_writing(self.fd, self.path)

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from ..errors import FormatError
 from . import crc
 from .aipsio import BIG_ENDIAN_HOST, AipsReader, AipsWriter, big_endian_bytes, from_big_endian
+from .store import open_if_regular
 
 FIXED_V2 = struct.Struct(">qqqiIqqqB7s")  # the 64-byte fixed part of a v2 header
 LEAD_V1 = struct.Struct(">qqq")
@@ -460,7 +461,7 @@ def _read_hdrext(hdrext_path, length):
                               f"{length} there")
         return hdrext_path.pread(0, length)
     try:
-        with open(hdrext_path, "rb") as f:
+        with os.fdopen(open_if_regular(hdrext_path, follow=True), "rb") as f:
             available = os.fstat(f.fileno()).st_size
             if available < length:
                 raise FormatError(f"{hdrext_path} holds {available} bytes, the header needs "

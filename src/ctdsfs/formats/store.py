@@ -124,26 +124,52 @@ def fsync_path(path):
         os.close(fd)
 
 
+_KINDS = ((stat.S_ISLNK, "a symbolic link (never followed)"), (stat.S_ISDIR, "a directory"),
+          (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
+          (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
+
+
+def kind_of(mode):
+    """What a file of ``mode`` that is not a regular file is, in words."""
+    return next((words for test, words in _KINDS if test(mode)), "not a regular file")
+
+
+def open_if_regular(path, flags=os.O_RDONLY, *, dir_fd=None, what=None, follow=False):
+    """A descriptor of ``path`` opened with ``flags``, only if ``path`` itself is a regular
+    file. It is first reached with ``O_PATH | O_NOFOLLOW``, which opens nothing (opening a
+    FIFO would block the daemon, a device would run its driver), and a link, directory,
+    FIFO, socket or device there is refused with a one-line FormatError naming ``what``
+    (default: the path); a regular file is then opened through that same descriptor, so
+    what is opened is what was looked at. A failure to reach ``path`` stays an OSError.
+    With ``follow``, a link is followed to what it names (a container the user named, and
+    the files beside it), which is then held to the same rule."""
+    seen = os.open(path, os.O_PATH | (0 if follow else os.O_NOFOLLOW) | os.O_CLOEXEC,
+                   dir_fd=dir_fd)
+    try:
+        mode = os.fstat(seen).st_mode
+        if not stat.S_ISREG(mode):
+            raise FormatError(f"{what or path}: {kind_of(mode)}, not read")
+        # (the reopening follows /proc's link to that very file: O_NOFOLLOW would refuse it)
+        return os.open(f"/proc/self/fd/{seen}", flags & ~os.O_NOFOLLOW | os.O_CLOEXEC)
+    finally:
+        os.close(seen)
+
+
 def open_regular(path, what=None):
     """A read-only descriptor of ``path``, which must be a regular file. Links are never
     followed: a directory format's tree is untrusted, and a link in it could hand out any
-    file the daemon may read. Failures name ``what`` (default: the path)."""
+    file the daemon may read. Failures are FormatErrors naming ``what`` (default: the path)."""
     what = what or path
-    return regular_or_refused(lambda: os.open(
-        path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK), what)
+    return regular_or_refused(lambda: open_if_regular(path, what=what), what)
 
 
 def regular_or_refused(opener, what):
-    """The descriptor ``opener()`` gives, if it is of a regular file; otherwise (or if the
-    open fails) a one-line FormatError naming ``what``."""
+    """The descriptor ``opener()`` (:func:`open_if_regular`) gives; a failure to open is a
+    one-line FormatError naming ``what`` too."""
     try:
-        fd = opener()
+        return opener()
     except OSError as exc:
         raise FormatError(f"{what}: {exc.strerror}") from None
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise FormatError(f"{what}: not a regular file")
-    return fd
 
 
 def read_small(path, limit, what=None):
@@ -264,8 +290,9 @@ class FileStore:
         self.label = os.fspath(path)
         flags = os.O_CLOEXEC | (os.O_RDWR if writable else os.O_RDONLY)
         if create:
-            flags |= os.O_CREAT | os.O_EXCL
-        self.fd = os.open(path, flags, 0o644)
+            self.fd = os.open(path, flags | os.O_CREAT | os.O_EXCL, 0o644)
+        else:
+            self.fd = open_if_regular(path, flags, follow=True)
         self.writable = writable
         self._direct = None  # a DirectWriter from the first bulk write on; False: none
 

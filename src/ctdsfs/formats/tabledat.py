@@ -38,6 +38,7 @@ ARRAY_ELEMENT = {13: 0, 14: 1, 15: 2, 16: 3, 17: 4, 18: 5, 19: 6, 20: 7, 21: 8, 
                  24: 11, TP_ARRAY_INT64: TP_INT64}
 STORAGE_OPTIONS = {0: "MultiFile", 1: "MultiHDF5", 2: "SepFile"}
 INT_MAX = 2 ** 31 - 1
+MAX_BYTES = 64 << 20  # a table.dat is kilobytes: one of more bytes is refused unread
 
 
 def type_name(code):

@@ -25,8 +25,14 @@ Symbolic links are never followed: entries are examined with ``lstat`` and
 opened with ``O_NOFOLLOW``, a link shows as a link (``symlink_target``), and a
 link to a directory or a container file is neither. A link inside the tree
 could otherwise hand out any file the daemon can read (``/etc/shadow``).
+
+FIFOs, sockets and device nodes are hidden (one problem line each) and never
+opened: opening a FIFO blocks until a writer comes, which would hang the whole
+mount, and a device's driver would run. A file that turns into one after it was
+listed fails its reads with EIO (see :func:`~ctdsfs.formats.store.open_if_regular`).
 """
 
+import errno
 import logging
 import os
 import stat
@@ -34,9 +40,16 @@ import threading
 from collections import OrderedDict
 
 from ..container import Container, Usage
-from ..errors import CtdsfsError, FormatError, NotAContainer, NotPermitted, ReadOnlyError
+from ..errors import (
+    BlockError,
+    CtdsfsError,
+    FormatError,
+    NotAContainer,
+    NotPermitted,
+    ReadOnlyError,
+)
 from ..formats import directory_format, open_container, tabledat
-from ..formats.store import create_exclusive, preadv_all
+from ..formats.store import create_exclusive, kind_of, open_if_regular, preadv_all, read_small
 from .filesystem import FSError
 
 log = logging.getLogger(__name__)
@@ -73,6 +86,7 @@ class DirectorySource(Container):
         self.hide = frozenset(hide)
         self.problems = []
         self.raw_reasons = {}  # name -> why a container there is shown raw (read-only)
+        self._special = set()  # names of FIFOs, sockets and devices hidden (told once)
         self._lock = threading.RLock()
         self._fds = OrderedDict()  # name -> fd (O_RDWR when writable)
         self._nested = {}
@@ -89,7 +103,10 @@ class DirectorySource(Container):
             shown_raw = self._shown_raw(name)
             flags = (os.O_RDWR if self.writable and not shown_raw else os.O_RDONLY) \
                 | os.O_CLOEXEC | os.O_NOFOLLOW
-            fd = os.open(self._real(name), flags)
+            try:
+                fd = open_if_regular(self._real(name), flags, what=f"{self.label}/{name}")
+            except FormatError as exc:  # a FIFO, socket, device or link now: EIO, one line
+                raise BlockError(str(exc)) from None
             self._fds[name] = fd
             while len(self._fds) > OPEN_FILES:
                 os.close(self._fds.popitem(last=False)[1])
@@ -123,21 +140,45 @@ class DirectorySource(Container):
 
     def names(self):
         try:
-            return sorted(n for n in os.listdir(self.path) if self._real(n) not in self.hide)
+            with os.scandir(self.path) as found:
+                listed = [(e.name, _special_mode(e)) for e in found
+                          if self._real(e.name) not in self.hide]
         except OSError as exc:
             raise CtdsfsError(f"{self.path}: {exc.strerror}") from None
+        for name, mode in listed:
+            if mode:
+                self._hide_special(name, mode)
+        return sorted(name for name, mode in listed if not mode)
+
+    def _hide_special(self, name, mode):
+        """Say once that ``name``, a FIFO, socket or device, is not shown."""
+        with self._lock:
+            if name in self._special:
+                return
+            self._special.add(name)
+        why = f"{name!r} hidden: {kind_of(mode)}, never opened"
+        self.problems.append(why)
+        log.warning("%s: %s", self.label, why)
 
     def contains(self, name):
         real = self._real(name)
-        return name not in ("", ".", "..") and real not in self.hide and os.path.lexists(real)
+        if name in ("", ".", "..") or real in self.hide:
+            return False
+        try:
+            return not _is_special(os.lstat(real).st_mode)
+        except OSError:
+            return False
 
     def _stat(self, key):
         if isinstance(key, _Unlinked):
             return os.fstat(key.fd)
         try:
-            return os.lstat(self._real(key))
+            st = os.lstat(self._real(key))
         except FileNotFoundError:
             raise FileNotFoundError(key) from None
+        if _is_special(st.st_mode):  # hidden from the listing
+            raise FileNotFoundError(errno.ENOENT, f"{kind_of(st.st_mode)}, hidden", key)
+        return st
 
     def entry_size(self, key):
         return self._stat(key).st_size
@@ -295,6 +336,24 @@ class DirectorySource(Container):
             self._fds.clear()
 
 
+def _is_special(mode):
+    """Whether ``mode`` is a FIFO's, a socket's or a device's (what a directory hides)."""
+    return not (stat.S_ISREG(mode) or stat.S_ISDIR(mode) or stat.S_ISLNK(mode))
+
+
+def _special_mode(entry):
+    """The mode of listed ``entry`` if it is a FIFO, socket or device, else 0 (the
+    directory's own file types tell, without a stat on most file systems)."""
+    if entry.is_file(follow_symlinks=False) or entry.is_dir(follow_symlinks=False) \
+            or entry.is_symlink():
+        return 0
+    try:
+        mode = entry.stat(follow_symlinks=False).st_mode
+    except OSError:  # gone since
+        return 0
+    return mode if _is_special(mode) else 0
+
+
 def _is_kind(path, test):
     """Whether ``path`` itself (a link is not followed) passes ``test`` (stat.S_ISDIR, ...)."""
     try:
@@ -374,14 +433,13 @@ class TableView(DirectorySource):
         return self.container.contains(key)
 
     def _stored_table_dat(self):
-        with open(self._real("table.dat"), "rb") as f:
-            return f.read()
+        return read_small(self._real("table.dat"), tabledat.MAX_BYTES)
 
     def _original(self):
         return tabledat.decode(self._stored_table_dat(), self._real("table.dat"))
 
     def _table_dat_version(self):
-        st = os.stat(self._real("table.dat"))
+        st = os.lstat(self._real("table.dat"))
         return st.st_mtime_ns, st.st_size, st.st_ino
 
     def _table_dat(self):
@@ -389,12 +447,17 @@ class TableView(DirectorySource):
 
         One that does not decode (damaged, or hostile) is shown as it is, with
         one log line per state of the file: the rest of the table stays usable.
+        One that is no longer a regular file (a link or a FIFO put in its place)
+        is a BlockError: its reads fail with EIO.
         """
         if self._staged is not None:
             return bytes(self._staged)
         key = self._table_dat_version()
         if self._translated is None or self._translated[0] != key:
-            stored = self._stored_table_dat()
+            try:
+                stored = self._stored_table_dat()
+            except FormatError as exc:
+                raise BlockError(str(exc)) from None
             try:
                 shown = tabledat.decode(stored, self._real("table.dat")) \
                     .with_storage("SepFile").encode()
@@ -418,7 +481,10 @@ class TableView(DirectorySource):
 
     def entry_size(self, key):
         if key == "table.dat":
-            return len(self._table_dat())
+            try:
+                return len(self._table_dat())
+            except BlockError:
+                return 0  # (its reads say why)
         if self._in_container(key):
             return self.container.entry_size(key)
         return super().entry_size(key)
