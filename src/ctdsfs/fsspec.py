@@ -22,15 +22,20 @@ The filesystem pickles (fsspec re-creates it from its arguments), so Dask worker
 each open their own (see :mod:`ctdsfs.dask_columns`).
 """
 
+from __future__ import annotations
+
 import dataclasses
 import errno
+from typing import Any, Optional
 
 from fsspec.spec import AbstractBufferedFile, AbstractFileSystem
 from fsspec.utils import infer_storage_options
 
 from .errors import CtdsfsError
-from .formats import REMOTE_SCHEMES, open_container, open_from_store
+from .formats import REMOTE_SCHEMES
 from .formats.remote import RemoteOptions
+from .sources import opener
+from .sources.opener import OpenOptions
 
 REMOTE_FIELDS = {f.name for f in dataclasses.fields(RemoteOptions)}
 S3FS_OPTIONS = REMOTE_FIELDS | {"client_kwargs", "config_kwargs"}
@@ -65,55 +70,22 @@ def _remote_options(target_options):
     return RemoteOptions(**{k: v for k, v in given.items() if v is not None})
 
 
-class FsspecStore:
-    """A file of any other fsspec filesystem as a read-only store (ranged ``cat_file``)."""
-
-    writable = False
-
-    def __init__(self, fs, path, label):
-        self.fs, self.path, self.label = fs, path, label
-        self._size = None  # asked for once: a read-only source
-
-    def pread(self, offset, size):
-        end = min(offset + size, self.size())
-        return self.fs.cat_file(self.path, offset, end) if offset < end else b""
-
-    view = pread
-
-    def cached(self, offset, size):
-        """Every read asks the other filesystem."""
-        return False
-
-    def size(self):
-        if self._size is None:
-            self._size = self.fs.size(self.path)
-        return self._size
-
-    def replaced(self):
-        """No version to compare: the header counter tells."""
-        return False
-
-    def sibling(self, suffix):
-        return FsspecStore(self.fs, self.path + suffix, self.label + suffix)
-
-    def close(self):
-        """The filesystem owns its connections."""
-
-
-def open_source(fo, target_protocol=None, target_options=None, verify_crc=True):
-    """The container at ``fo`` (a local path, an ``s3://``/``http(s)://`` address, or a path
-    of another fsspec filesystem ``target_protocol``)."""
-    import fsspec
-
+def open_source(fo: str, target_protocol: Optional[str] = None,
+                target_options: Optional[dict[str, Any]] = None, verify_crc: bool = True,
+                columns: bool = False) -> Any:
+    """The tree at ``fo`` as a mount of it shows it (a local path, file or directory, an
+    ``s3://``/``http(s)://`` address, object or prefix, or a path of another fsspec
+    filesystem ``target_protocol``), opened by the one opener."""
     protocol = target_protocol or infer_storage_options(fo)["protocol"]
     if protocol in ("file", "local"):
-        return open_container(infer_storage_options(fo)["path"], verify_crc=verify_crc)
-    url = fo if "://" in fo else f"{protocol}://{fo}"
-    if url.startswith(REMOTE_SCHEMES):
-        return open_container(url, verify_crc=verify_crc,
-                              remote=_remote_options(target_options or {}))
-    fs = fsspec.filesystem(protocol, **(target_options or {}))
-    return open_from_store(FsspecStore(fs, fs._strip_protocol(url), url), verify_crc=verify_crc)
+        fo, protocol = infer_storage_options(fo)["path"], None
+    url = fo if "://" in fo or protocol is None else f"{protocol}://{fo}"
+    native = url.startswith(REMOTE_SCHEMES)
+    options = OpenOptions(
+        verify_crc=verify_crc, columns=columns,
+        remote=_remote_options(target_options or {}) if native else None,
+        storage_options={} if native else dict(target_options or {}))
+    return opener.open_source(url, options).container
 
 
 class CtdsfsFileSystem(AbstractFileSystem):
@@ -134,13 +106,10 @@ class CtdsfsFileSystem(AbstractFileSystem):
         super().__init__(**kwargs)
         target_options = {**given, **(target_options or {})}
         try:
-            self.container = open_source(fo, target_protocol, target_options, verify_crc)
+            self.container = open_source(fo, target_protocol, target_options, verify_crc,
+                                         columns)
         except CtdsfsError as exc:
             raise OSError(errno.EIO, str(exc)) from None
-        if columns:
-            from .vfs.columns import with_columns
-
-            self.container = with_columns(self.container)
 
     @classmethod
     def _strip_protocol(cls, path):
