@@ -421,7 +421,7 @@ def _opened(args, views=False):
 
 
 def _ls(args, out):
-    container = _walk(_opened(args), args.path)
+    container = _walk(_opened(args, views=True), args.path)  # (as a mount shows it)
     rows = [{"name": n, "type": "dir" if container.nested(n) is not None else "file",
              "size": container.entry_size(n), "blocks": container.entry_blocks(n)}
             for n in container.names()]

@@ -147,7 +147,7 @@ def _open_fsspec(url: str, options: OpenOptions) -> Any:
 
 
 def _open_local(path: str, options: OpenOptions) -> Any:
-    if options.create and not os.path.lexists(path):
+    if options.create and not os.path.exists(path):  # (a dangling link: "File exists")
         return create_container(path, block_size=options.block_size, use_crc=options.new_crc,
                                 format="hdf5" if path.endswith(".mfh5") else "mf2")
     if os.path.isdir(path) and not os.path.islink(path):

@@ -222,14 +222,14 @@ class ContainerTableView(TableView):
         with self._lock:
             self._generation += 1
             self.container.reload_if_changed()
-            shown = [c for c in self._nested.values() if c is not None]
+            shown: list[Any] = [c for c in self._nested.values() if c is not None]
         for view in shown:
             view.refresh_views()
 
     def close_view(self) -> None:
         """Close what the view opened (the container holding the table is its parent's)."""
         with self._lock:
-            shown = [c for c in self._nested.values() if c is not None]
+            shown: list[Any] = [c for c in self._nested.values() if c is not None]
             self._nested.clear()
         for view in shown:
             view.close_view()
