@@ -300,7 +300,8 @@ def _main_parser():
     ls = sub.add_parser(
         "ls", help="list a directory inside a container",
         description="List the virtual files at PATH inside CONTAINER (the top level by "
-                    "default); nested containers are directories, as in a mount.")
+                    "default) as a mount shows them: nested containers are directories, "
+                    "a table stored in a container shows its files (the legacy view).")
     ls.add_argument("container", metavar="CONTAINER")
     ls.add_argument("path", metavar="PATH", nargs="?", default="")
     ls.add_argument("-l", dest="long", action="store_true",
@@ -330,7 +331,8 @@ def _main_parser():
         description="Verify CONTAINER without trusting it: the header CRC and every block "
                     "CRC, blocks outside the container or used twice (by files, the free list "
                     "or the continuation sets), sizes against block counts, the file size "
-                    "against the block count, and nested containers recursively. Every "
+                    "against the block count, and nested containers recursively (in a "
+                    "directory or an s3:// prefix: every container in the tree). Every "
                     "problem is printed with its location; blocks that belong to nothing are "
                     "notes. For a MultiHDF5: every row each file needs is read, and groups "
                     "no header lists are notes. Exit status 0 only if there is no problem.")
