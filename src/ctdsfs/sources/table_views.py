@@ -18,7 +18,7 @@ import logging
 import threading
 from typing import Any, Optional
 
-from ..container import Container, Usage
+from ..container import Container, DerivedView, Usage
 from ..errors import CtdsfsError
 from ..formats import open_from_store
 from ..formats.store import VirtualFileStore
@@ -26,12 +26,14 @@ from ..vfs.directory import TABLE_CONTAINERS, DirectorySource, TableView
 
 log = logging.getLogger(__name__)
 
+
 def with_table_views(container: Optional[Any]) -> Optional[Any]:
     """``container`` with the legacy view over every table stored in a container inside it
     (None stays None; a view or a wrapper is not wrapped again)."""
     if container is None or isinstance(container, (WithTableViews, ContainerTableView)):
         return container
-    if getattr(container, "writable", False) or isinstance(container, DirectorySource):
+    if getattr(container, "writable", False) or \
+            isinstance(container, (DirectorySource, DerivedView)):  # (no table.mf inside)
         return WithTableViews(container)
     try:
         if _holds_stored_table(container):
