@@ -22,7 +22,9 @@ every nested container it hands out.
 
 from __future__ import annotations
 
+import functools
 import os
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional
 
@@ -65,7 +67,9 @@ class OpenedSource:
     container: Any  # a Container, or a view wrapping one (the same interface)
     name: str  # the source as messages name it: an absolute path or the URL
     remote: bool  # read from a server (s3://, http(s)://, another fsspec filesystem)
-    stat: Optional[Callable[[], os.stat_result]] = None  # owner, modes, times of a remote one
+    # what a mount shows as a remote source's owner, modes and times (None: the local
+    # source's own; for an s3:// prefix the mount asks its root, which may be reopened)
+    stat: Optional[Callable[[], Any]] = None
 
 
 def _is_fsspec_url(source: str) -> bool:
@@ -94,7 +98,7 @@ def open_source(source: str | os.PathLike, options: OpenOptions = OpenOptions())
     if text.startswith(REMOTE_SCHEMES):
         container, stat = _open_remote(text, options)
     elif remote:
-        container = _open_fsspec(text, options)
+        container, stat = _open_fsspec(text, options)
     else:
         container = _open_local(name, options)
     if options.views and not options.writable:
@@ -134,16 +138,18 @@ def _open_remote(url: str, options: OpenOptions) -> tuple[Any, Optional[Callable
     return open_from_store(store, verify_crc=options.verify_crc), store.stat
 
 
-def _open_fsspec(url: str, options: OpenOptions) -> Any:
+def _open_fsspec(url: str, options: OpenOptions) -> tuple[Any, Callable]:
     from fsspec.core import url_to_fs
 
+    from ..formats.remote import source_stat
     from .fsspec_store import FsspecStore
 
     try:
         fs, path = url_to_fs(url, **options.storage_options)
     except (ImportError, ValueError) as exc:  # an unknown protocol, a missing package
         raise CtdsfsError(f"{url}: {exc}") from None
-    return open_from_store(FsspecStore(fs, path, url), verify_crc=options.verify_crc)
+    container = open_from_store(FsspecStore(fs, path, url), verify_crc=options.verify_crc)
+    return container, functools.partial(source_stat, time.time())  # (as opened)
 
 
 def _open_local(path: str, options: OpenOptions) -> Any:
