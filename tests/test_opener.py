@@ -19,6 +19,8 @@ import numpy as np
 import pytest
 
 from ctdsfs.formats import open_container
+from ctdsfs.formats.multifile import MultiFile
+from ctdsfs.formats.store import VirtualFileStore
 from ctdsfs.sources.opener import open_source
 from ctdsfs.toolbox import pack
 
@@ -224,3 +226,24 @@ def test_a_table_container_that_does_not_open_leaves_its_table_as_stored(ms, tmp
             original.close()
         finally:
             root.close()
+
+
+def test_a_table_inside_a_container_follows_another_writers_commit(ms, tmp_path):
+    """A commit by another writer reaches the view at the next check: the table's files
+    are read anew from the container that holds them."""
+    path = tmp_path / "obs.mf"
+    shutil.copy(ms.where / "obs.mf", path)
+    root = open_source(path).container
+    try:
+        assert bytes(root.nested("ANTENNA").read("table.f0", 0, 4)) == b"\xbe\xbe\xbe\xbe"
+        writer = open_container(path, writable=True)
+        antenna = writer.nested("ANTENNA")
+        table = MultiFile(VirtualFileStore(antenna, "table.mf"), writable=True,
+                          lock=writer._lock)
+        table.write("table.f0", 0, b"CHANGED!")
+        table.commit()
+        writer.close()
+        assert root.reload_if_changed()
+        assert bytes(root.nested("ANTENNA").read("table.f0", 0, 8)) == b"CHANGED!"
+    finally:
+        root.close()

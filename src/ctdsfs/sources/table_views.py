@@ -52,6 +52,17 @@ def _holds_stored_table(container: Container) -> bool:
     return any(container.contains(n) and container.nested(n) is None for n in TABLE_CONTAINERS)
 
 
+def _kept_view(lock: Any, children: dict[str, tuple[Any, Any]], name: str,
+               child: Optional[Any]) -> Optional[Any]:
+    """The one view of a wrapped container's nested ``child``, kept in ``children`` while
+    the wrapped container hands out that same child (a reload makes new ones)."""
+    with lock:
+        known = children.get(name)
+        if known is None or known[0] is not child:
+            known = children[name] = (child, with_table_views(child))
+        return known[1]
+
+
 class _EntryStore(VirtualFileStore):
     """A file of a read-only container as the store of the container it holds."""
 
@@ -79,12 +90,7 @@ class WithTableViews:
         return getattr(self.inner, name)
 
     def _shown(self, name: str, child: Optional[Any]) -> Optional[Any]:
-        """The one view of the wrapped container's nested ``child`` (kept while it is)."""
-        with self._lock:
-            known = self._children.get(name)
-            if known is None or known[0] is not child:
-                known = self._children[name] = (child, with_table_views(child))
-            return known[1]
+        return _kept_view(self._lock, self._children, name, child)
 
     def nested(self, name: str) -> Optional[Any]:
         return self._shown(name, self.inner.nested(name))
@@ -139,6 +145,7 @@ class ContainerTableView(TableView):
         self._staged = None
         self._translated = None
         self._generation = 0  # moves on when the container holding the table reloads
+        self._children: dict[str, tuple[Any, Any]] = {}  # as WithTableViews keeps them
 
     def _open_table_container(self) -> Container:
         return open_from_store(_EntryStore(self.inner, self.container_name),
@@ -200,8 +207,10 @@ class ContainerTableView(TableView):
     def symlink_target(self, name: str) -> Optional[str]:
         return None
 
-    def _open_nested(self, name: str) -> Optional[Any]:
-        return with_table_views(self.inner.nested(name)) if self._own(name) else None
+    def nested(self, name: str) -> Optional[Any]:
+        if not self._own(name) or self.container.contains(name):
+            return None
+        return _kept_view(self._lock, self._children, name, self.inner.nested(name))
 
     def usage(self) -> Usage:
         return self.inner.usage()
@@ -224,15 +233,15 @@ class ContainerTableView(TableView):
         with self._lock:
             self._generation += 1
             self.container.reload_if_changed()
-            shown: list[Any] = [c for c in self._nested.values() if c is not None]
+            shown = [view for _, view in self._children.values() if view is not None]
         for view in shown:
             view.refresh_views()
 
     def close_view(self) -> None:
         """Close what the view opened (the container holding the table is its parent's)."""
         with self._lock:
-            shown: list[Any] = [c for c in self._nested.values() if c is not None]
-            self._nested.clear()
+            shown = [view for _, view in self._children.values() if view is not None]
+            self._children.clear()
         for view in shown:
             view.close_view()
         self.container.close()
