@@ -44,7 +44,7 @@ def toolbox_figures(tmp, pool, mib, rounds=2):
     each, as for writes), and check's CRC-verified rate."""
     import shutil
 
-    from ctdsfs.formats.check import check_path
+    from ctdsfs.sources.checking import check_path
     from ctdsfs.toolbox import pack, unpack
 
     tree = tmp / "tree"

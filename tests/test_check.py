@@ -6,7 +6,7 @@ import subprocess
 import numpy as np
 import pytest
 
-from ctdsfs.formats.check import check_path
+from ctdsfs.sources.checking import check_path
 
 from .conftest import DATA
 from .test_multifile import build_v2

@@ -163,8 +163,8 @@ def exercise_container(path):
     """Everything a user can ask of a container file, read-only."""
     from ctdsfs.blockmap import block_map, render_text
     from ctdsfs.formats import open_container
-    from ctdsfs.formats.check import check_path
     from ctdsfs.formats.multifile import MultiFile
+    from ctdsfs.sources.checking import check_path
 
     for verify in (True, False):
         c = open_container(path, verify_crc=verify)

@@ -191,7 +191,7 @@ def walk(container, seen):
 
 def exercise(path, writes, hard_linked):
     from ctdsfs.formats import open_container
-    from ctdsfs.formats.check import check_path
+    from ctdsfs.sources.checking import check_path
 
     c = open_container(path)
     try:

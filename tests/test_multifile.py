@@ -236,7 +236,7 @@ def bounded_memory():
 def test_absurd_block_count_with_valid_crc_sizes_nothing(tmp_path, nblocks, bounded_memory):
     """A CRC-valid header may still lie: every consumer works from the blocks that exist."""
     from ctdsfs.blockmap import block_map
-    from ctdsfs.formats.check import check_path
+    from ctdsfs.sources.checking import check_path
 
     p = build_v2(tmp_path / "x.mf", [("a", b"x" * 600), ("b", b"y")], use_crc=True,
                  patch=lambda h: setattr(h, "nblocks", nblocks))

@@ -15,7 +15,7 @@ import pytest
 
 from ctdsfs.errors import CtdsfsError
 from ctdsfs.formats import create_container, hdf5_probe, multihdf5, open_container
-from ctdsfs.formats.check import check_path
+from ctdsfs.sources.checking import check_path
 from ctdsfs.vfs.directory import directory_or_table
 
 from . import hdf5_mutations as mutations

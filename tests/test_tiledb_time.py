@@ -194,6 +194,10 @@ def test_check_at_timestamp(sparse_uri, tmp_path):
     later = subprocess.run(["ctdsfs", "check", "--quiet", "--timestamp", "21:40", uri],
                            capture_output=True, text=True)
     assert later.returncode == 0, later.stdout + later.stderr
-    plain = subprocess.run(["ctdsfs", "check", "--timestamp", "5", str(tmp_path)],
+    (tmp_path / "plain").mkdir()
+    plain = subprocess.run(["ctdsfs", "check", "--timestamp", "5", str(tmp_path / "plain")],
                            capture_output=True, text=True)
-    assert plain.returncode == 1 and "for a TileDB array or group" in plain.stderr
+    assert plain.returncode == 1 and "this tree shows none" in plain.stdout
+    tree = subprocess.run(["ctdsfs", "check", "--quiet", "--timestamp", "21:40", str(tmp_path)],
+                          capture_output=True, text=True)  # (a tree holding the array)
+    assert tree.returncode == 0, tree.stdout + tree.stderr

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from ctdsfs.formats import open_container
-from ctdsfs.formats.check import check_path
+from ctdsfs.sources.checking import check_path
 
 from .conftest import DATA, SCRIPTS, make_casacore_table, run_on_terminal
 from .test_write import snapshot

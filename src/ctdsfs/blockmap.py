@@ -84,7 +84,8 @@ class BlockMap:
 def block_map(container, verify_crc=True, progress=None):
     """The :class:`BlockMap` of a MultiFile or MultiHDF5 container.
 
-    ``progress(total_bytes)`` as for :func:`check_path` follows the CRC checks.
+    ``progress(total_bytes)`` as for :func:`~ctdsfs.formats.check.check_container` follows
+    the CRC checks.
     """
     if isinstance(container, MultiFile):
         return _multifile_map(container, verify_crc, progress)

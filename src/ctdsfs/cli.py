@@ -300,7 +300,8 @@ def _main_parser():
     ls = sub.add_parser(
         "ls", help="list a directory inside a container",
         description="List the virtual files at PATH inside CONTAINER (the top level by "
-                    "default); nested containers are directories, as in a mount.")
+                    "default) as a mount shows them: nested containers are directories, "
+                    "a table stored in a container shows its files (the legacy view).")
     ls.add_argument("container", metavar="CONTAINER")
     ls.add_argument("path", metavar="PATH", nargs="?", default="")
     ls.add_argument("-l", dest="long", action="store_true",
@@ -330,7 +331,8 @@ def _main_parser():
         description="Verify CONTAINER without trusting it: the header CRC and every block "
                     "CRC, blocks outside the container or used twice (by files, the free list "
                     "or the continuation sets), sizes against block counts, the file size "
-                    "against the block count, and nested containers recursively. Every "
+                    "against the block count, and nested containers recursively (in a "
+                    "directory or an s3:// prefix: every container in the tree). Every "
                     "problem is printed with its location; blocks that belong to nothing are "
                     "notes. For a MultiHDF5: every row each file needs is read, and groups "
                     "no header lists are notes. Exit status 0 only if there is no problem.")
@@ -410,8 +412,18 @@ def _walk(container, path):
     return container
 
 
+def _opened(args, views=False):
+    """The tree shown for the command's source (any source a mount takes), opened by the
+    one opener: containers as stored unless ``views``."""
+    from .sources.opener import OpenOptions, open_source
+
+    return open_source(args.container, OpenOptions(
+        verify_crc=not args.nocrc, views=views,
+        timestamp=_time_travel(args) if hasattr(args, "timestamp") else None)).container
+
+
 def _ls(args, out):
-    container = _walk(open_container(args.container, verify_crc=not args.nocrc), args.path)
+    container = _walk(_opened(args, views=True), args.path)  # (as a mount shows it)
     rows = [{"name": n, "type": "dir" if container.nested(n) is not None else "file",
              "size": container.entry_size(n), "blocks": container.entry_blocks(n)}
             for n in container.names()]
@@ -552,18 +564,15 @@ MOUNT_VALUE_FLAGS = ("-o", "-t", "-N")  # mount options that take the next argum
 
 
 def _time_travel(args):
-    """``info --timestamp``: (start, end), or None; refused where there is no TileDB array."""
+    """``--timestamp``: (start, end), or None (the opener refuses it where there is no
+    TileDB array)."""
     if args.timestamp is None:
         return None
     from .formats.tiledb_time import parse_timestamp
-    from .mount import holds_tiledb
     travel = parse_timestamp(args.timestamp)
     if travel is None:
         raise CtdsfsError(f"--timestamp {args.timestamp!r} needs T or T1:T2 (ms since the "
                           "epoch, T1 <= T2)")
-    if not (os.path.isdir(args.container) and holds_tiledb(args.container)):
-        raise CtdsfsError(f"{args.container}: --timestamp is for TileDB arrays, and this "
-                          "shows none")
     return travel
 
 
@@ -601,13 +610,7 @@ def main(argv=None):
         return _run(lambda: _mount_from_args(args), "ctdsfs")
     if args.command == "info":
         def info():
-            travel = _time_travel(args)
-            if os.path.isdir(args.container) and not os.path.islink(args.container):
-                from .vfs.directory import directory_or_table  # (a tree: what a mount shows)
-                container = directory_or_table(os.path.abspath(args.container), source=True,
-                                               verify_crc=not args.nocrc, timestamp=travel)
-            else:
-                container = open_container(args.container, verify_crc=not args.nocrc)
+            container = _opened(args)
             data = container.describe()
             bmap = _block_map(container, not args.nocrc) if args.map else None
             if args.json:
@@ -662,15 +665,9 @@ def main(argv=None):
         return _run(do_convert, "ctdsfs")
     if args.command == "check":
         def check():
-            from .formats.check import check_path
+            from .sources.checking import check_path
             from .toolbox import progress_bar
             travel = _time_travel(args)
-            if travel is not None:
-                from .formats import directory_format
-                fmt = directory_format(args.container)
-                if fmt is None or fmt.module != "tiledb":
-                    raise CtdsfsError(f"{args.container}: --timestamp is for a TileDB array "
-                                      "or group")
             problems, notes = check_path(
                 args.container, lambda total: progress_bar(total, args.quiet, "check"),
                 timestamp=travel)
@@ -715,8 +712,7 @@ def _map_text(bmap):
 def _map(args, out):
     from .blockmap import render_png, render_svg
 
-    bmap = _block_map(open_container(args.container, verify_crc=not args.nocrc),
-                      not args.nocrc, args.quiet)
+    bmap = _block_map(_opened(args), not args.nocrc, args.quiet)
     if args.json:
         json.dump(bmap.to_json(), out)
         out.write("\n")

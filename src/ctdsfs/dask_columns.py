@@ -12,7 +12,10 @@ asks only for its rows' bytes, so only the tiles or buckets holding those rows
 are fetched. Needs the ``dask`` extra (``pip install "ctdsfs[dask]"``).
 """
 
+from __future__ import annotations
+
 import io
+from typing import Any, Optional
 
 import numpy as np
 
@@ -25,7 +28,7 @@ CHUNK_BYTES = 64 << 20  # rows per chunk when none is given: about this many byt
 class _RowReader:
     """Rows of one ``NAME.npy`` read in ranges (what ``da.from_array`` slices)."""
 
-    def __init__(self, fs, path):
+    def __init__(self, fs: CtdsfsFileSystem, path: str) -> None:
         self.fs, self.path = fs, path
         size = fs.size(path)
         head = io.BytesIO(fs.cat_file(path, 0, min(size, HEADER_MAX)))
@@ -44,10 +47,10 @@ class _RowReader:
         if self.offset + shape[0] * self.row_bytes != size:
             raise ValueError(f"{path}: {size} bytes do not hold a {shape} {dtype} array")
 
-    def __dask_tokenize__(self):
+    def __dask_tokenize__(self) -> tuple[Any, ...]:
         return ("ctdsfs-column", self.fs.storage_args, self.fs.storage_options, self.path)
 
-    def __getitem__(self, index):
+    def __getitem__(self, index: Any) -> np.ndarray:
         index = index if isinstance(index, tuple) else (index,)
         rows, rest = (index[0] if index else slice(None)), index[1:]
         if not isinstance(rows, slice):
@@ -61,7 +64,8 @@ class _RowReader:
         return values[(slice(None, None, step),) + rest]
 
 
-def column_array(url, column, *, chunks=None, table="", verify_crc=True, **storage_options):
+def column_array(url: str, column: str, *, chunks: Optional[int] = None, table: str = "",
+                 verify_crc: bool = True, **storage_options: Any) -> Any:
     """Column ``column`` of the table at ``table`` (a path inside the container, "" for
     the main table) of the container at ``url``, as a dask array chunked along rows
     (``chunks`` rows each; by default about 64 MiB). ``storage_options`` are s3fs-style

@@ -22,15 +22,20 @@ The filesystem pickles (fsspec re-creates it from its arguments), so Dask worker
 each open their own (see :mod:`ctdsfs.dask_columns`).
 """
 
+from __future__ import annotations
+
 import dataclasses
 import errno
+from typing import Any, Mapping, Optional
 
 from fsspec.spec import AbstractBufferedFile, AbstractFileSystem
 from fsspec.utils import infer_storage_options
 
 from .errors import CtdsfsError
-from .formats import REMOTE_SCHEMES, open_container, open_from_store
+from .formats import REMOTE_SCHEMES
 from .formats.remote import RemoteOptions
+from .sources import opener
+from .sources.opener import OpenOptions
 
 REMOTE_FIELDS = {f.name for f in dataclasses.fields(RemoteOptions)}
 S3FS_OPTIONS = REMOTE_FIELDS | {"client_kwargs", "config_kwargs"}
@@ -42,13 +47,13 @@ CONFIG_KWARGS = {"region_name": "region", "connect_timeout": "timeout",
                  "read_timeout": "timeout", "max_pool_connections": "concurrency"}
 
 
-def _remote_options(target_options):
+def _remote_options(target_options: Mapping[str, Any]) -> RemoteOptions:
     """RemoteOptions from s3fs-style ``target_options``: ``key``, ``secret``, ``token``,
     ``endpoint_url``, ``anon``, ``profile``, ``client_kwargs`` and ``config_kwargs`` (the
     entries of CLIENT_KWARGS and CONFIG_KWARGS), and the RemoteOptions names. Anything
     else is refused, never ignored."""
     given = dict(target_options)
-    unknown = []
+    unknown: list[str] = []
     for nested, names in (("client_kwargs", CLIENT_KWARGS), ("config_kwargs", CONFIG_KWARGS)):
         for name, value in (given.pop(nested, None) or {}).items():
             if name not in names:
@@ -65,55 +70,22 @@ def _remote_options(target_options):
     return RemoteOptions(**{k: v for k, v in given.items() if v is not None})
 
 
-class FsspecStore:
-    """A file of any other fsspec filesystem as a read-only store (ranged ``cat_file``)."""
-
-    writable = False
-
-    def __init__(self, fs, path, label):
-        self.fs, self.path, self.label = fs, path, label
-        self._size = None  # asked for once: a read-only source
-
-    def pread(self, offset, size):
-        end = min(offset + size, self.size())
-        return self.fs.cat_file(self.path, offset, end) if offset < end else b""
-
-    view = pread
-
-    def cached(self, offset, size):
-        """Every read asks the other filesystem."""
-        return False
-
-    def size(self):
-        if self._size is None:
-            self._size = self.fs.size(self.path)
-        return self._size
-
-    def replaced(self):
-        """No version to compare: the header counter tells."""
-        return False
-
-    def sibling(self, suffix):
-        return FsspecStore(self.fs, self.path + suffix, self.label + suffix)
-
-    def close(self):
-        """The filesystem owns its connections."""
-
-
-def open_source(fo, target_protocol=None, target_options=None, verify_crc=True):
-    """The container at ``fo`` (a local path, an ``s3://``/``http(s)://`` address, or a path
-    of another fsspec filesystem ``target_protocol``)."""
-    import fsspec
-
+def open_source(fo: str, target_protocol: Optional[str] = None,
+                target_options: Optional[dict[str, Any]] = None, verify_crc: bool = True,
+                columns: bool = False) -> Any:
+    """The tree at ``fo`` as a mount of it shows it (a local path, file or directory, an
+    ``s3://``/``http(s)://`` address, object or prefix, or a path of another fsspec
+    filesystem ``target_protocol``), opened by the one opener."""
     protocol = target_protocol or infer_storage_options(fo)["protocol"]
     if protocol in ("file", "local"):
-        return open_container(infer_storage_options(fo)["path"], verify_crc=verify_crc)
-    url = fo if "://" in fo else f"{protocol}://{fo}"
-    if url.startswith(REMOTE_SCHEMES):
-        return open_container(url, verify_crc=verify_crc,
-                              remote=_remote_options(target_options or {}))
-    fs = fsspec.filesystem(protocol, **(target_options or {}))
-    return open_from_store(FsspecStore(fs, fs._strip_protocol(url), url), verify_crc=verify_crc)
+        fo, protocol = infer_storage_options(fo)["path"], None
+    url = fo if "://" in fo or protocol is None else f"{protocol}://{fo}"
+    native = url.startswith(REMOTE_SCHEMES)
+    options = OpenOptions(
+        verify_crc=verify_crc, columns=columns,
+        remote=_remote_options(target_options or {}) if native else None,
+        storage_options={} if native else dict(target_options or {}))
+    return opener.open_source(url, options).container
 
 
 class CtdsfsFileSystem(AbstractFileSystem):
@@ -122,32 +94,29 @@ class CtdsfsFileSystem(AbstractFileSystem):
     protocol = "ctdsfs"
     root_marker = ""
 
-    def __init__(self, fo="", target_protocol=None, target_options=None, verify_crc=True,
-                 columns=False, **kwargs):
+    def __init__(self, fo: str = "", target_protocol: Optional[str] = None,
+                 target_options: Optional[dict[str, Any]] = None, verify_crc: bool = True,
+                 columns: bool = False, **kwargs: Any) -> None:
         # s3fs's options given to this filesystem (``fsspec.open("ctdsfs://x::s3://...",
         # key=...)``, pandas' storage_options) are the source's: never dropped unread
         given = {name: kwargs.pop(name) for name in S3FS_OPTIONS & set(kwargs)}
-        twice = sorted(name for name in given.keys() & set(target_options or {})
-                       if given[name] != target_options[name])
+        named = target_options or {}
+        twice = sorted(name for name in given.keys() & set(named) if given[name] != named[name])
         if twice:
             raise ValueError(f"ctdsfs: {', '.join(twice)} given twice, differently")
         super().__init__(**kwargs)
-        target_options = {**given, **(target_options or {})}
         try:
-            self.container = open_source(fo, target_protocol, target_options, verify_crc)
+            self.container = open_source(fo, target_protocol, {**given, **named}, verify_crc,
+                                         columns)
         except CtdsfsError as exc:
             raise OSError(errno.EIO, str(exc)) from None
-        if columns:
-            from .vfs.columns import with_columns
-
-            self.container = with_columns(self.container)
 
     @classmethod
-    def _strip_protocol(cls, path):
+    def _strip_protocol(cls, path: str) -> str:
         path = path[len("ctdsfs://"):] if path.startswith("ctdsfs://") else path
         return path.split("::", 1)[0].strip("/")
 
-    def _locate(self, path):
+    def _locate(self, path: str) -> tuple[Any, Optional[str]]:
         """``(container, name)`` of a file, or ``(container, None)`` of a directory."""
         container = self.container
         parts = [p for p in self._strip_protocol(path).split("/") if p]
@@ -162,19 +131,19 @@ class CtdsfsFileSystem(AbstractFileSystem):
             container = child
         return container, None
 
-    def _entry(self, container, name, path):
+    def _entry(self, container: Any, name: str, path: str) -> dict[str, Any]:
         child = container.nested(name)
         return {"name": path, "type": "directory" if child is not None else "file",
                 "size": 0 if child is not None else container.entry_size(name)}
 
-    def info(self, path, **kwargs):
+    def info(self, path: str, **kwargs: Any) -> dict[str, Any]:
         path = self._strip_protocol(path)
         container, name = self._locate(path)
         if name is None:
             return {"name": path, "type": "directory", "size": 0}
         return self._entry(container, name, path)
 
-    def ls(self, path, detail=True, **kwargs):
+    def ls(self, path: str, detail: bool = True, **kwargs: Any) -> list[Any]:
         path = self._strip_protocol(path)
         container, name = self._locate(path)
         if name is not None:
@@ -184,22 +153,24 @@ class CtdsfsFileSystem(AbstractFileSystem):
                        for n in container.names()]
         return entries if detail else [e["name"] for e in entries]
 
-    def _file(self, path):
+    def _file(self, path: str) -> tuple[Any, str]:
         """``(container, name)`` of a virtual file (IsADirectoryError for a directory)."""
         container, name = self._locate(path)
         if name is None:
             raise IsADirectoryError(errno.EISDIR, "is a directory", path)
         return container, name
 
-    def cat_file(self, path, start=None, end=None, **kwargs):
+    def cat_file(self, path: str, start: Optional[int] = None, end: Optional[int] = None,
+                 **kwargs: Any) -> bytes:
         container, name = self._file(path)
         size = container.entry_size(name)
         start = 0 if start is None else (size + start if start < 0 else start)
         end = size if end is None else (size + end if end < 0 else min(end, size))
         return read_range(container, name, max(0, start), end)
 
-    def _open(self, path, mode="rb", block_size=None, autocommit=True, cache_options=None,
-              **kwargs):
+    def _open(self, path: str, mode: str = "rb", block_size: Any = None,
+              autocommit: bool = True, cache_options: Optional[dict[str, Any]] = None,
+              **kwargs: Any) -> CtdsfsFile:
         if mode != "rb":
             raise OSError(errno.EROFS, "ctdsfs filesystems are read-only", path)
         container, name = self._file(path)
@@ -208,7 +179,7 @@ class CtdsfsFileSystem(AbstractFileSystem):
                           entry=(container, name), **kwargs)
 
 
-def read_range(container, name, start, end):
+def read_range(container: Any, name: str, start: int, end: int) -> bytes:
     """Bytes ``start`` to ``end`` (exclusive) of virtual file ``name``."""
     try:
         return bytes(container.read(name, start, max(0, end - start)))
@@ -219,9 +190,10 @@ def read_range(container, name, start, end):
 class CtdsfsFile(AbstractBufferedFile):
     """A virtual file opened for reading; the file is found once, at the open."""
 
-    def __init__(self, fs, path, mode, *, entry, **kwargs):
+    def __init__(self, fs: CtdsfsFileSystem, path: str, mode: str, *,
+                 entry: tuple[Any, str], **kwargs: Any) -> None:
         self.entry = entry  # (container, name)
         super().__init__(fs, path, mode, **kwargs)
 
-    def _fetch_range(self, start, end):
+    def _fetch_range(self, start: int, end: int) -> bytes:
         return read_range(*self.entry, start, end)

@@ -17,13 +17,8 @@ import sys
 from dataclasses import dataclass, field
 
 from .errors import CtdsfsError, PrintableFormatter, printable
-from .formats import (
-    REMOTE_SCHEMES,
-    create_container,
-    multifile_index,
-    open_container,
-    open_from_store,
-)
+from .formats import REMOTE_SCHEMES, multifile_index
+from .sources.opener import DEFAULT_BLOCK_SIZE, OpenOptions, open_source
 
 log = logging.getLogger("ctdsfs")
 
@@ -36,7 +31,6 @@ KERNEL_OPTIONS = {
 # Options that mount(8) and fstab use for themselves.
 IGNORED_OPTIONS = {"defaults", "auto", "noauto", "user", "users", "nouser", "owner", "group",
                    "nofail", "_netdev"}
-DEFAULT_BLOCK_SIZE = 4 << 20  # casacore's default for tables (StorageOption)
 DEFAULT_COMMIT_SECONDS = 5.0
 IGNORED_PREFIXES = ("x-", "comment=")
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD, M_ARENA_MAX = -1, -3, -8  # mallopt(3) parameters
@@ -308,74 +302,38 @@ def _collect_garbage_seldom():
     gc.set_threshold(GC_YOUNG_ALLOCATIONS, middle, old)
 
 
-def holds_tiledb(path):
-    """Whether the directory tree at ``path`` (links not followed) holds a TileDB array
-    or group, which time travel applies to."""
-    from .formats.tiledb import looks_like_directory
-    for folder, _, _ in os.walk(path):
-        if looks_like_directory(folder):
-            return True
-    return False
-
-
 def mount(source, mountpoint, opts, foreground=False):
     """Mount ``source`` on ``mountpoint``; returns the exit status for the caller."""
     # Imported here so `ctdsfs info` and `--help` work where libfuse is missing.
     from .fuse_adapter import FuseOperations, serve
     from .vfs import ContainerFS
 
-    remote = source.startswith(REMOTE_SCHEMES)
-    if remote and opts.writable:
-        raise UsageError(f"{source}: a remote source is read-only (-o rw and create are refused)")
-    if opts.remote and not remote:
+    if opts.remote and not source.startswith(REMOTE_SCHEMES):
         raise UsageError(f"mount options {', '.join(sorted(opts.remote))} are for an s3:// or "
                          "http(s):// source only")
-    source = source if remote else os.path.abspath(source)
-    if opts.timestamp and (remote or not os.path.isdir(source)):
-        raise UsageError(f"{source}: mount option 'timestamp' is for TileDB arrays (a "
-                         "local directory: an array, a group or a tree holding them)")
-    check_mountpoint(mountpoint, nonempty=opts.nonempty)
-    trim_heap = _reuse_freed_memory()
-    _setup_logging(opts, foreground=True)  # problems found while opening reach the terminal
-    source_stat = None
-    if opts.index:
-        multifile_index.enable()
-    if remote and source.endswith("/"):
-        from .formats.remote import RemoteOptions
-        from .vfs.remote_directory import open_remote_directory
-
-        container = open_remote_directory(source, RemoteOptions(**opts.remote),
-                                          recurse=opts.recurse, verify_crc=opts.verify_crc)
-        # of the root shown now (the prefix may be reopened as a table view)
-        source_stat = lambda: fs.root.stat()  # noqa: E731 (fs is made below)
-    elif remote:
-        from .formats.remote import RemoteOptions, open_remote
-
-        store = open_remote(source, RemoteOptions(**opts.remote))
-        source_stat = store.stat
-        container = open_from_store(store, verify_crc=opts.verify_crc)
-    elif opts.create and not os.path.exists(source):
-        container = create_container(source, block_size=opts.block_size, use_crc=opts.new_crc,
-                                     format="hdf5" if source.endswith(".mfh5") else "mf2")
-    elif os.path.isdir(source):
-        from .vfs.directory import directory_or_table
-
-        target = os.path.realpath(mountpoint)
+    target = os.path.realpath(mountpoint)
+    if os.path.isdir(source):
         real_source = os.path.realpath(source)
         if target == real_source or real_source.startswith(target + os.sep):
             raise UsageError(f"{source}: the source lies under the mount point {mountpoint}")
-        if opts.timestamp and not (opts.recurse and holds_tiledb(real_source)):
-            raise UsageError(f"{source}: mount option 'timestamp' is for TileDB arrays, and "
-                             f"this tree shows none{'' if opts.recurse else ' (norecurse)'}")
-        container = directory_or_table(real_source, source=True, writable=opts.writable,
-                                       recurse=opts.recurse, verify_crc=opts.verify_crc,
-                                       hide={target}, timestamp=opts.timestamp)
-    else:
-        container = open_container(source, verify_crc=opts.verify_crc, writable=opts.writable)
-    if opts.columns:
-        from .vfs.columns import with_columns
+    check_mountpoint(mountpoint, nonempty=opts.nonempty)
+    trim_heap = _reuse_freed_memory()
+    _setup_logging(opts, foreground=True)  # problems found while opening reach the terminal
+    if opts.index:
+        multifile_index.enable()
+    remote_options = None
+    if opts.remote:
+        from .formats.remote import RemoteOptions
 
-        container = with_columns(container)
+        remote_options = RemoteOptions(**opts.remote)
+    opened = open_source(source, OpenOptions(
+        writable=opts.writable, create=opts.create, block_size=opts.block_size,
+        new_crc=opts.new_crc, verify_crc=opts.verify_crc, recurse=opts.recurse,
+        columns=opts.columns, timestamp=opts.timestamp, remote=remote_options,
+        hide=frozenset({target})))
+    container, source, remote = opened.container, opened.name, opened.remote
+    # a prefix's root is what is shown now (it may be reopened as a table view)
+    source_stat = opened.stat or ((lambda: fs.root.stat()) if remote else None)
     write_cache = opts.writable and container.kernel_write_cache
     fs = ContainerFS(container, source, writable=opts.writable, kernel_appends=write_cache,
                      source_stat=source_stat, stat_reads=not remote)

@@ -35,6 +35,7 @@ class Format:
     magic: bytes = None  # what a file of it starts with; None: the module's looks_like()
     writes: tuple = ()  # the variants ``create_container(format=...)`` makes of it
     markers: tuple = ()  # a directory format: entries one of which each of its directories holds
+    travels_in_time: bool = False  # its open_file takes ``timestamp`` (start, end): as at then
 
     def implementation(self):
         return importlib.import_module(f"{__name__}.{self.module}")
@@ -52,6 +53,13 @@ class Format:
             return False
         return self.implementation().looks_like_directory(path)
 
+    def open_directory(self, path, *, verify_crc=True, writable=False, timestamp=None):
+        """The directory at ``path``, as at ``timestamp`` if given and this format travels in
+        time (the others show what is there now)."""
+        travel = {"timestamp": timestamp} if timestamp and self.travels_in_time else {}
+        return self.implementation().open_file(path, verify_crc=verify_crc, writable=writable,
+                                               **travel)
+
 
 FORMATS = (  # in the order files are tried
     Format("MultiHDF5", "multihdf5", magic=b"\x89HDF\r\n\x1a\n", writes=("hdf5",)),
@@ -60,7 +68,8 @@ FORMATS = (  # in the order files are tried
     Format("bcolz rootdir", "bcolz", markers=("__attrs__",)),
     Format("bloscpack", "bcolz", magic=b"blpk"),
     Format("TileDB array", "tiledb",
-           markers=("__schema", "__array_schema.tdb", "__tiledb_group.tdb")),  # (< v10; group)
+           markers=("__schema", "__array_schema.tdb", "__tiledb_group.tdb"),  # (< v10; group)
+           travels_in_time=True),
 )
 WRITTEN_FORMATS = tuple(v for f in FORMATS for v in f.writes)
 
@@ -68,6 +77,14 @@ WRITTEN_FORMATS = tuple(v for f in FORMATS for v in f.writes)
 def directory_format(path):
     """The directory format whose layout ``path`` (a real directory, not a link) has, or None."""
     return next((f for f in FORMATS if f.recognises_directory(path)), None)
+
+
+def holds_time_travel(path):
+    """Whether the tree at ``path`` (links not followed) holds a directory of a format that
+    travels in time (a TileDB array or group), which a ``timestamp`` applies to."""
+    travelling = [f for f in FORMATS if f.travels_in_time]
+    return any(f.recognises_directory(folder) for folder, _, _ in os.walk(path)
+               for f in travelling)
 
 
 def open_container(path, *, verify_crc=True, writable=False, remote=None):
@@ -90,7 +107,7 @@ def open_container(path, *, verify_crc=True, writable=False, remote=None):
         fmt = directory_format(path)
         if fmt is None:
             raise NotAContainer(f"{path}: a directory, but not one ctdsfs translates")
-        return fmt.implementation().open_file(path, verify_crc=verify_crc, writable=writable)
+        return fmt.open_directory(path, verify_crc=verify_crc, writable=writable)
     try:
         with os.fdopen(open_if_regular(path, follow=True), "rb") as f:
             first = f.read(SNIFF_BYTES)

@@ -213,33 +213,19 @@ def work_bytes(container):
     return total
 
 
-def check_path(path, progress=None, timestamp=None):
-    """Open ``path`` (any format) without trusting its CRCs and check it.
+def check_container(container, progress=None):
+    """(problems, notes) of an opened container (opened without trusting its CRCs).
 
     ``progress(total_bytes)``, if given, makes a tqdm-like context manager
     whose ``update(bytes)`` follows the reading (not called when nothing is read).
-    ``timestamp`` (start, end): a TileDB array or group as at that time.
     """
-    from . import directory_format, open_container
-
-    try:
-        if timestamp is not None:  # (a TileDB array or group: the caller made sure)
-            container = directory_format(path).implementation().open_file(
-                path, timestamp=timestamp)
-        else:
-            container = open_container(path, verify_crc=False)
-    except CtdsfsError as exc:
-        return [str(exc)], []
-    try:
-        if isinstance(container, MultiFile):
-            check = check_multifile
-        elif container.format_name == "MultiHDF5":
-            check = check_multihdf5
-        elif type(container).check is Container.check:
-            return container.check()  # (nothing to read beyond what opening did)
-        else:
-            check = type(container).check
-        with progress_for(progress, work_bytes(container) if progress else 0) as bar:
-            return check(container, bar=bar)
-    finally:
-        container.close()
+    if isinstance(container, MultiFile):
+        check = check_multifile
+    elif container.format_name == "MultiHDF5":
+        check = check_multihdf5
+    elif type(container).check is Container.check:
+        return container.check()  # (nothing to read beyond what opening did)
+    else:
+        check = type(container).check
+    with progress_for(progress, work_bytes(container) if progress else 0) as bar:
+        return check(container, bar=bar)

@@ -375,12 +375,10 @@ def directory_or_table(path, *, source=False, **options):
     on the command line; inside a tree it is shown raw and read-only (``shown_raw``)."""
     fmt = directory_format(path) if options.get("recurse", True) else None
     if fmt is not None:
-        travel = {"timestamp": options["timestamp"]} \
-            if options.get("timestamp") and fmt.module == "tiledb" else {}
         try:
-            return fmt.implementation().open_file(
-                path, verify_crc=options.get("verify_crc", True),
-                writable=options.get("writable", False), **travel)
+            return fmt.open_directory(path, verify_crc=options.get("verify_crc", True),
+                                      writable=options.get("writable", False),
+                                      timestamp=options.get("timestamp"))
         except CtdsfsError as exc:
             if source:
                 raise
