@@ -182,6 +182,19 @@ def test_a_special_file_as_a_container_or_beside_one(data_dir, tmp_path, kind, p
     assert planted.name in done.stderr, done.stderr
 
 
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_special_file_as_table_dat_for_tableinfo(tmp_path, kind):
+    """``ctdsfs tableinfo`` of a directory whose table.dat is a FIFO, socket or device node
+    refuses it in one line and returns (before, its open blocked for good on a FIFO)."""
+    os.mknod(tmp_path / "table.dat", 0o644 | KINDS[kind],
+             os.makedev(1, 3) if kind == "device" else 0)
+    done = subprocess.run(["ctdsfs", "tableinfo", str(tmp_path)], capture_output=True,
+                          text=True, timeout=WALK_SECONDS)
+    assert done.returncode == 1, done.stdout
+    assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr, done.stderr
+    assert "table.dat" in done.stderr, done.stderr
+
+
 @pytest.mark.parametrize("swap", ["fifo", "link"])
 def test_table_dat_swapped_under_a_legacy_view(made, tmp_path, swap):  # noqa: F811
     """A MultiFile table's table.dat replaced, while its view is shown, by a FIFO (before:

@@ -444,18 +444,17 @@ def _ls(args, out):
 
 
 def _tableinfo(args, out):
-    import os
-
     from .formats import tabledat
+    from .formats.store import open_if_regular, read_whole
 
     path = args.table
     directory = os.path.dirname(path) if path.endswith("table.dat") else path
-    try:
-        with open(os.path.join(directory, "table.dat"), "rb") as f:
-            data = f.read()
+    table_dat = os.path.join(directory, "table.dat")
+    try:  # (a FIFO or device there is refused unopened: opening a FIFO would block)
+        fd = open_if_regular(table_dat, what=table_dat, follow=True)
     except OSError as exc:
         raise CtdsfsError(f"{directory}: not a casacore table ({exc.strerror})") from None
-    table = tabledat.decode(data, os.path.join(directory, "table.dat"))
+    table = tabledat.decode(read_whole(fd, tabledat.MAX_BYTES, table_dat), table_dat)
     files = set(os.listdir(directory))
     if "table.mf" in files:
         files |= set(open_container(os.path.join(directory, "table.mf")).names())
