@@ -1,6 +1,6 @@
 """The benchmark's "columns" part: every tiled column of a MeasurementSet as NumPy arrays.
 
-The MS is the tests' (tests/casacore_column_tables.py ``ms``): DATA (64 channels x 4
+The MS is the tests' (tests/formats/casacore/casacore_column_tables.py ``ms``): DATA (64 channels x 4
 correlations, complex64) and FLAG in two TiledShapeStMan hypercolumns, UVW in
 TiledColumnStMan, the rest in StandardStMan. Each figure is a median of alternated
 rounds (the machine is shared: its load moves every reader) with the best beside it:
@@ -25,7 +25,7 @@ rounds (the machine is shared: its load moves every reader) with the best beside
   cell that hold a band of rows);
 * Dysco: a MeasurementSet whose DATA (64 channels x 4 correlations) python-casacore
   stores with DyscoStMan (10 bits, TruncatedGaussian, AF normalisation: LOFAR's
-  pipelines' choice), written by tests/dysco_ms.py: ``numpy.load(columns/DATA.npy)``
+  pipelines' choice), written by tests/formats/casacore/dysco_ms.py: ``numpy.load(columns/DATA.npy)``
   through a fresh mount against ``getcol`` and the floor, as for the local figures.
 """
 
@@ -70,7 +70,7 @@ from distributed import Client
 from ctdsfs.dask_columns import column_array
 address, url, options = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
 def ready():  # what every task needs, imported before the clock starts
-    import ctdsfs.dask_columns, ctdsfs.formats.casacore_columns_view, s3fs  # noqa: F401
+    import ctdsfs.dask_columns, ctdsfs.formats.casacore.columns_view, s3fs  # noqa: F401
 with Client(address) as client:
     client.run(ready)
     start = time.perf_counter()
@@ -90,8 +90,8 @@ def summary(values):
 
 
 def tiled_columns(path):
-    from ctdsfs.formats.casacore_base import DirectorySource
-    from ctdsfs.formats.casacore_columns import open_table
+    from ctdsfs.formats.casacore.base import DirectorySource
+    from ctdsfs.formats.casacore.columns import open_table
 
     table = open_table(DirectorySource(path))
     return table, [name for name, col in table.columns.items() if col.manager.startswith("Tiled")]
@@ -144,7 +144,7 @@ def extra_bytes(url, s3, table, nrow, options):
     """(bytes fetched for rows ``nrow // 2 .. + 100`` of DATA.npy, those rows' bytes)."""
     import fsspec
 
-    from ctdsfs.formats import remote
+    from ctdsfs.remote import store as remote
 
     fetched = []
     original = remote.RemoteStore._get

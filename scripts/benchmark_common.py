@@ -14,8 +14,8 @@ import numpy as np
 
 import pyfuse3_floor  # (beside this script)
 from ctdsfs.container import READAHEAD_KB
-from ctdsfs.formats.crc import crc32_bzip2
-from ctdsfs.formats.multifile_header import Entry, Header, encode_header_v2
+from ctdsfs.formats.multifile.header import Entry, Header, encode_header_v2
+from ctdsfs.io.crc import crc32_bzip2
 
 # ---------------------------------------------------------------- container building
 

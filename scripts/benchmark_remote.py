@@ -97,7 +97,7 @@ def raw_get_figures(client, bucket, key, size):
 
 
 def remote_figures(tmp, pool, size, ms_mib, rounds=3, read_rounds=8):
-    """The remote section: SeaweedFS on loopback (as in tests/test_remote.py). The cold
+    """The remote section: SeaweedFS on loopback (as in tests/remote/test_remote.py). The cold
     read is measured in ``read_rounds`` rounds, each the raw GETs then, at once, the mount
     and the pyfuse3 floors, in an order that turns each round (so each takes every
     place equally often), since a shared machine's load moves them all; the median

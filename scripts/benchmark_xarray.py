@@ -1,7 +1,7 @@
 """The xarray part of the benchmark: open an MS as a DataTree and load VISIBILITY and FLAG,
 with the ``ctdsfs`` engine and with xarray-ms (``xarray-ms:msv2``) on the same files.
 
-The MS (tests/ms_writer.py, python-casacore): 64 antennas without autocorrelations (2016
+The MS (tests/xarray_backend/ms_writer.py, python-casacore): 64 antennas without autocorrelations (2016
 baselines), 64 channels x 4 correlations, DATA and FLAG in TiledShapeStMan, one spectral
 window; ``--mib`` sets its DATA size through the number of times. Each round opens the MS
 in a fresh process (its imports done before the clock starts) with the MS's files evicted

@@ -25,7 +25,7 @@ from ctdsfs.blockmap import (
 from ctdsfs.formats import open_container
 
 from .conftest import DATA
-from .test_multifile import build_v2
+from .formats.multifile.test_multifile import build_v2
 
 
 def roles(path, **kw):

@@ -9,7 +9,7 @@ import pytest
 from ctdsfs.sources.checking import check_path
 
 from .conftest import DATA
-from .test_multifile import build_v2
+from .formats.multifile.test_multifile import build_v2
 
 CLEAN = ["mf2_basic.mf", "mf2_crc.mf", "mf2_free.mf", "mf2_nested.mf", "mf2_bighdr.mf",
          "casacore_test_v1.mf", "t_mf.tab/table.mf", "mh5_basic.mfh5"]

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from .conftest import DATA, Mount, is_mounted, make_casacore_table, pattern, run_tomf, unmount
-from .test_multifile import build_v2
+from .formats.multifile.test_multifile import build_v2
 
 pytestmark = pytest.mark.fuse
 
@@ -381,6 +381,6 @@ def test_a_multifile_mount_imports_no_heavy_library(tmp_path, kind):
             proc.kill()
             proc.wait()
     loaded = modules.read_text().split()
-    assert "pyfuse3" in loaded and "ctdsfs.formats.multifile" in loaded
+    assert "pyfuse3" in loaded and "ctdsfs.formats.multifile.container" in loaded
     assert [m for m in loaded if m.split(".")[0] in HEAVY_MODULES] == []
     assert ("fastcrc" in loaded) == (kind == "directory")

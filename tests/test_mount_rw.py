@@ -14,7 +14,7 @@ import pytest
 from ctdsfs.formats import open_container
 
 from .conftest import SCRIPTS, Mount, make_casacore_table, require_fuse, unmount
-from .test_write import check_crcs, snapshot
+from .formats.multifile.test_write import check_crcs, snapshot
 
 pytestmark = pytest.mark.fuse
 

@@ -15,7 +15,8 @@ import time
 
 import pytest
 
-from ctdsfs.formats import create_container, multifile_index, open_container
+from ctdsfs.formats import create_container, open_container
+from ctdsfs.formats.multifile import index as multifile_index
 
 pytestmark = pytest.mark.fuse
 
@@ -139,7 +140,7 @@ def test_a_large_read_waiting_for_its_disk_holds_up_no_other_request(mount, tmp_
     inner.close()  # before the mount it reads from
 
 
-# -- the persistent index of plain files (formats/multifile_index.py)
+# -- the persistent index of plain files (formats/multifile/index.py)
 
 def varied_tree_container(path):
     """A MultiFile of 4 nested directories of 40 files of 2-8 KiB: a cold listing that

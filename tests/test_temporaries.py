@@ -6,7 +6,7 @@ import os
 import pytest
 
 from ctdsfs.formats import create_container, open_container
-from ctdsfs.formats.journal import journal_path
+from ctdsfs.io.journal import journal_path
 
 
 @pytest.fixture

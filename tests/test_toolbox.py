@@ -12,7 +12,7 @@ from ctdsfs.formats import open_container
 from ctdsfs.sources.checking import check_path
 
 from .conftest import DATA, SCRIPTS, make_casacore_table, run_on_terminal
-from .test_write import snapshot
+from .formats.multifile.test_write import snapshot
 
 pytestmark = pytest.mark.tools
 

@@ -19,7 +19,7 @@ import numpy as np
 
 from .errors import CtdsfsError, printable
 from .formats.check import bad_crc_blocks, progress_for
-from .formats.multifile import MultiFile
+from .formats.multifile.container import MultiFile
 
 # Roles that are not files, most telling first (a scaled cell shows the first present).
 BAD_CRC, CONFLICT, HEADER, CONTINUATION, SPARE, FREE, METADATA, UNUSED = range(-8, 0)
@@ -135,7 +135,7 @@ def _multihdf5_map(c):
     """Cells of the HDF5 file, one block size each, marked with the file whose chunks lie there."""
     import os
 
-    from .formats.multihdf5 import HDF5_ERRORS
+    from .formats.multihdf5.container import HDF5_ERRORS
 
     bs = c.block_size
     size = os.path.getsize(c.path)

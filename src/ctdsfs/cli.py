@@ -444,8 +444,8 @@ def _ls(args, out):
 
 
 def _tableinfo(args, out):
-    from .formats import tabledat
-    from .formats.store import open_if_regular, read_whole
+    from .formats.casacore import tabledat
+    from .io.store import open_if_regular, read_whole
 
     path = args.table
     directory = os.path.dirname(path) if path.endswith("table.dat") else path
@@ -567,7 +567,7 @@ def _time_travel(args):
     TileDB array)."""
     if args.timestamp is None:
         return None
-    from .formats.tiledb_time import parse_timestamp
+    from .formats.tiledb.time import parse_timestamp
     travel = parse_timestamp(args.timestamp)
     if travel is None:
         raise CtdsfsError(f"--timestamp {args.timestamp!r} needs T or T1:T2 (ms since the "

@@ -6,7 +6,7 @@ may not mount (HPC compute nodes, unprivileged pods).
     fsspec.open("ctdsfs://ANTENNA/table.dat::s3://bucket/obs.mf", s3={...})
 
 The container is opened by the same code a mount uses (``open_container``;
-``s3://`` and ``http(s)://`` through ``formats.remote``), and other fsspec
+``s3://`` and ``http(s)://`` through ``remote.store``), and other fsspec
 sources (``memory://``, ``gcs://``, ...) through their own filesystem's
 ranged reads. Nested containers are directories; files are read in ranges.
 Read-only. ``target_options`` (and a chained URL's ``s3={...}``, and the
@@ -33,7 +33,7 @@ from fsspec.utils import infer_storage_options
 
 from .errors import CtdsfsError
 from .formats import REMOTE_SCHEMES
-from .formats.remote import RemoteOptions
+from .remote.store import RemoteOptions
 from .sources import opener
 from .sources.opener import OpenOptions
 

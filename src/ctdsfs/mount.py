@@ -17,7 +17,8 @@ import sys
 from dataclasses import dataclass, field
 
 from .errors import CtdsfsError, PrintableFormatter, printable
-from .formats import REMOTE_SCHEMES, multifile_index
+from .formats import REMOTE_SCHEMES
+from .formats.multifile import index as multifile_index
 from .sources.opener import DEFAULT_BLOCK_SIZE, OpenOptions, open_source
 
 log = logging.getLogger("ctdsfs")
@@ -147,7 +148,7 @@ def parse_options(text):
         elif item == "no_default_permissions":
             continue  # only keeps allow_other from adding default_permissions
         elif item.split("=", 1)[0] == "timestamp":
-            from .formats.tiledb_time import parse_timestamp  # (numpy: only when asked)
+            from .formats.tiledb.time import parse_timestamp  # (numpy: only when asked)
 
             opts.timestamp = parse_timestamp(item.partition("=")[2])
             if opts.timestamp is None:
@@ -323,7 +324,7 @@ def mount(source, mountpoint, opts, foreground=False):
         multifile_index.enable()
     remote_options = None
     if opts.remote:
-        from .formats.remote import RemoteOptions
+        from .remote.store import RemoteOptions
 
         remote_options = RemoteOptions(**opts.remote)
     opened = open_source(source, OpenOptions(

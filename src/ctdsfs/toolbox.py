@@ -21,7 +21,7 @@ from tqdm import tqdm
 
 from .errors import CtdsfsError
 from .formats import create_container, open_container, refuse_existing
-from .formats.store import open_regular
+from .io.store import open_regular
 
 CHUNK = 4 << 20
 # Block sizes a pack may choose (casacore reads any): the largest that keeps the
@@ -282,7 +282,7 @@ def _require_table(table):
 
 def to_sepfile(table, *, quiet=False):
     """Store a MultiFile table tree (subtables too) as separate files, in place."""
-    from .vfs.directory import directory_or_table
+    from .sources.directory import directory_or_table
 
     _require_table(table)
     view = directory_or_table(os.path.abspath(table))
@@ -302,7 +302,7 @@ def to_multifile(table, *, block_size=None, use_crc=False, quiet=False):
     """Store a table tree in separate files as MultiFile tables (subtables too), in place.
     Without a ``block_size`` each table's is chosen from its own storage manager files.
     Returns ``[(table directory, block size)]``."""
-    from .formats import tabledat
+    from .formats.casacore import tabledat
 
     _require_table(table)
     chosen = []

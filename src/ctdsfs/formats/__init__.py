@@ -22,8 +22,8 @@ import os
 from dataclasses import dataclass
 
 from ..errors import CtdsfsError, FormatError, NotAContainer
-from .schemes import REMOTE_SCHEMES
-from .store import open_if_regular
+from ..io.store import open_if_regular
+from ..remote.schemes import REMOTE_SCHEMES
 
 SNIFF_BYTES = 68  # what recognition reads of a file's start
 
@@ -62,12 +62,12 @@ class Format:
 
 
 FORMATS = (  # in the order files are tried
-    Format("MultiHDF5", "multihdf5", magic=b"\x89HDF\r\n\x1a\n", writes=("hdf5",)),
+    Format("MultiHDF5", "multihdf5.container", magic=b"\x89HDF\r\n\x1a\n", writes=("hdf5",)),
     Format(".pycauset", "pycauset", magic=b"PYCAUSET"),
-    Format("casacore MultiFile", "multifile", writes=("mf2", "mf1")),
-    Format("bcolz rootdir", "bcolz", markers=("__attrs__",)),
-    Format("bloscpack", "bcolz", magic=b"blpk"),
-    Format("TileDB array", "tiledb",
+    Format("casacore MultiFile", "multifile.container", writes=("mf2", "mf1")),
+    Format("bcolz rootdir", "bcolz.rootdir", markers=("__attrs__",)),
+    Format("bloscpack", "bcolz.rootdir", magic=b"blpk"),
+    Format("TileDB array", "tiledb.array",
            markers=("__schema", "__array_schema.tdb", "__tiledb_group.tdb"),  # (< v10; group)
            travels_in_time=True),
 )
@@ -100,7 +100,7 @@ def open_container(path, *, verify_crc=True, writable=False, remote=None):
         if path.endswith("/"):
             raise NotAContainer(f"{path}: a prefix, not one object (mount it to see it as a "
                                 "directory)")
-        from .remote import open_remote
+        from ..remote.store import open_remote
         return open_from_store(open_remote(path, remote), verify_crc=verify_crc)
     path = os.fspath(path)
     if os.path.isdir(path) and not os.path.islink(path):

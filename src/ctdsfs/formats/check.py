@@ -21,9 +21,9 @@ import numpy as np
 
 from ..container import Container
 from ..errors import CtdsfsError
-from . import crc
-from .multifile import MultiFile
-from .multifile_header import _assemble_v2
+from ..io import crc
+from .multifile.container import MultiFile
+from .multifile.header import _assemble_v2
 
 RUN_BYTES = 16 << 20  # bytes of one read while checking (glibc reuses, not maps, buffers this size)
 
@@ -132,7 +132,7 @@ def bad_crc_blocks(container, blocks, bar=None):
 
 def check_multihdf5(container, location=None, bar=None):
     """(problems, notes) for a MultiHDF5 tree: unreadable data, unlisted groups."""
-    from .multihdf5 import HDF5_ERRORS, HEADER
+    from .multihdf5.container import HDF5_ERRORS, HEADER
 
     where = location or container.label
     children = {n: container.nested(n) for n in container.names()}

@@ -39,9 +39,9 @@ from dataclasses import dataclass
 
 from ..container import Container, Usage
 from ..errors import CtdsfsError, Escaped, FormatError, NotPermitted, ReadOnlyError
-from .byte_reader import Reader
-from .npy import npy_header
-from .store import open_store
+from ..io.byte_reader import Reader
+from ..io.npy import npy_header
+from ..io.store import open_store
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ from typing import Any, Callable, Optional
 
 from ..errors import CtdsfsError
 from ..formats.check import check_container
-from ..vfs.directory import DirectorySource, TableView
+from .directory import DirectorySource, TableView
 from .opener import OpenOptions, open_source
 
 Lines = tuple[list[str], list[str]]  # (problems, notes), each a 'location: text' line

@@ -5,7 +5,7 @@ filesystem call :func:`open_source`; nothing else opens a source. A source is
 
 * a local file: the container its content declares (``formats.open_container``),
   or a new one where none exists and ``create`` is asked;
-* a local directory: a directory source (``vfs.directory``), or the directory
+* a local directory: a directory source (``sources.directory``), or the directory
   format its layout declares (a TileDB array, a bcolz rootdir);
 * ``s3://BUCKET/KEY`` or ``http(s)://HOST/PATH``: one object, read in ranges;
   ``s3://BUCKET/PREFIX/``: a prefix as a directory source;
@@ -15,7 +15,7 @@ filesystem call :func:`open_source`; nothing else opens a source. A source is
 :class:`OpenOptions` holds everything that shapes the tree. The views are laid
 here, over whatever was opened, in this order: the legacy table view over every
 table stored in a container (``sources.table_views``; directory sources lay it
-themselves), then ``columns/`` in every table (``vfs.columns``). A new view is
+themselves), then ``columns/`` in every table (``sources.columns``). A new view is
 one more wrapper laid here, passing on what it does not change and wrapping
 every nested container it hands out.
 """
@@ -106,7 +106,7 @@ def open_source(source: str | os.PathLike, options: OpenOptions = OpenOptions())
 
         container = with_table_views(container)
     if options.columns:
-        from ..vfs.columns import with_columns
+        from .columns import with_columns
 
         container = with_columns(container)
     return OpenedSource(container, name, remote, stat)
@@ -125,11 +125,11 @@ def _check_time_travel(name: str, remote: bool, options: OpenOptions) -> None:
 
 
 def _open_remote(url: str, options: OpenOptions) -> tuple[Any, Optional[Callable]]:
-    from ..formats.remote import RemoteOptions, open_remote
+    from ..remote.store import RemoteOptions, open_remote
 
     remote = options.remote or RemoteOptions()
     if url.endswith("/"):
-        from ..vfs.remote_directory import open_remote_directory
+        from .remote_directory import open_remote_directory
 
         prefix = open_remote_directory(url, remote, recurse=options.recurse,
                                        verify_crc=options.verify_crc)
@@ -141,7 +141,7 @@ def _open_remote(url: str, options: OpenOptions) -> tuple[Any, Optional[Callable
 def _open_fsspec(url: str, options: OpenOptions) -> tuple[Any, Callable]:
     from fsspec.core import url_to_fs
 
-    from ..formats.remote import source_stat
+    from ..remote.store import source_stat
     from .fsspec_store import FsspecStore
 
     try:
@@ -157,7 +157,7 @@ def _open_local(path: str, options: OpenOptions) -> Any:
         return create_container(path, block_size=options.block_size, use_crc=options.new_crc,
                                 format="hdf5" if path.endswith(".mfh5") else "mf2")
     if os.path.isdir(path) and not os.path.islink(path):
-        from ..vfs.directory import directory_or_table
+        from .directory import directory_or_table
 
         return directory_or_table(os.path.realpath(path), source=True,
                                   writable=options.writable, recurse=options.recurse,

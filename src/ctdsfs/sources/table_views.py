@@ -2,7 +2,7 @@
 
 A casacore table stored as MultiFile keeps its files in ``table.mf`` beside
 ``table.dat``. A directory source shows such a table through
-:class:`~ctdsfs.vfs.directory.TableView` (casacore 3.5 reads it); a table that
+:class:`~ctdsfs.sources.directory.TableView` (casacore 3.5 reads it); a table that
 sits inside a container (``ctdsfs pack`` of such a MeasurementSet, a packed
 container under an ``s3://`` prefix, a container nested in a directory) is shown
 the same way here: :func:`with_table_views` wraps a tree's root, every container
@@ -21,8 +21,8 @@ from typing import Any, Optional
 from ..container import Container, DerivedView, Usage
 from ..errors import CtdsfsError
 from ..formats import open_from_store
-from ..formats.store import VirtualFileStore
-from ..vfs.directory import TABLE_CONTAINERS, DirectorySource, TableView
+from ..io.store import VirtualFileStore
+from .directory import TABLE_CONTAINERS, DirectorySource, TableView
 
 log = logging.getLogger(__name__)
 

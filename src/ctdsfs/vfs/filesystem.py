@@ -48,7 +48,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from ..errors import BlockError, ContainerFull, CtdsfsError, NotPermitted, ReadOnlyError, TooLarge
-from ..formats.remote_retry import user_request
+from ..remote.retry import user_request
 
 log = logging.getLogger(__name__)
 

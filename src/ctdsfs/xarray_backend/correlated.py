@@ -7,8 +7,8 @@ import numpy as np
 from xarray import Variable
 from xarray.core.indexing import LazilyIndexedArray
 
-from ..formats.casacore_base import TP_BOOL, TP_UCHAR
-from ..formats.casacore_columns import VarShapeColumn
+from ..formats.casacore.base import TP_BOOL, TP_UCHAR
+from ..formats.casacore.columns import VarShapeColumn
 from .arrays import BroadcastArray, MainColumnArray
 from .errors import (
     ColumnShapeImputationWarning,

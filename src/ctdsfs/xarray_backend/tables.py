@@ -15,7 +15,7 @@ from urllib.request import url2pathname
 import numpy as np
 
 from ..errors import CtdsfsError
-from ..formats.casacore_columns import StringColumn, VarShapeColumn, open_table
+from ..formats.casacore.columns import StringColumn, VarShapeColumn, open_table
 
 GAP_BYTES = 1 << 20  # rows between two wanted ones are read through when under this
 
@@ -34,7 +34,7 @@ def open_root(source, storage_options):
     """The container of the MS at ``source``; the one call that opens a source, kept here
     so the project's opener can replace it."""
     from ..fsspec import open_source
-    from ..vfs.directory import directory_or_table
+    from ..sources.directory import directory_or_table
 
     path = local_path(source)
     if path is not None:

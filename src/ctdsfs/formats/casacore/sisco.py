@@ -1,0 +1,269 @@
+"""SiscoStMan (casacore 3.8): single-precision complex data columns compressed by
+predicting each value from its neighbours, then deflate.
+
+Facts used (SiscoStManColumn.h, SiscoReader.cc, SiscoWriter.cc, Sisco.h, Sisco.cc,
+BitFloat.h, StokesIConversions.h): ``table.f<N>`` (written with POSIX calls, beside
+``table.mf`` in a MultiFile table) holds a 20-byte header (``Sisco\\0\\0\\0``, ``u16``
+major version 2 with the store mode in its top two bits: 0 all correlations, 0x4000
+the diagonal, 0x8000 Stokes I; ``u16`` minor version), one signed byte, the prediction
+level, then chunks: ``u64`` decompressed size, ``u64`` compressed size, raw deflate
+(zlib's wbits -15). A decompressed chunk holds N values as four planes of their
+mantissas' bytes (least significant first; level -1 keeps three, the third giving bits
+16-22, bit 23 always set and the sign) and then N signed exponents.
+
+The rows' cells come in row order, each as one item per stored correlation (all of
+them, 2 on the diagonal, 1 for Stokes I), an item being one correlation's channels:
+their real parts, then their imaginary parts. Items never straddle chunks. Each value
+is a sign, a 31-bit mantissa (no implied bit: predictions shift it) and an exponent;
+a value is decoded by adding to its residual the prediction from the previous channels
+of the item, and then that from the previous items of the same "baseline" (first
+appearance of (FIELD_ID, DATA_DESC_ID, ANTENNA1, ANTENNA2, correlation)), with
+casacore's exact integer arithmetic (uint32 mantissas wrap, exponents are int8), and
+turned into a float32 by normalising the mantissa. Exponents -127 and -128 (zero,
+subnormals, infinities, NaN) take no prediction and keep their bits.
+
+The stream has no index: a range of rows is decoded from the first row (or from where
+the previous read stopped), keeping only each baseline's last few rows of values.
+"""
+
+import threading
+import zlib
+from collections import deque
+
+import numpy as np
+
+from ...errors import FormatError
+from .altmans import scalar_ints
+from .base import TP_COMPLEX, read_exact
+from .sisco_predict import LEVELS, along_channels, float_bits, predicted
+
+HEADER = 21
+VERSION_MAJOR = 2
+MODES = {0: "all", 0x4000: "diagonal", 0x8000: "stokes_i"}
+STORED = {"diagonal": 2, "stokes_i": 1}
+MAX_CHUNK = 64 << 20  # decompressed bytes of one chunk (casacore writes about 10 MiB)
+BATCH_VALUES = 1 << 18  # values decoded together
+MAX_HISTORY = 1 << 30  # bytes of the baselines' last items
+RECENT_BYTES = 16 << 20  # decoded rows kept for reads handed over out of order
+
+
+class _Chunks:
+    """The file's chunks, decompressed one at a time, handing out items in order."""
+
+    def __init__(self, source, name, level):
+        self.source, self.name, self.level = source, name, level
+        self.size = source.entry_size(name)
+        self.at, self.values, self.used = HEADER, 0, 0
+        self.mantissas = self.exponents = None
+
+    def _next_chunk(self):
+        if self.at + 16 > self.size:
+            raise FormatError(f"{self.name}: the data end at byte {self.at}, before the "
+                              "table's rows")
+        head = read_exact(self.source, self.name, self.at, 16, "chunk header")
+        full, packed = (int.from_bytes(head[i:i + 8], "little") for i in (0, 8))
+        width = 4 if self.level == -1 else 5
+        if full > MAX_CHUNK or full % width or packed > self.size - self.at - 16:
+            raise FormatError(f"{self.name}: chunk at byte {self.at}: {full} bytes from "
+                              f"{packed} is out of range")
+        data = read_exact(self.source, self.name, self.at + 16, packed, "chunk")
+        self.at += 16 + packed
+        try:
+            inflate = zlib.decompressobj(-15)
+            plain = inflate.decompress(bytes(data), full)
+        except zlib.error as exc:
+            raise FormatError(f"{self.name}: chunk does not inflate ({exc})") from None
+        if len(plain) != full or not inflate.eof:
+            raise FormatError(f"{self.name}: chunk inflates to {len(plain)} bytes, not {full}")
+        n = full // width
+        planes = np.frombuffer(plain, np.uint8)
+        if self.level == -1:
+            third = planes[2 * n:3 * n].astype(np.uint32)
+            mantissas = (planes[:n].astype(np.uint32) | planes[n:2 * n].astype(np.uint32) << 8
+                         | (third | 0x80) << 16 | (third & 0x80) << 24)
+        else:
+            mantissas = planes[:4 * n].reshape(4, n).T.copy().view("<u4").ravel()
+        self.mantissas, self.exponents = mantissas, planes[(width - 1) * n:].view(np.int8)
+        self.values, self.used = n, 0
+
+    def take(self, count, channels):
+        """The next ``count`` items of ``channels`` channels: mantissas (uint32) and
+        exponents (int8), each (count, 2, channels): real parts, then imaginary."""
+        width = 2 * channels
+        mantissas, exponents = [], []
+        while count:
+            if self.used >= self.values:
+                self._next_chunk()
+            fit = min(count, (self.values - self.used) // width)
+            if fit == 0:
+                raise FormatError(f"{self.name}: an item of {channels} channels passes its "
+                                  "chunk's end")
+            span = slice(self.used, self.used + fit * width)
+            mantissas.append(self.mantissas[span].reshape(fit, 2, channels))
+            exponents.append(self.exponents[span].reshape(fit, 2, channels))
+            self.used += fit * width
+            count -= fit
+        return np.concatenate(mantissas), np.concatenate(exponents)
+
+
+class _Stream:
+    """The column's cells decoded from the first row on, some rows at a time: each item's
+    channels along the channels for all items at once, then along time in waves (the
+    n-th item of each baseline in the batch together), keeping each baseline's last
+    few items."""
+
+    def __init__(self, reader, col):
+        self.reader, self.row = reader, 0
+        self.chunks = _Chunks(reader.source, reader.name, reader.level)
+        self.ids = {}
+        self.channels, self.correlations = col.cell_shape
+        self.stored = STORED.get(reader.mode, self.correlations)
+        self.along_channels, self.along_time = LEVELS[reader.level]
+        depth = len(self.along_time)
+        self.history = [np.zeros((depth, 0, self.channels), kind) for kind in
+                        (np.int64, np.int64, bool)]  # m, e, s of each baseline's last items
+        self.count = np.zeros(0, np.int64)  # items in each baseline's history
+        self.batch = max(1, BATCH_VALUES // max(1, 2 * self.stored * self.channels))
+
+    def _baselines(self, count):
+        """Each item's baseline number, for rows ``row..row+count`` (ids read as needed)."""
+        stop = self.row + count
+        columns = [scalar_ints(self.reader.table, name, self.row, stop).tolist()
+                   for name in ("FIELD_ID", "DATA_DESC_ID", "ANTENNA1", "ANTENNA2")]
+        return np.array([self.ids.setdefault(key + (pol,), len(self.ids))
+                         for key in zip(*columns) for pol in range(self.stored)], np.int64)
+
+    def _grow(self, baselines):
+        more = baselines - len(self.count)
+        held = sum(h.dtype.itemsize * h.shape[0] for h in self.history) * self.channels
+        if baselines * held > MAX_HISTORY:
+            raise FormatError(f"{self.reader.name}: {baselines // 2} baselines and correlations keep "
+                              "more history than this reader holds")
+        if more > 0:
+            self.history = [np.concatenate([h, np.zeros((h.shape[0], more) + h.shape[2:],
+                                                        h.dtype)], axis=1)
+                            for h in self.history]
+            self.count = np.concatenate([self.count, np.zeros(more, np.int64)])
+
+    def _along_time(self, m, e, s, keys):
+        """Each item plus the prediction from its baseline's earlier items (``keys``: its
+        baseline and part, one per row of m, e, s)."""
+        self._grow(int(keys.max()) + 1)
+        order = np.argsort(keys, kind="stable")
+        first = np.r_[0, np.flatnonzero(np.diff(keys[order])) + 1]
+        rank = np.empty(len(keys), np.int64)
+        rank[order] = np.arange(len(keys)) - np.repeat(first, np.diff(np.r_[first, len(keys)]))
+        hm, he, hs = self.history
+        depth = hm.shape[0]
+        for wave in range(int(rank.max()) + 1):
+            items = np.flatnonzero(rank == wave)
+            keys_now = keys[items]
+            held = np.minimum(self.count[keys_now], depth)
+            for k in range(1, depth + 1):
+                which = held == k
+                if not which.any():
+                    continue
+                rows, at = items[which], keys_now[which]
+                earlier = [(hm[j, at], he[j, at], hs[j, at]) for j in reversed(range(k))]
+                m[rows], _, s[rows] = predicted((m[rows], e[rows], s[rows]), earlier,
+                                                self.along_time)
+            for h, values in ((hm, m), (he, e), (hs, s)):
+                h[1:, keys_now] = h[:-1, keys_now]
+                h[0, keys_now] = values[items]
+            self.count[keys_now] = np.minimum(self.count[keys_now] + 1, depth)
+
+    def rows(self, count):
+        """The next ``count`` rows' cells (count, channels, correlations) as complex64."""
+        baselines = self._baselines(count)
+        cells = np.zeros((count, self.channels, self.correlations), np.complex64)
+        self.row += count
+        if not self.channels:
+            return cells
+        mantissas, exponents = self.chunks.take(len(baselines), self.channels)
+        mantissas = mantissas.reshape(-1, self.channels).astype(np.int64)
+        m, s = mantissas & 0x7FFFFFFF, mantissas > 0x7FFFFFFF
+        e = exponents.reshape(-1, self.channels).astype(np.int64)
+        if self.reader.level != -1:
+            m, e, s = along_channels(m, e, s, self.along_channels)
+            self._along_time(m, e, s, np.repeat(baselines * 2, 2) + np.tile([0, 1],
+                                                                            len(baselines)))
+        values = float_bits(m, e, s).view(np.float32).reshape(count, self.stored, 2,
+                                                              self.channels)
+        if self.reader.mode == "all":
+            cells.real, cells.imag = (values[:, :, part].transpose(0, 2, 1) for part in (0, 1))
+        else:  # Stokes I as [I, 0, 0, I], the diagonal as [XX, 0, 0, YY]
+            for column, pol in ((0, 0), (3, self.stored - 1)):
+                cells.real[..., column] = values[:, pol, 0]
+                cells.imag[..., column] = values[:, pol, 1]
+        return cells
+
+
+class SiscoReader:
+    """A SiscoStMan column (see the module); fixed-shape columns only."""
+
+    def __init__(self, source, table, seqnr, columns, dm_info):
+        self.source, self.table, self.name = source, table, f"table.f{seqnr}"
+        head = read_exact(source, self.name, 0, HEADER, "Sisco header")
+        major = int.from_bytes(head[8:10], "little")
+        if major & 0x3FFF != VERSION_MAJOR:
+            raise FormatError(f"{self.name}: Sisco version {major & 0x3FFF}, not "
+                              f"{VERSION_MAJOR}")
+        if major & 0xC000 not in MODES:
+            raise FormatError(f"{self.name}: unknown Sisco store mode {major & 0xC000:#x}")
+        self.mode = MODES[major & 0xC000]
+        self.level = int.from_bytes(head[20:21], "little", signed=True)
+        if self.level not in LEVELS:
+            raise FormatError(f"{self.name}: unknown Sisco prediction level {self.level}")
+        self._stream, self._recent, self._lock = None, deque(), threading.Lock()
+
+    def read(self, col, start, stop):
+        if col.data_type != TP_COMPLEX:
+            raise FormatError(f"SiscoStMan stores Complex columns, not {col.type_name}")
+        shape = col.cell_shape
+        if shape is None or len(shape) != 2:
+            raise FormatError("a SiscoStMan column without a fixed 2-D cell shape is not "
+                              "decoded")
+        if self.mode != "all" and shape[1] != 4:
+            raise FormatError(f"a Sisco {self.mode} column shows 4 correlations, not "
+                              f"{shape[1]}")
+        out = np.empty((max(0, stop - start),) + tuple(shape), np.complex64)
+        if stop <= start:
+            return out
+        with self._lock:
+            if self._recent and self._recent[0][0] <= start and stop <= self._stream.row:
+                self._copy_recent(start, stop, out)
+                return out
+            stream = self._stream
+            if stream is None or stream.row > start:
+                stream, self._recent = _Stream(self, col), deque()
+                self._stream = stream
+            try:
+                while stream.row < stop:
+                    first = stream.row
+                    until = min(stop if first >= start else start, first + stream.batch)
+                    cells = stream.rows(until - first)
+                    if first >= start:
+                        out[first - start:until - start] = cells
+                    self._keep(first, cells)
+            except FormatError:
+                self._stream, self._recent = None, deque()
+                raise
+        return out
+
+    def _keep(self, first, cells):
+        """Keep the latest rows decoded (up to RECENT_BYTES): a read that the kernel hands
+        over after the one following it finds its rows here, not by decoding anew from
+        the first row."""
+        self._recent.append((first, cells))
+        while len(self._recent) > 1 and \
+                sum(c.nbytes for _, c in self._recent) > RECENT_BYTES:
+            self._recent.popleft()
+
+    def _copy_recent(self, start, stop, out):
+        for first, cells in self._recent:
+            a, b = max(start, first), min(stop, first + len(cells))
+            if a < b:
+                out[a - start:b - start] = cells[a - first:b - first]
+
+
+DECODERS = {"SiscoStMan": SiscoReader}

@@ -1,0 +1,406 @@
+"""A remote container on a misbehaving HTTP server (``remote.hostile_http``, one misbehaviour a
+mode): every read ends in the right bytes, EIO or a one-line refusal within the
+configured limits, and a listing of the mount answers throughout."""
+
+import dataclasses
+import errno
+import json
+import os
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from ctdsfs.formats import open_container
+from ctdsfs.remote.store import FAILED_SECONDS, RemoteError, RemoteOptions, open_remote
+from ctdsfs.toolbox import pack
+
+from ..conftest import DATA, evicted
+from .hostile_http import HUGE, LISTING_MODES, MODES, STALL_MODES, HostileServer
+
+CHUNK = 65536
+TIMEOUT, RETRIES = 1.0, 1
+OPTIONS = f"timeout={TIMEOUT:g},retries={RETRIES},chunk_size={CHUNK},readahead=2"
+# (retries + 1) attempts of at most timeout * (1 + CHUNK / 1 MiB) s, the backoff between
+# them, and some slack for a loaded machine
+LIMIT = (RETRIES + 1) * TIMEOUT * (1 + CHUNK / (1 << 20)) + 0.2 + 3.5
+FILE_SIZE = 256 * 600  # two files, so the second one's bytes lie past the first chunk
+
+RIGHT, EIO, REFUSED = "right bytes", "EIO", "refused"
+OUTCOMES = {
+    "honest": RIGHT,
+    "wrong-range": EIO, "shifted-range": EIO, "wrong-total": EIO, "gzip-bomb": EIO,
+    "longer-body": EIO, "endless-body": EIO, "endless-chunked": EIO, "ignored-range": EIO,
+    "503": EIO, "reset": EIO, "etag-flips": EIO, "trickled-body": EIO,
+    "half-body-held": EIO, "stall-before-status": EIO, "stall-after-headers": EIO,
+    "stall-between-chunks": EIO,
+    "slow-headers": REFUSED, "huge-headers": REFUSED, "many-headers": REFUSED,
+    "long-headers": REFUSED,
+    "no-validators": REFUSED, "redirect-port": REFUSED, "redirect-self": REFUSED,
+    "redirect-file": REFUSED, "redirect-unresolvable": REFUSED,
+}
+
+
+@pytest.fixture(scope="module")
+def container(tmp_path_factory):
+    """A MultiFile of two files (``first``, ``second``) with distinct bytes."""
+    directory = tmp_path_factory.mktemp("hostile")
+    tree = directory / "tree"
+    tree.mkdir()
+    contents = {"first": bytes(range(256)) * (FILE_SIZE // 256),
+                "second": bytes(reversed(range(256))) * (FILE_SIZE // 256)}
+    for name, data in contents.items():
+        (tree / name).write_bytes(data)
+    pack(str(tree), str(directory / "two.mf"), block_size=4096, quiet=True)
+    return (directory / "two.mf").read_bytes(), contents
+
+
+@pytest.fixture
+def hostile():
+    """``hostile(data, mode, ...) -> HostileServer``, each closed at teardown."""
+    servers = []
+
+    def make(data, mode, **kwargs):
+        if mode == "redirect-port":
+            kwargs["other_port"] = make(data, "honest").port
+        servers.append(HostileServer(data, mode, **kwargs))
+        return servers[-1]
+    yield make
+    for server in servers:
+        server.close()
+
+
+# the modes an S3 endpoint is tried with too: where botocore's own handling matters
+S3_MODES = {"honest", "wrong-range", "gzip-bomb", "endless-body", "trickled-body",
+            "half-body-held", "slow-headers", "no-validators", "redirect-self", "503",
+            "long-headers"}
+
+
+@pytest.mark.parametrize("scheme,mode", [("http", mode) for mode in sorted(OUTCOMES)]
+                         + [("s3", mode) for mode in sorted(S3_MODES)])
+def test_every_answer_is_checked_and_every_request_ends(container, hostile, mode, scheme):
+    """Each misbehaviour as a web server's (urllib3) and as an S3 endpoint's (botocore,
+    path-style requests; the server checks no signature)."""
+    data, _ = container
+    server = hostile(data, mode)
+    options = RemoteOptions(timeout=TIMEOUT, retries=RETRIES, chunk_size=CHUNK, readahead=2)
+    url = server.url()
+    if scheme == "s3":
+        url = "s3://bucket/object.mf"
+        options = dataclasses.replace(options, endpoint_url=f"http://127.0.0.1:{server.port}",
+                                      key="hostile", secret="hostile")
+    began = time.monotonic()
+    try:
+        store = open_remote(url, options)
+        try:
+            # (GETs of a piece's own bytes, chunk 1's tail and chunk 3's head, and of the
+            # whole chunk 2 between them)
+            outcome = RIGHT if store.pread(CHUNK + 100, 2 * CHUNK) \
+                == data[CHUNK + 100:3 * CHUNK + 100] else "wrong bytes"
+        except RemoteError as exc:
+            outcome = EIO
+            assert "\n" not in str(exc)
+        finally:
+            store.close()
+    except RemoteError as exc:
+        outcome = REFUSED
+        assert "\n" not in str(exc)
+    assert (outcome, time.monotonic() - began < LIMIT) == (OUTCOMES[mode], True)
+    assert all(h.get("accept-encoding") == "identity" for _, h in server.requests)
+
+
+# Requests in a fresh interpreter (its address space capped, so that a client holding a
+# server's bytes fails there rather than here): each one's outcome and duration, and how
+# much the peak RSS grew over them all.
+PROBE = """
+import json, resource, sys, time
+resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
+from ctdsfs.remote.store import RemoteError, RemoteOptions, open_remote, retried, s3_backend
+def peak():  # (VmHWM: ru_maxrss would be pytest's, kept across fork and exec)
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) << 10 for line in f if line.startswith("VmHWM:"))
+(timeout, retries, chunk, offset), endpoints = json.loads(sys.argv[1])
+cases, results = [], []
+for endpoint, what in endpoints:
+    options = RemoteOptions(timeout=timeout, retries=retries, chunk_size=chunk, readahead=2,
+                            endpoint_url=endpoint, key="hostile", secret="hostile")
+    cases.append((what, open_remote("s3://bucket/object.mf", options) if what == "read"
+                  else s3_backend("s3://bucket/", options), options))
+base = peak()
+for what, client, options in cases:
+    began = time.monotonic()
+    try:
+        if what == "read":
+            client.pread(offset, 1000)
+        else:
+            retried("s3://bucket/", options, "LIST", client.list, "", 100_000)
+        outcome = "served"
+    except RemoteError as exc:
+        outcome = str(exc)
+    results.append((outcome, time.monotonic() - began))
+print(json.dumps([results, peak() - base]))
+"""
+TOO_LONG = "an answer longer than"
+BOUNDED = [("huge-error-body", "read", TOO_LONG), ("endless-error-body", "read", TOO_LONG),
+           ("endless-chunk-size", "read", TOO_LONG), ("huge-error-body", "list", TOO_LONG),
+           ("huge-listing", "list", TOO_LONG), ("endless-listing", "list", "no new name")]
+
+
+def test_an_s3_answer_never_makes_the_client_hold_more_than_it_allows(container, hostile):
+    """botocore reads an error body or a listing page whole (and urllib3 a chunk-size line
+    to its end): an answer of HUGE bytes, or an endless one, is a failed request that never
+    grows the client's memory by more than a few MiB; nor does a listing whose pages go
+    on for ever."""
+    endpoints = [(f"http://127.0.0.1:{hostile(container[0], mode).port}", what)
+                 for mode, what, _ in BOUNDED]
+    settings = [TIMEOUT, RETRIES, CHUNK, CHUNK + 100]
+    probe = subprocess.run([sys.executable, "-c", PROBE, json.dumps([settings, endpoints])],
+                           capture_output=True, text=True, timeout=60, check=False)
+    assert probe.returncode == 0, probe.stderr[-2000:]
+    results, growth = json.loads(probe.stdout)
+    for (mode, what, reason), (outcome, seconds) in zip(BOUNDED, results):
+        assert "failed 2 times (" in outcome and reason in outcome, (mode, what, outcome)
+        assert "\n" not in outcome and seconds < LIMIT, (mode, what, seconds)
+    assert growth < 32 << 20 < HUGE, f"{growth >> 20} MiB"
+
+
+@pytest.mark.parametrize("mode", ["slow-headers", "trickled-body"])
+def test_mount_returns_within_its_deadline_from_a_trickling_server(container, hostile,
+                                                                  tmp_path, mode):
+    """Its HEAD's headers, or the header's GET, trickled: one line, in time."""
+    server = hostile(container[0], mode)
+    (tmp_path / "mnt").mkdir()
+    began = time.monotonic()
+    result = subprocess.run(["mount.ctdsfs", server.url(), str(tmp_path / "mnt"), "-o", OPTIONS],
+                            capture_output=True, text=True, timeout=60, check=False)
+    assert time.monotonic() - began < LIMIT + 2  # (+ the command's start)
+    assert result.returncode == 1 and "no complete answer within" in result.stderr
+    assert len(result.stderr.splitlines()) == 1, result.stderr
+
+
+@pytest.mark.fuse
+@pytest.mark.parametrize("mode", ["half-body-held", "trickled-body"])
+def test_listing_answers_while_a_read_fails(container, hostile, mount, mode):
+    """The header and the files' first bytes (which tell whether they are nested
+    containers) are served well, the rest is not: a read of it ends in EIO within the
+    limit, never in wrong bytes, while ``ls -l`` and ``stat`` answer at once."""
+    server = hostile(container[0], mode, honest_below=3 * CHUNK)  # (the tail of "second": chunk 4)
+    m = mount(server.url(), [OPTIONS])
+    began = time.monotonic()
+    reader = subprocess.Popen(["tail", "-c", "4096", str(m.mountpoint / "second")],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        time.sleep(0.3)  # (the read is under way)
+        for _ in range(3):
+            asked = time.monotonic()
+            listing = subprocess.run(["ls", "-l", str(m.mountpoint)], capture_output=True,
+                                     text=True, timeout=LIMIT, check=False)
+            assert listing.returncode == 0 and "second" in listing.stdout
+            assert os.stat(m.mountpoint / "second").st_size == FILE_SIZE
+            assert time.monotonic() - asked < 0.5
+        out, err = reader.communicate(timeout=LIMIT + 1)
+    finally:
+        if reader.poll() is None:
+            reader.kill()
+            reader.wait()
+    assert reader.returncode != 0 and b"Input/output error" in err and out == b""
+    assert time.monotonic() - began < LIMIT + 1
+    assert m.proc.poll() is None
+
+
+@pytest.mark.fuse
+def test_listing_never_waits_for_a_get(container, hostile, mount):
+    """With a cache of one chunk, reading a file pushes the header's chunk out; a
+    listing (which checks the header's counter) still answers from memory while the
+    server holds every GET."""
+    data, contents = container
+    server = hostile(data, "honest")
+    m = mount(server.url(), [OPTIONS, f"cache_size={CHUNK}"])
+    assert sorted(os.listdir(m.mountpoint)) == ["first", "second"]
+    for name in ("first", "second"):
+        assert (m.mountpoint / name).read_bytes() == contents[name]
+    server.mode = "half-body-held"
+    for _ in range(3):
+        asked = time.monotonic()
+        listing = subprocess.run(["ls", "-l", str(m.mountpoint)], capture_output=True,
+                                 text=True, timeout=LIMIT, check=False)
+        assert listing.returncode == 0 and "second" in listing.stdout
+        assert time.monotonic() - asked < 0.5
+
+
+@pytest.mark.fuse
+@pytest.mark.parametrize("where", ["http", "s3-prefix"])
+def test_nested_container_that_failed_on_the_network_is_a_directory_again(hostile, mount,
+                                                                         monkeypatch, where):
+    """A subtable (or a container object under a prefix) whose first GET failed gives
+    EIO, not a plain file for the rest of the mount: once the server answers it is a
+    directory again."""
+    data = (DATA / "mf2_nested.mf").read_bytes()
+    # (over HTTP the header and table.dat, blocks 0-1, are served well; under a prefix
+    # only the listing)
+    server = hostile(data, "503", honest_below=8192 if where == "http" else 0)
+    options = ["timeout=1,retries=1,chunk_size=4096,readahead=1"]
+    source, inside = server.url(), ["SUB"]
+    if where == "s3-prefix":
+        monkeypatch.setenv("AWS_ACCESS_KEY_ID", "hostile")
+        monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "hostile")
+        options.append(f"endpoint_url=http://127.0.0.1:{server.port}")
+        source, inside = "s3://bucket/", ["object.mf", "SUB"]
+    m = mount(source, options)
+    for _ in range(2):  # (not remembered as a file either)
+        with pytest.raises(OSError) as failed:
+            os.listdir(m.mountpoint.joinpath(*inside))
+        assert failed.value.errno == errno.EIO
+    server.mode = "honest"
+    time.sleep(FAILED_SECONDS)  # (a chunk that failed this recently fails again at once)
+    local = open_container(DATA / "mf2_nested.mf").nested("SUB")
+    assert sorted(os.listdir(m.mountpoint.joinpath(*inside))) == sorted(local.names())
+    assert m.mountpoint.joinpath(*inside, "x").read_bytes() == local.read("x", 0, 1 << 20)
+    assert "Traceback" not in m.log_text()
+
+
+@pytest.mark.fuse
+def test_stat_of_a_directory_never_waits_for_a_get(container, hostile, mount):
+    """A directory's link count would need its entries' first bytes (nested or not): a
+    stat of a remote mount leaves it unknown until a listing, rather than wait for GETs."""
+    server = hostile(container[0], "half-body-held", honest_below=CHUNK)
+    m = mount(server.url(), [OPTIONS])
+    asked = time.monotonic()
+    assert os.stat(m.mountpoint).st_nlink == 1
+    assert time.monotonic() - asked < 0.5
+
+
+# What a user's read(2), stat or readdir may take whatever the server does, as docs/remote.md
+# promises it: (retries + 1) x timeout and about a second (here with a margin for a loaded
+# machine); a read of a chunk that failed a moment ago fails at once, without waiting for
+# the server (FAST: less than one attempt's timeout, even on a loaded machine).
+BOUND = (RETRIES + 1) * TIMEOUT + 1.5
+FAST = TIMEOUT
+# Reads through a mount in a child (a hang ends there, not in pytest): the tail of
+# "second" (never fetched) twice, a listing, a stat, and "first" (fetched whole while the
+# server was honest) with its pages dropped from the page cache, so the daemon serves it.
+USER = """
+import json, os, sys, time
+directory, size = sys.argv[1], int(sys.argv[2])
+def timed(step):
+    began = time.monotonic()
+    try:
+        value = step()
+    except OSError as exc:
+        value = os.strerror(exc.errno)
+    return [value, time.monotonic() - began]
+def tail():
+    fd = os.open(os.path.join(directory, "second"), os.O_RDONLY)
+    try:
+        return os.pread(fd, 65536, size - 65536).hex()
+    finally:
+        os.close(fd)
+def first():
+    fd = os.open(os.path.join(directory, "first"), os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        return os.pread(fd, size, 0).hex()
+    finally:
+        os.close(fd)
+print(json.dumps({"tail": timed(tail), "again": timed(tail),
+                  "ls": timed(lambda: sorted(os.listdir(directory))),
+                  "stat": timed(lambda: os.stat(os.path.join(directory, "second")).st_size),
+                  "first": timed(first)}))
+"""
+
+
+def _as_a_user(directory):
+    done = subprocess.run([sys.executable, "-c", USER, str(directory), str(FILE_SIZE)],
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout)
+
+
+def _misbehaving(container, hostile, mount, monkeypatch, where, mode):
+    """Mount ``where`` ("http", "s3" an object, "s3-prefix" the bucket holding it) from an
+    honest server, list it and read "first" whole; then let the server misbehave as
+    ``mode`` in everything it answers (revalidations and listings too), and read as a
+    user would, twice: at once, and once the revalidation had time to fail. Returns the
+    problems found (none: every bound and outcome held)."""
+    data, contents = container
+    server = hostile(data, "honest", everything=True)
+    options = [OPTIONS, "revalidate=1"]
+    source, inside = server.url(), ""
+    if where != "http":
+        options.append(f"endpoint_url=http://127.0.0.1:{server.port}")
+        source = "s3://bucket/" + ("" if where == "s3-prefix" else "object.mf")
+        inside = "object.mf" if where == "s3-prefix" else ""
+    m = mount(source, options, name=f"{where}-{mode}")
+    directory = m.mountpoint / inside
+    assert sorted(os.listdir(directory)) == ["first", "second"]
+    for _ in range(2):  # (the second time its last chunk comes whole, into the cache)
+        assert evicted(directory / "first").read_bytes() == contents["first"]
+    server.mode = mode
+    os.listdir(m.mountpoint)  # (a revalidation starts, in the background)
+    served = "second" if mode in LISTING_MODES | {"no-validators"} else "Input/output error"
+    problems = []
+    for round in ("at once", "after a revalidation"):
+        if round != "at once":
+            time.sleep(TIMEOUT + 0.5)  # (the revalidation started at the switch has failed)
+        seen = _as_a_user(directory)
+        tail, seconds = seen["tail"]
+        tail = "second" if tail == contents["second"][-65536:].hex() else tail
+        if tail != served or seconds > BOUND:
+            problems.append(f"{round}: a read of unfetched bytes: {tail[:40]} in {seconds:.2f} s")
+        tail, seconds = seen["again"]
+        if tail == "Input/output error" and seconds > FAST:
+            problems.append(f"{round}: a failed chunk read again took {seconds:.2f} s")
+        for step, want in (("ls", ["first", "second"]), ("stat", FILE_SIZE),
+                           ("first", contents["first"].hex())):
+            value, seconds = seen[step]
+            if value != want or seconds > BOUND:
+                problems.append(f"{round}: {step}: {str(value)[:40]} in {seconds:.2f} s")
+    log = m.log_text()
+    if "Traceback" in log or log.count("(stale if error)") > 1:
+        problems.append(f"log: {log[-1500:]}")
+    return problems
+
+
+def _each(cases, run):
+    """``run(*case)`` for every case, a few at a time: ``{case: problems}`` of those with."""
+    with ThreadPoolExecutor(4) as pool:
+        found = dict(zip(cases, pool.map(lambda case: run(*case), cases)))
+    return {case: problems for case, problems in found.items() if problems}
+
+
+@pytest.mark.fuse
+def test_a_server_stalling_in_any_phase_costs_a_read_its_bound_and_no_more(
+        container, hostile, mount, monkeypatch):
+    """A server that answers the header well and then stalls, before its status line,
+    in its headers, before its first body byte, mid-body, between chunks, on the
+    revalidation HEAD and on a listing: each user's read(2), stat and readdir returns
+    within (retries + 1) x timeout and about a second; a chunk that just failed fails
+    at once when the kernel (or the user) asks again; the listing and the bytes fetched
+    before are served throughout. Over HTTP, and over S3 as an object and a prefix."""
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "hostile")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "hostile")
+    cases = [("http", mode) for mode in sorted(STALL_MODES)] \
+        + [("s3", mode) for mode in ("stall-before-status", "stall-after-headers",
+                                     "trickled-body")] \
+        + [("s3-prefix", mode) for mode in ("slow-headers", "half-body-held",
+                                            "stall-between-chunks")]
+    assert _each(cases, lambda where, mode: _misbehaving(
+        container, hostile, mount, monkeypatch, where, mode)) == {}
+
+
+@pytest.mark.fuse
+def test_a_failing_revalidation_keeps_the_listing_and_the_fetched_bytes_served(
+        container, hostile, mount, monkeypatch):
+    """Every other way the server can fail, in the revalidation (a HEAD, or a prefix's
+    listing) as in the GETs: the listing and attributes known, and the bytes fetched,
+    stay served (stale if error, said once in the log); only bytes never fetched are
+    EIO, each within the read's bound."""
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "hostile")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "hostile")
+    cases = [("http", mode) for mode in sorted(MODES - STALL_MODES - {"honest"})] \
+        + [("s3", mode) for mode in ("wrong-range", "gzip-bomb", "endless-body", "503")] \
+        + [("s3-prefix", mode) for mode in ("etag-flips", "reset", "redirect-self")]
+    assert _each(cases, lambda where, mode: _misbehaving(
+        container, hostile, mount, monkeypatch, where, mode)) == {}
