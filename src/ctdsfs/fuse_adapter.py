@@ -61,12 +61,16 @@ FS_ENCODING = sys.getfilesystemencoding()  # names as os.fsencode gives them
 
 
 def _fuse_errors(method):
-    """Translate FSError (and unexpected failures, logged once) into FUSEError."""
+    """Translate FSError (and unexpected failures, logged once) into FUSEError; tell the
+    worker's gate (fuse_workers) when a request starts and ends."""
 
     @functools.wraps(method)
-    async def wrapper(*args, **kwargs):
+    async def wrapper(operations, *args, **kwargs):
+        gate = operations.gate
+        if gate is not None:
+            gate.begin()
         try:
-            return await method(*args, **kwargs)
+            return await method(operations, *args, **kwargs)
         except FSError as exc:
             raise pyfuse3.FUSEError(exc.errno) from None
         except pyfuse3.FUSEError:
@@ -74,6 +78,9 @@ def _fuse_errors(method):
         except Exception:
             log.exception("internal error in %s", method.__name__)
             raise pyfuse3.FUSEError(errno.EIO) from None
+        finally:
+            if gate is not None:
+                gate.end()
 
     return wrapper
 
@@ -122,6 +129,9 @@ class FuseOperations(pyfuse3.Operations):
         self._device_poll = None  # polls /dev/fuse for waiting requests, once serving
         self._reads_in_flight = 0  # reads in worker threads now
         self._shared_until = float("-inf")  # monotonic time until which reads are shared
+        # One of several worker processes (fuse_workers.Gate): it answers one request at a
+        # time, each on the loop, and reads the next only while it leads.
+        self.gate = None
 
     def init(self):
         """FUSE_INIT is being answered: pyfuse3 writes the reply (and the kernel takes it)
@@ -135,11 +145,12 @@ class FuseOperations(pyfuse3.Operations):
     async def _invalidate_stale(self, wait):
         """Make the kernel forget what it cached before a reload. A request holding the
         kernel's lock on a directory (lookup, readdir) cannot ``wait``: the
-        invalidation would wait for it."""
+        invalidation would wait for it. Nor does a worker of several: the request the
+        invalidation waits for may need another worker, itself waiting."""
         stale = self.fs.take_stale()
         if not stale:
             return
-        if wait or self.nursery is None:
+        if (wait and self.gate is None) or self.nursery is None:
             await trio.to_thread.run_sync(_forget_in_kernel, stale)
         else:
             self.nursery.start_soon(trio.to_thread.run_sync, _forget_in_kernel, stale)
@@ -235,7 +246,11 @@ class FuseOperations(pyfuse3.Operations):
         else is reading (no read in a thread, no other request waiting, no sign of a
         second reader for SHARED_SECONDS). One reader's cold reads then skip a thread's
         hop there and back (0.1 ms on the 2-core VM, a tenth of a cold bcolz chunk);
-        a second reader waits for at most one read before reads are shared again."""
+        a second reader waits for at most one read before reads are shared again. A
+        worker of several is always alone: it answers one request at a time, and the
+        others read the next ones."""
+        if self.gate is not None:
+            return True
         return self.lone_reads_on_loop and not self._reads_in_flight \
             and time.monotonic() >= self._shared_until and not self._requests_waiting()
 
@@ -365,7 +380,8 @@ async def _serve(operations, target, on_mounted):
         operations.nursery = nursery
         operations.initialized = trio.Event()
         nursery.start_soon(watch_signals)
-        nursery.start_soon(when_live)
+        if target is not None:  # (None: a worker of several, on a mount already live)
+            nursery.start_soon(when_live)
         if operations.fs.follows_changes:
             nursery.start_soon(operations.watch_for_changes)
         if operations.commit_interval:
@@ -413,10 +429,8 @@ def _stderr_captured():
             os.close(saved)
 
 
-def serve(operations, mountpoint, fuse_options, on_mounted=None):
-    """Mount, call ``on_mounted()`` once the mount answers requests, serve until unmount,
-    commit."""
-    target = os.path.realpath(mountpoint)  # resolved before it becomes our own mount
+def mount_session(operations, mountpoint, fuse_options):
+    """Mount (pyfuse3.init); a refusal is a one-line CtdsfsError with libfuse's reasons."""
     with _stderr_captured() as libfuse_said:
         try:
             pyfuse3.init(operations, mountpoint, fuse_options)
@@ -426,9 +440,16 @@ def serve(operations, mountpoint, fuse_options, on_mounted=None):
             raise CtdsfsError(f"{mountpoint}: the kernel refused the mount ({why}): is /dev/fuse "
                               "there and usable, and may this user mount here?") from None
         warnings = libfuse_said()
-    operations.watch_device()
     for line in warnings:
         log.warning("%s", line)
+
+
+def serve(operations, mountpoint, fuse_options, on_mounted=None):
+    """Mount, call ``on_mounted()`` once the mount answers requests, serve until unmount,
+    commit."""
+    target = os.path.realpath(mountpoint)  # resolved before it becomes our own mount
+    mount_session(operations, mountpoint, fuse_options)
+    operations.watch_device()
     unmount = True
     try:
         unmount = trio.run(_serve, operations, target, on_mounted)
