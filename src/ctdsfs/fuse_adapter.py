@@ -62,13 +62,12 @@ FS_ENCODING = sys.getfilesystemencoding()  # names as os.fsencode gives them
 
 def _fuse_errors(method):
     """Translate FSError (and unexpected failures, logged once) into FUSEError; tell the
-    worker's gate (fuse_workers) when a request starts and ends."""
+    worker's gate (fuse_workers) when a request starts."""
 
     @functools.wraps(method)
     async def wrapper(operations, *args, **kwargs):
-        gate = operations.gate
-        if gate is not None:
-            gate.begin()
+        if operations.gate is not None:
+            operations.gate.begin()
         try:
             return await method(operations, *args, **kwargs)
         except FSError as exc:
@@ -78,9 +77,6 @@ def _fuse_errors(method):
         except Exception:
             log.exception("internal error in %s", method.__name__)
             raise pyfuse3.FUSEError(errno.EIO) from None
-        finally:
-            if gate is not None:
-                gate.end()
 
     return wrapper
 
@@ -129,8 +125,8 @@ class FuseOperations(pyfuse3.Operations):
         self._device_poll = None  # polls /dev/fuse for waiting requests, once serving
         self._reads_in_flight = 0  # reads in worker threads now
         self._shared_until = float("-inf")  # monotonic time until which reads are shared
-        # One of several worker processes (fuse_workers.Gate): it answers one request at a
-        # time, each on the loop, and reads the next only while it leads.
+        # One of several worker processes (fuse_workers.Gate): it reads requests only while
+        # it leads, and hands the lead on before it waits for a thread.
         self.gate = None
 
     def init(self):
@@ -232,6 +228,8 @@ class FuseOperations(pyfuse3.Operations):
                 finally:
                     if self._requests_waiting():
                         self._shared_until = time.monotonic() + SHARED_SECONDS
+            if self.gate is not None:
+                self.gate.hand_on()
             if self._reads_in_flight:
                 self._shared_until = time.monotonic() + SHARED_SECONDS
             self._reads_in_flight += 1
@@ -247,10 +245,10 @@ class FuseOperations(pyfuse3.Operations):
         second reader for SHARED_SECONDS). One reader's cold reads then skip a thread's
         hop there and back (0.1 ms on the 2-core VM, a tenth of a cold bcolz chunk);
         a second reader waits for at most one read before reads are shared again. A
-        worker of several is always alone: it answers one request at a time, and the
-        others read the next ones."""
+        worker of several is alone whenever it may be: the other workers read the next
+        requests."""
         if self.gate is not None:
-            return True
+            return self.lone_reads_on_loop
         return self.lone_reads_on_loop and not self._reads_in_flight \
             and time.monotonic() >= self._shared_until and not self._requests_waiting()
 

@@ -16,8 +16,9 @@ worker polls at a time, the one holding the lead (an ``flock``, freed by the ker
 if its holder dies); the others wait for the lead in a thread. A worker keeps the
 lead while no other request is waiting, so a lone reader is answered by one worker
 and finds its cache there, and hands it on when another is waiting, so that one is
-read by a worker that is free. A worker answers one request at a time, on its loop;
-while it does, it does not read another (``Gate``).
+read by a worker that is free. A worker answers a request of a local source on its
+loop, and hands the lead on before a read that goes to a thread (one that may stall:
+a remote source's, a network filesystem's), so that the others go on (``Gate``).
 
 Every worker answers alike: inode numbers come from a table they share
 (``vfs.shared_inodes``), and a handle is its inode number.
@@ -52,48 +53,52 @@ SUPERVISOR_SIGNALS = {signal.SIGCHLD, signal.SIGTERM, signal.SIGINT}
 
 
 class Gate:
-    """A worker's side of the lead: pyfuse3 waits here before it reads /dev/fuse."""
+    """A worker's side of the lead: pyfuse3 waits here before it reads /dev/fuse, and the
+    worker never reads it without the lead (a read finding nothing would block its loop)."""
 
     def __init__(self, device_fd, lead_fd):
         self.device_fd = device_fd
         self._lead_fd = lead_fd
         self._leading = False
-        self._busy = 0  # requests being answered
-        self._idle = trio.Event()
-        self._idle.set()
+        self._polling = None  # the cancel scope of the poll under way, if any
         self._device_poll = select.poll()
         self._device_poll.register(device_fd, select.POLLIN)
 
     async def wait_readable(self, fd):
-        """pyfuse3's wait before it reads: until this worker is idle and leads, then until
-        a request waits."""
+        """pyfuse3's wait before it reads: lead, then wait for a request."""
         if fd != self.device_fd:
             return await trio.lowlevel.wait_readable(fd)
-        while self._busy:
-            await self._idle.wait()
-        if not self._leading:
-            with contextlib.suppress(BlockingIOError):
-                fcntl.flock(self._lead_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                self._leading = True
-        if not self._leading:
+        while True:
+            await self._lead()
+            with trio.CancelScope() as self._polling:
+                await trio.lowlevel.wait_readable(fd)
+                return
+            # (handed on while waiting: lead again first)
+
+    async def _lead(self):
+        if self._leading:
+            return
+        try:
+            fcntl.flock(self._lead_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
             await trio.to_thread.run_sync(fcntl.flock, self._lead_fd, fcntl.LOCK_EX,
                                           cancellable=True)
-            self._leading = True
-        await trio.lowlevel.wait_readable(fd)
+        self._leading = True
 
     def begin(self):
-        """A request starts: hand the lead on if another request already waits."""
-        self._busy += 1
-        if self._busy == 1:
-            self._idle = trio.Event()
+        """A request starts: hand the lead on if another request already waits, so that
+        a free worker reads it."""
         if self._leading and self._device_poll.poll(0):
+            self.hand_on()
+
+    def hand_on(self):
+        """Let another worker lead (this one is about to be busy for a while)."""
+        if self._polling is not None:
+            self._polling.cancel()
+            self._polling = None
+        if self._leading:
             fcntl.flock(self._lead_fd, fcntl.LOCK_UN)
             self._leading = False
-
-    def end(self):
-        self._busy -= 1
-        if not self._busy:
-            self._idle.set()
 
 
 class _Lowlevel:

@@ -347,6 +347,10 @@ class ContainerFS:
 
     def _log_once(self, line):
         """Log ``line`` unless this mount logged it already (bounded memory)."""
+        if self._shared is not None:
+            if self._shared.first_time(line):
+                log.error("%s", line)
+            return
         with self._log_lock:
             if line in self._logged:
                 return

@@ -8,12 +8,16 @@ takes the log's lock, reads the records added since it last looked, and appends 
 only for a node no worker numbered yet; a worker asked about a number it has not
 seen finds its parent and name in the log and looks the node up itself.
 
+The same file holds the digests of the lines logged once per mount (a bad block's),
+so that the mount logs each once, whichever workers meet it.
+
 The lock is ``flock`` on each worker's own opening of the file, so a worker killed
 while holding it frees it; the log's length is written after the record, so a record
 it was writing when it died is never read and is written over.
 """
 
 import fcntl
+import hashlib
 import os
 import struct
 import threading
@@ -21,6 +25,8 @@ import threading
 HEADER = struct.Struct("<QQ")  # next inode number, end of the records
 RECORD = struct.Struct("<QQI")  # inode number, parent inode number, name length
 READ_STEP = 1 << 20  # bytes of the log read at a time when catching up
+LOGGED_SLOTS = 8192  # lines logged once per mount: a hash table of their digests
+SLOT = struct.Struct("<Q")
 
 
 class SharedInodes:
@@ -30,8 +36,10 @@ class SharedInodes:
     def __init__(self, first_ino):
         """A new, empty table numbering from ``first_ino`` on (the root's is fixed)."""
         self._fd = os.memfd_create("ctdsfs-inodes", os.MFD_CLOEXEC)
-        os.pwrite(self._fd, HEADER.pack(first_ino, HEADER.size), 0)
-        self._seen = HEADER.size  # end of the records this process has read
+        self._records = HEADER.size + LOGGED_SLOTS * SLOT.size  # where the records start
+        os.pwrite(self._fd, HEADER.pack(first_ino, self._records), 0)
+        os.ftruncate(self._fd, self._records)
+        self._seen = self._records  # end of the records this process has read
         self._by_name = {}  # (parent ino, name) -> ino
         self._by_ino = {}  # ino -> (parent ino, name)
         self._count = first_ino
@@ -111,6 +119,30 @@ class SharedInodes:
             self._locked(self._catch_up)
             found = self._by_ino.get(ino)
         return found
+
+    def first_time(self, line):
+        """Whether no worker logged ``line`` yet (if not, it counts as logged now); the
+        table forgets every line once crowded (bounded memory)."""
+        digest = int.from_bytes(hashlib.blake2b(line.encode("utf-8", "surrogateescape"),
+                                                digest_size=8).digest(), "little") or 1
+        return self._locked(self._note, digest)
+
+    def _note(self, digest):
+        slots = os.pread(self._fd, LOGGED_SLOTS * SLOT.size, HEADER.size)
+        used = 0
+        for i in range(LOGGED_SLOTS):
+            at = (digest + i) % LOGGED_SLOTS
+            value, = SLOT.unpack_from(slots, at * SLOT.size)
+            if value == digest:
+                return False
+            if value == 0:
+                break
+            used += 1
+        if used >= LOGGED_SLOTS // 2:
+            os.pwrite(self._fd, bytes(LOGGED_SLOTS * SLOT.size), HEADER.size)
+            at = digest % LOGGED_SLOTS
+        os.pwrite(self._fd, SLOT.pack(digest), HEADER.size + at * SLOT.size)
+        return True
 
     def count(self):
         """How many inode numbers the workers have given out (the root's included)."""
