@@ -373,6 +373,8 @@ async def _serve(operations, target, on_mounted):
                     log.info("%s received: unmounting", signal.Signals(signum).name)
                     stopped_by_signal = True
                     pyfuse3.terminate()
+                    if operations.gate is not None:
+                        operations.gate.close()
                     return
 
         operations.nursery = nursery

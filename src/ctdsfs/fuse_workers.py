@@ -61,6 +61,8 @@ class Gate:
         self._lead_fd = lead_fd
         self._leading = False
         self._polling = None  # the cancel scope of the poll under way, if any
+        self._leading_wait = None  # the cancel scope of a wait for the lead (close() ends it)
+        self._closed = False
         self._device_poll = select.poll()
         self._device_poll.register(device_fd, select.POLLIN)
 
@@ -70,6 +72,8 @@ class Gate:
             return await trio.lowlevel.wait_readable(fd)
         while True:
             await self._lead()
+            if self._closed:
+                raise trio.ClosedResourceError  # (pyfuse3's loop ends)
             with trio.CancelScope() as self._polling:
                 await trio.lowlevel.wait_readable(fd)
                 return
@@ -81,9 +85,18 @@ class Gate:
         try:
             fcntl.flock(self._lead_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            await trio.to_thread.run_sync(fcntl.flock, self._lead_fd, fcntl.LOCK_EX,
-                                          cancellable=True)
+            with trio.CancelScope() as self._leading_wait:
+                await trio.to_thread.run_sync(fcntl.flock, self._lead_fd, fcntl.LOCK_EX,
+                                              cancellable=True)
+            if self._closed:
+                return
         self._leading = True
+
+    def close(self):
+        """The worker stops (pyfuse3.terminate): a wait for the lead ends too."""
+        self._closed = True
+        if self._leading_wait is not None:
+            self._leading_wait.cancel()
 
     def begin(self):
         """A request starts: hand the lead on if another request already waits, so that
