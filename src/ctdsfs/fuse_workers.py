@@ -289,4 +289,7 @@ def serve_workers(operations, mountpoint, fuse_options, on_mounted=None, *, coun
         if supervisor is not None:
             supervisor.stop()
         signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
-        operations.fs.close()
+        if supervisor is None:
+            operations.fs.close()
+        # (else the workers closed theirs; the daemon's has read nothing since they forked,
+        # and closing it would write the index of plain files over what they learned)
