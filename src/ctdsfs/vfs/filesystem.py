@@ -445,6 +445,8 @@ class ContainerFS:
 
     def getattr(self, ino):
         with self._lock:
+            if self._shared is not None:
+                self._refresh()  # (another worker may have had the kernel forget it just now)
             return self._attr(self._node(ino))
 
     def opendir(self, ino):
