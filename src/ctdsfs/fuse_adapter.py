@@ -62,11 +62,11 @@ FS_ENCODING = sys.getfilesystemencoding()  # names as os.fsencode gives them
 
 def _fuse_errors(method):
     """Translate FSError (and unexpected failures, logged once) into FUSEError; tell the
-    worker's gate (fuse_workers) when a request starts."""
+    worker's gate (fuse_workers) when a request other than a read starts."""
 
     @functools.wraps(method)
     async def wrapper(operations, *args, **kwargs):
-        if operations.gate is not None:
+        if operations.gate is not None and method.__name__ != "read":  # (read: see there)
             operations.gate.begin()
         try:
             return await method(operations, *args, **kwargs)
@@ -126,7 +126,7 @@ class FuseOperations(pyfuse3.Operations):
         self._reads_in_flight = 0  # reads in worker threads now
         self._shared_until = float("-inf")  # monotonic time until which reads are shared
         # One of several worker processes (fuse_workers.Gate): it reads requests only while
-        # it leads, and hands the lead on before it waits for a thread.
+        # it leads, and hands the lead on when another request waits (see read).
         self.gate = None
 
     def init(self):
@@ -219,6 +219,13 @@ class FuseOperations(pyfuse3.Operations):
 
     @_fuse_errors
     async def read(self, fh, off, size):
+        """A worker of several hands the lead on before a small read if another request
+        waits (so that random readers are answered side by side), never before a large
+        one: a reader's sequential reads, and the kernel's readahead for them, stay with
+        the worker that holds its decoded chunks (and reads them in threads while another
+        request waits, as one process does)."""
+        if self.gate is not None and size < THREADED_READ_MIN:
+            self.gate.begin()
         if (self.threaded_reads or (size >= THREADED_READ_MIN and not self.fs.writable)) \
                 and not self.fs.read_at_once(fh, off, size):
             self._heavy_reads = True
@@ -228,8 +235,6 @@ class FuseOperations(pyfuse3.Operations):
                 finally:
                     if self._requests_waiting():
                         self._shared_until = time.monotonic() + SHARED_SECONDS
-            if self.gate is not None:
-                self.gate.hand_on()
             if self._reads_in_flight:
                 self._shared_until = time.monotonic() + SHARED_SECONDS
             self._reads_in_flight += 1
@@ -244,11 +249,7 @@ class FuseOperations(pyfuse3.Operations):
         else is reading (no read in a thread, no other request waiting, no sign of a
         second reader for SHARED_SECONDS). One reader's cold reads then skip a thread's
         hop there and back (0.1 ms on the 2-core VM, a tenth of a cold bcolz chunk);
-        a second reader waits for at most one read before reads are shared again. A
-        worker of several is alone whenever it may be: the other workers read the next
-        requests."""
-        if self.gate is not None:
-            return self.lone_reads_on_loop
+        a second reader waits for at most one read before reads are shared again."""
         return self.lone_reads_on_loop and not self._reads_in_flight \
             and time.monotonic() >= self._shared_until and not self._requests_waiting()
 

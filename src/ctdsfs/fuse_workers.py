@@ -14,11 +14,13 @@ workers' supervisor: it starts another in place of one that died, ends the mount
 The kernel wakes every process that polls /dev/fuse for each request. So only one
 worker polls at a time, the one holding the lead (an ``flock``, freed by the kernel
 if its holder dies); the others wait for the lead in a thread. A worker keeps the
-lead while no other request is waiting, so a lone reader is answered by one worker
-and finds its cache there, and hands it on when another is waiting, so that one is
-read by a worker that is free. A worker answers a request of a local source on its
-loop, and hands the lead on before a read that goes to a thread (one that may stall:
-a remote source's, a network filesystem's), so that the others go on (``Gate``).
+lead while no other request waits, so a lone reader is answered by one worker. When
+another waits, a worker starting a small read or a metadata request hands the lead
+on, so that a free worker reads it (random readers are answered side by side); one
+starting a large read keeps it, and answers the reads that follow as one process
+does (in threads while another waits), since they are most likely the same reader's
+next ones, and its decoded chunks are in this worker's cache, not the others'
+(``Gate``, ``FuseOperations.read``).
 
 Every worker answers alike: inode numbers come from a table they share
 (``vfs.shared_inodes``), and a handle is its inode number.
@@ -60,7 +62,6 @@ class Gate:
         self.device_fd = device_fd
         self._lead_fd = lead_fd
         self._leading = False
-        self._polling = None  # the cancel scope of the poll under way, if any
         self._leading_wait = None  # the cancel scope of a wait for the lead (close() ends it)
         self._closed = False
         self._device_poll = select.poll()
@@ -74,8 +75,8 @@ class Gate:
             await self._lead()
             if self._closed:
                 raise trio.ClosedResourceError  # (pyfuse3's loop ends)
-            with trio.CancelScope() as self._polling:
-                await trio.lowlevel.wait_readable(fd)
+            await trio.lowlevel.wait_readable(fd)
+            if self._leading:
                 return
             # (handed on while waiting: lead again first)
 
@@ -106,9 +107,6 @@ class Gate:
 
     def hand_on(self):
         """Let another worker lead (this one is about to be busy for a while)."""
-        if self._polling is not None:
-            self._polling.cancel()
-            self._polling = None
         if self._leading:
             fcntl.flock(self._lead_fd, fcntl.LOCK_UN)
             self._leading = False
@@ -275,7 +273,7 @@ def serve_workers(operations, mountpoint, fuse_options, on_mounted=None, *, coun
             on_mounted()  # (live: what the kernel sends meanwhile waits for the workers)
         supervisor = _Supervisor(count, start)
         supervisor.start_all()
-        log.info("serving with %d worker processes: %s", count,
+        log.debug("serving with %d worker processes: %s", count,
                  " ".join(map(str, sorted(supervisor.pids))))
         while not supervisor.reap():
             signum = signal.sigwaitinfo(SUPERVISOR_SIGNALS).si_signo

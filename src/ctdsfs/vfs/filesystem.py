@@ -536,11 +536,11 @@ class ContainerFS:
         return self._open_counts.get(node.ino, (0, 0))
 
     def _handle(self, fh):
-        try:
-            return self._handles[fh]
-        except KeyError:
-            if self._shared is None:
-                raise FSError(errno.EBADF) from None
+        handle = self._handles.get(fh)
+        if handle is not None:
+            return handle
+        if self._shared is None:
+            raise FSError(errno.EBADF)
         return _Handle(self._node(fh), False, False)
 
     def read(self, fh, offset, size):
