@@ -152,11 +152,16 @@ class FuseOperations(pyfuse3.Operations):
             self.nursery.start_soon(trio.to_thread.run_sync, _forget_in_kernel, stale)
 
     async def watch_for_changes(self):
-        """Every WATCH_SECONDS: reload if another process committed, and invalidate."""
+        """Every WATCH_SECONDS: reload if another process committed, and invalidate. A
+        worker of several looks in a thread: a look that waits for the disk must not
+        stop it reading requests while it leads."""
         while True:
             await trio.sleep(WATCH_SECONDS)
             try:
-                self.fs.refresh()
+                if self.gate is None:
+                    self.fs.refresh()
+                else:
+                    await trio.to_thread.run_sync(self.fs.refresh)
             except FSError as exc:
                 log.error("cannot look for changes: %s", exc)
             await self._invalidate_stale(wait=True)
