@@ -133,7 +133,7 @@ def workers_figures(tmp, pool, quick=False, rounds=2):
     for row in dict.fromkeys(r for r, _ in best):
         values = [best.get((row, s)) for s in systems]
         one, default, squash = values[0], values[1], values[2]
-        faster = "(s)" not in row
+        faster = not row.endswith("(s)")
         lines.append(f"{row:<44}" + "".join(f"{v:18.3f}" for v in values)
                      + f"{(default / squash if faster else squash / default):16.2f}"
                      + f"{(default / one if faster else one / default):11.2f}")

@@ -61,15 +61,12 @@ FS_ENCODING = sys.getfilesystemencoding()  # names as os.fsencode gives them
 
 
 def _fuse_errors(method):
-    """Translate FSError (and unexpected failures, logged once) into FUSEError; tell the
-    worker's gate (fuse_workers) when a request other than a read starts."""
+    """Translate FSError (and unexpected failures, logged once) into FUSEError."""
 
     @functools.wraps(method)
-    async def wrapper(operations, *args, **kwargs):
-        if operations.gate is not None and method.__name__ != "read":  # (read: see there)
-            operations.gate.begin()
+    async def wrapper(*args, **kwargs):
         try:
-            return await method(operations, *args, **kwargs)
+            return await method(*args, **kwargs)
         except FSError as exc:
             raise pyfuse3.FUSEError(exc.errno) from None
         except pyfuse3.FUSEError:
@@ -228,7 +225,9 @@ class FuseOperations(pyfuse3.Operations):
         waits (so that random readers are answered side by side), never before a large
         one: a reader's sequential reads, and the kernel's readahead for them, stay with
         the worker that holds its decoded chunks (and reads them in threads while another
-        request waits, as one process does)."""
+        request waits, as one process does). Nor before any other request: those are
+        answered from memory, and a release the kernel sends after each close, waiting
+        while ``tar`` opens the next file, would send every file to another worker."""
         if self.gate is not None and size < THREADED_READ_MIN:
             self.gate.begin()
         if (self.threaded_reads or (size >= THREADED_READ_MIN and not self.fs.writable)) \

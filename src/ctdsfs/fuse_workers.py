@@ -15,9 +15,9 @@ The kernel wakes every process that polls /dev/fuse for each request. So only on
 worker polls at a time, the one holding the lead (an ``flock``, freed by the kernel
 if its holder dies); the others wait for the lead in a thread. A worker keeps the
 lead while no other request waits, so a lone reader is answered by one worker. When
-another waits, a worker starting a small read or a metadata request hands the lead
-on, so that a free worker reads it (random readers are answered side by side); one
-starting a large read keeps it, and answers the reads that follow as one process
+another waits, a worker starting a small read hands the lead on, so that a free
+worker reads it (random readers are answered side by side); one starting a large
+read, or any other request, keeps it, and answers the reads that follow as one process
 does (in threads while another waits), since they are most likely the same reader's
 next ones, and its decoded chunks are in this worker's cache, not the others'
 (``Gate``, ``FuseOperations.read``).
@@ -100,7 +100,7 @@ class Gate:
             self._leading_wait.cancel()
 
     def begin(self):
-        """A request starts: hand the lead on if another request already waits, so that
+        """A small read starts: hand the lead on if another request already waits, so that
         a free worker reads it."""
         if self._leading and self._device_poll.poll(0):
             self.hand_on()
