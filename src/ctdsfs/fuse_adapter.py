@@ -1,4 +1,4 @@
-"""The only module that knows pyfuse3 and trio: kernel requests to ContainerFS calls.
+"""Kernel requests to ContainerFS calls (with fuse_workers.py, the only pyfuse3 and trio code).
 
 Metadata operations are cheap and run on the trio loop. Reads of a
 CRC-protected container, and large reads (THREADED_READ_MIN) of a read-only
