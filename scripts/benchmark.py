@@ -47,6 +47,11 @@ the targets of the read-only milestone:
     readahead of other mounts, the pyfuse3 floor of both (the decoded array from memory;
     for slices also answered from a thread), and the read-around floor of the slices
     (the superchunks each fault's readahead window covers, read from disk)
+  optional part "workers": ctdsfs with one worker process and with the default, beside
+    squashfuse_ll and the pyfuse3 floor: cold 4 KiB random reads with 1, 4 and 16 fio jobs
+    (with the default >= 0.9x squashfuse_ll), a cold sequential read, find and tar of a
+    small tree; 1, 2 and 4 parallel readers of decoded views (TileDB dense/, bcolz
+    array.npy, columns/DATA.npy): more readers faster than one (scripts/benchmark_workers.py)
   optional part "tiledb": a BYTESHUFFLE+ZSTD float64 dense TileDB array of one fragment
     (--tiledb-mib) by np.load of dense/v.npy and of the fragment's v.npy through a fresh
     mount, cache dropped / tiledb-py A[:] >= 1, beside them the pyfuse3 floor (A[:] saved
@@ -58,7 +63,7 @@ Needs root (drop_caches, mounting). On a VM whose kernel hands freed memory back
 host (free page reporting), that is held off while it runs (see freed_memory_kept).
 Usage:
   python3 scripts/benchmark.py [--size-mib 1024] [--block-size 65536] [--dir DIR] [--quick]
-                               [--parts read,write,many,legacy,toolbox,small,remote,columns[,bcolz,tiledb]]
+                               [--parts read,write,many,legacy,toolbox,small,remote,columns[,bcolz,tiledb,workers]]
 """
 
 import argparse
@@ -80,6 +85,7 @@ from benchmark_remote import remote_figures
 from benchmark_small import small_files_figures
 from benchmark_tiledb import tiledb_figures
 from benchmark_toolbox import toolbox_figures
+from benchmark_workers import workers_figures
 from benchmark_write import write_figures
 
 
@@ -93,7 +99,7 @@ def print_rows(rows):
 
 PARTS = ("read", "write", "many", "legacy", "toolbox", "small", "remote", "columns")
 
-OPTIONAL_PARTS = ("bcolz", "tiledb")  # run only when --parts names them
+OPTIONAL_PARTS = ("bcolz", "tiledb", "workers")  # run only when --parts names them
 
 
 def main():
@@ -183,6 +189,8 @@ def main():
             tiledb_rows, tiledb_lines = tiledb_figures(tmp, args.tiledb_mib, args.rounds)
             rows += tiledb_rows
             lines += tiledb_lines
+        if "workers" in parts:
+            lines += workers_figures(tmp, pool, quick=args.quick)
     print_rows(rows)
     if lines:
         print("\n" + "\n".join(lines))

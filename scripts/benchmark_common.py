@@ -222,20 +222,35 @@ def floor_of_files(files, mountpoint, readahead_kb=READAHEAD_KB, hop=False):
     return mounted
 
 
+def _with_children(pid):
+    """``pid`` and its child processes (a ctdsfs mount's worker processes)."""
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [pid, *map(int, f.read().split())]
+    except OSError:
+        return [pid]
+
+
 def process_memory_mb(pid, field="VmRSS"):
-    """A memory figure of process ``pid`` from /proc (VmRSS now, VmHWM its peak), in MB."""
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) / 1024
-    return float("nan")
+    """A memory figure of process ``pid`` and its children from /proc (VmRSS now, VmHWM its
+    peak), in MB: the sum of theirs (pages the children share with it counted in each)."""
+    total = 0
+    for one in _with_children(pid):
+        with open(f"/proc/{one}/status") as f:
+            total += next((int(line.split()[1]) for line in f
+                           if line.startswith(field + ":")), 0)
+    return total / 1024 or float("nan")
 
 
 def process_cpu_seconds(pid):
-    """User plus system CPU seconds process ``pid`` has used so far (all its threads)."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """User plus system CPU seconds process ``pid`` and its children (a mount's workers)
+    have used so far (all their threads)."""
+    total = 0
+    for one in _with_children(pid):
+        with open(f"/proc/{one}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")
 
 
 MAKE_MS = """

@@ -74,7 +74,7 @@ def _accepted_mount_options():
     accepted = set()
     for name in names:
         item = name if name not in mount.REMOTE_NUMBER_OPTIONS and name not in (
-            "blocksize", "commit", "logfile", "timestamp") and name not in mount.REMOTE_TEXT_OPTIONS \
+            "blocksize", "commit", "logfile", "timestamp", "workers") and name not in mount.REMOTE_TEXT_OPTIONS \
             else f"{name}=1"
         needed = mount.REQUIRES.get(name)
         try:

@@ -25,12 +25,22 @@ OLD_CACHE_SECONDS = 1.0  # how long the kernel kept names and attributes before
 
 @contextlib.contextmanager
 def stopped(process):
-    """``process`` stopped (SIGSTOP) inside the block, always resumed after it."""
-    os.kill(process.pid, signal.SIGSTOP)
+    """``process`` and its children (a mount's worker processes) stopped (SIGSTOP) inside
+    the block, always resumed after it."""
+    pids = with_workers(process.pid)
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
     try:
         yield
     finally:
-        os.kill(process.pid, signal.SIGCONT)
+        for pid in pids:
+            os.kill(pid, signal.SIGCONT)
+
+
+def with_workers(pid):
+    """``pid`` and its child processes (the worker processes of a mount daemon)."""
+    with open(f"/proc/{pid}/task/{pid}/children") as f:
+        return [pid, *map(int, f.read().split())]
 
 
 def answers_without_waiting(code, *args):
@@ -97,12 +107,14 @@ WAITING_FOR_IO = {"folio_wait_bit_common", "wait_on_page_bit_common", "request_w
 
 
 def waits_for_io(pid):
-    """Whether a thread of process ``pid`` sleeps waiting for a page or a FUSE answer."""
-    for task in os.listdir(f"/proc/{pid}/task"):
-        with contextlib.suppress(OSError):
-            with open(f"/proc/{pid}/task/{task}/wchan") as f:
-                if f.read().strip() in WAITING_FOR_IO:
-                    return True
+    """Whether a thread of process ``pid`` (or of its workers) sleeps waiting for a page or
+    a FUSE answer."""
+    for one in with_workers(pid):
+        for task in os.listdir(f"/proc/{one}/task"):
+            with contextlib.suppress(OSError):
+                with open(f"/proc/{one}/task/{task}/wchan") as f:
+                    if f.read().strip() in WAITING_FOR_IO:
+                        return True
     return False
 
 
@@ -157,9 +169,13 @@ def varied_tree_container(path):
 
 
 def bytes_read(pid):
-    """What process ``pid`` has read so far (``rchar``: page cache hits count too)."""
-    with open(f"/proc/{pid}/io") as f:
-        return next(int(line.split()[1]) for line in f if line.startswith("rchar:"))
+    """What process ``pid`` and its workers have read so far (``rchar``: page cache hits
+    count too)."""
+    total = 0
+    for one in with_workers(pid):
+        with open(f"/proc/{one}/io") as f:
+            total += next(int(line.split()[1]) for line in f if line.startswith("rchar:"))
+    return total
 
 
 def tree_and_bytes_read(m):

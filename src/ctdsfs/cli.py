@@ -119,6 +119,9 @@ mount options (-o, comma separated):
                        asked), retries with backoff before EIO (3), how
                        often the object's ETag is checked for a new version
                        (1)
+  workers=N            read-only mounts: N processes answer requests side by
+                       side (default: two per core, at most 8; 1 for a remote
+                       source; a read-write mount has one)
   logfile=PATH         log to PATH (the daemon logs to syslog otherwise)
   debug                log every problem in detail
   noauto,user,nofail,_netdev,x-*,defaults

@@ -1,4 +1,4 @@
-"""The only module that knows pyfuse3 and trio: kernel requests to ContainerFS calls.
+"""Kernel requests to ContainerFS calls (with fuse_workers.py, the only pyfuse3 and trio code).
 
 Metadata operations are cheap and run on the trio loop. Reads of a
 CRC-protected container, and large reads (THREADED_READ_MIN) of a read-only
@@ -122,6 +122,9 @@ class FuseOperations(pyfuse3.Operations):
         self._device_poll = None  # polls /dev/fuse for waiting requests, once serving
         self._reads_in_flight = 0  # reads in worker threads now
         self._shared_until = float("-inf")  # monotonic time until which reads are shared
+        # One of several worker processes (fuse_workers.Gate): it reads requests only while
+        # it leads, and hands the lead on when another request waits (see read).
+        self.gate = None
 
     def init(self):
         """FUSE_INIT is being answered: pyfuse3 writes the reply (and the kernel takes it)
@@ -135,21 +138,27 @@ class FuseOperations(pyfuse3.Operations):
     async def _invalidate_stale(self, wait):
         """Make the kernel forget what it cached before a reload. A request holding the
         kernel's lock on a directory (lookup, readdir) cannot ``wait``: the
-        invalidation would wait for it."""
+        invalidation would wait for it. Nor does a worker of several: the request the
+        invalidation waits for may need another worker, itself waiting."""
         stale = self.fs.take_stale()
         if not stale:
             return
-        if wait or self.nursery is None:
+        if (wait and self.gate is None) or self.nursery is None:
             await trio.to_thread.run_sync(_forget_in_kernel, stale)
         else:
             self.nursery.start_soon(trio.to_thread.run_sync, _forget_in_kernel, stale)
 
     async def watch_for_changes(self):
-        """Every WATCH_SECONDS: reload if another process committed, and invalidate."""
+        """Every WATCH_SECONDS: reload if another process committed, and invalidate. A
+        worker of several looks in a thread: a look that waits for the disk must not
+        stop it reading requests while it leads."""
         while True:
             await trio.sleep(WATCH_SECONDS)
             try:
-                self.fs.refresh()
+                if self.gate is None:
+                    self.fs.refresh()
+                else:
+                    await trio.to_thread.run_sync(self.fs.refresh)
             except FSError as exc:
                 log.error("cannot look for changes: %s", exc)
             await self._invalidate_stale(wait=True)
@@ -212,6 +221,15 @@ class FuseOperations(pyfuse3.Operations):
 
     @_fuse_errors
     async def read(self, fh, off, size):
+        """A worker of several hands the lead on before a small read if another request
+        waits (so that random readers are answered side by side), never before a large
+        one: a reader's sequential reads, and the kernel's readahead for them, stay with
+        the worker that holds its decoded chunks (and reads them in threads while another
+        request waits, as one process does). Nor before any other request: those are
+        answered from memory, and a release the kernel sends after each close, waiting
+        while ``tar`` opens the next file, would send every file to another worker."""
+        if self.gate is not None and size < THREADED_READ_MIN:
+            self.gate.begin()
         if (self.threaded_reads or (size >= THREADED_READ_MIN and not self.fs.writable)) \
                 and not self.fs.read_at_once(fh, off, size):
             self._heavy_reads = True
@@ -360,12 +378,15 @@ async def _serve(operations, target, on_mounted):
                     log.info("%s received: unmounting", signal.Signals(signum).name)
                     stopped_by_signal = True
                     pyfuse3.terminate()
+                    if operations.gate is not None:
+                        operations.gate.close()
                     return
 
         operations.nursery = nursery
         operations.initialized = trio.Event()
         nursery.start_soon(watch_signals)
-        nursery.start_soon(when_live)
+        if target is not None:  # (None: a worker of several, on a mount already live)
+            nursery.start_soon(when_live)
         if operations.fs.follows_changes:
             nursery.start_soon(operations.watch_for_changes)
         if operations.commit_interval:
@@ -413,10 +434,8 @@ def _stderr_captured():
             os.close(saved)
 
 
-def serve(operations, mountpoint, fuse_options, on_mounted=None):
-    """Mount, call ``on_mounted()`` once the mount answers requests, serve until unmount,
-    commit."""
-    target = os.path.realpath(mountpoint)  # resolved before it becomes our own mount
+def mount_session(operations, mountpoint, fuse_options):
+    """Mount (pyfuse3.init); a refusal is a one-line CtdsfsError with libfuse's reasons."""
     with _stderr_captured() as libfuse_said:
         try:
             pyfuse3.init(operations, mountpoint, fuse_options)
@@ -426,9 +445,16 @@ def serve(operations, mountpoint, fuse_options, on_mounted=None):
             raise CtdsfsError(f"{mountpoint}: the kernel refused the mount ({why}): is /dev/fuse "
                               "there and usable, and may this user mount here?") from None
         warnings = libfuse_said()
-    operations.watch_device()
     for line in warnings:
         log.warning("%s", line)
+
+
+def serve(operations, mountpoint, fuse_options, on_mounted=None):
+    """Mount, call ``on_mounted()`` once the mount answers requests, serve until unmount,
+    commit."""
+    target = os.path.realpath(mountpoint)  # resolved before it becomes our own mount
+    mount_session(operations, mountpoint, fuse_options)
+    operations.watch_device()
     unmount = True
     try:
         unmount = trio.run(_serve, operations, target, on_mounted)

@@ -48,6 +48,10 @@ CONTRADICTIONS = [("ro", "rw"), ("ro", "create"), ("ro", "commit"),
 REMOTE_TEXT_OPTIONS = {"endpoint_url", "region", "profile", "cache_dir"}
 CREDENTIAL_OPTIONS = {"key", "secret", "token", "access_key", "secret_key", "aws_access_key_id",
                       "aws_secret_access_key", "aws_session_token"}
+# Worker processes of a read-only mount (-o workers=N): at most MAX_WORKERS; by default two
+# per core (requests mostly wait for the disk), at most DEFAULT_WORKERS_MAX.
+MAX_WORKERS = 64
+DEFAULT_WORKERS_MAX = 8
 # Options that mean nothing without another one.
 REQUIRES = {"blocksize": "create", "crc": "create", "no_default_permissions": "allow_other"}
 
@@ -73,6 +77,7 @@ class MountOptions:
     nonempty: bool = False  # mount over a mount point that holds files
     remote: dict = field(default_factory=dict)  # RemoteOptions fields (s3:// or http(s)://)
     timestamp: tuple = None  # TileDB time travel: (start, end) in ms since the epoch
+    workers: int = None  # processes serving a read-only mount (None: default_workers)
 
 
 def _bytes(text):
@@ -154,6 +159,10 @@ def parse_options(text):
             if opts.timestamp is None:
                 raise UsageError(f"mount option {item!r} needs T or T1:T2 (ms since the "
                                  "epoch, T1 <= T2)")
+        elif item.startswith("workers="):
+            opts.workers = _number(item, int)
+            if opts.workers > MAX_WORKERS:
+                raise UsageError(f"mount option {item!r}: at most {MAX_WORKERS} workers")
         elif item.startswith("logfile="):
             opts.logfile = item.split("=", 1)[1]
         elif item == "anon":
@@ -303,6 +312,28 @@ def _collect_garbage_seldom():
     gc.set_threshold(GC_YOUNG_ALLOCATIONS, middle, old)
 
 
+def default_workers(remote):
+    """Worker processes of a read-only mount when ``workers`` is not given: two per core
+    the process may run on, capped; one for a remote source, whose chunk cache and
+    readahead would be split among them (each worker would GET the same chunks)."""
+    if remote:
+        return 1
+    return min(2 * len(os.sched_getaffinity(0)), DEFAULT_WORKERS_MAX)
+
+
+def _share_memory(opts, remote, workers):
+    """Split the memory caches' bounds among ``workers`` processes, so that the mount's
+    whole stays within them."""
+    from .io import decoded_cache
+
+    decoded_cache.share_among(workers)
+    if remote:
+        from .remote.store import RemoteOptions
+
+        opts.remote["cache_size"] = max(1, opts.remote.get("cache_size",
+                                                           RemoteOptions.cache_size) // workers)
+
+
 def mount(source, mountpoint, opts, foreground=False):
     """Mount ``source`` on ``mountpoint``; returns the exit status for the caller."""
     # Imported here so `ctdsfs info` and `--help` work where libfuse is missing.
@@ -312,6 +343,13 @@ def mount(source, mountpoint, opts, foreground=False):
     if opts.remote and not source.startswith(REMOTE_SCHEMES):
         raise UsageError(f"mount options {', '.join(sorted(opts.remote))} are for an s3:// or "
                          "http(s):// source only")
+    remote = source.startswith(REMOTE_SCHEMES)
+    if opts.writable and (opts.workers or 1) > 1:
+        raise UsageError("mount option 'workers' is for read-only mounts (a read-write mount's "
+                         "commits need one process)")
+    workers = 1 if opts.writable else opts.workers or default_workers(remote)
+    if workers > 1:
+        _share_memory(opts, remote, workers)
     target = os.path.realpath(mountpoint)
     if os.path.isdir(source):
         real_source = os.path.realpath(source)
@@ -348,6 +386,10 @@ def mount(source, mountpoint, opts, foreground=False):
         lone_reads_on_loop=not remote and on_local_disk(source))
     _collect_garbage_seldom()
 
+    if workers > 1:
+        from .fuse_workers import serve_workers
+
+        serve = functools.partial(serve_workers, count=workers)
     if foreground:
         serve(operations, mountpoint, fuse_options)
         return 0

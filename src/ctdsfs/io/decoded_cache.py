@@ -17,6 +17,14 @@ CACHE_BYTES = 64 << 20  # decoded pieces kept per cache
 
 _POOLS = {}  # name -> the ThreadPoolExecutor of that name
 _POOLS_LOCK = threading.Lock()
+os.register_at_fork(after_in_child=_POOLS.clear)  # (a forked child has none of the threads)
+_SHARERS = [1]  # processes whose caches share each cache's limit (worker processes)
+
+
+def share_among(processes):
+    """Keep each cache within ``1/processes`` of its limit: the mount's worker processes
+    each have their own, and the mount as a whole stays within the limit."""
+    _SHARERS[0] = processes
 
 
 def shared_pool(name, workers):
@@ -107,5 +115,5 @@ class DecodedCache:
                 self._bytes -= len(old[1])
             self._pieces[key] = (identity, data)
             self._bytes += len(data)
-            while self._bytes > self.limit and len(self._pieces) > 1:
+            while self._bytes > self.limit // _SHARERS[0] and len(self._pieces) > 1:
                 self._bytes -= len(self._pieces.popitem(last=False)[1][1])

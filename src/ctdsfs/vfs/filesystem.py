@@ -107,10 +107,11 @@ class _NodeTable:
     def __init__(self, root):
         self._slots = [None] * root.ino + [root]
 
-    def new(self, parent, owner, key, directory):
-        """A node with the next inode number."""
-        node = _Node(len(self._slots), parent, owner, key, directory)
-        self._slots.append(node)
+    def new(self, parent, owner, key, directory, ino=None):
+        """A node with inode number ``ino`` (one from SharedInodes), or the next one."""
+        ino = len(self._slots) if ino is None else ino
+        self._slots.extend([None] * (ino + 1 - len(self._slots)))
+        node = self._slots[ino] = _Node(ino, parent, owner, key, directory)
         return node
 
     def get(self, ino, default=None):
@@ -200,6 +201,7 @@ class ContainerFS:
         self._log_lock = threading.Lock()  # reads run in worker threads
         self._stale = {}  # ino -> (parent ino, name) the kernel may hold from before a reload
         self.follows_changes = os.path.isfile(source_path)
+        self._shared = None  # SharedInodes, while several processes serve the mount
         self.kernel_cache_seconds = (FOLLOWED_CACHE_SECONDS if self.follows_changes
                                      else UNFOLLOWED_CACHE_SECONDS)
 
@@ -215,11 +217,40 @@ class ContainerFS:
             code = next((code for kind, code in _ERRNOS if isinstance(exc, kind)), errno.EIO)
             raise FSError(code, str(exc)) from None
 
+    def share_inodes(self, table):
+        """Number nodes by ``table`` (a SharedInodes), with the worker processes that share
+        it; a handle is then its inode number, so any of them reads it. Read-only: only
+        the root has a node yet."""
+        assert not self.writable and len(self._nodes) == 1
+        self._shared = table
+
     def _node(self, ino):
         try:
             return self._nodes[ino]
         except KeyError:
-            raise FSError(errno.ENOENT) from None
+            if self._shared is None:
+                raise FSError(errno.ENOENT) from None
+        with self._lock:
+            return self._resolve(ino)
+
+    def _resolve(self, ino):
+        """The node of ``ino``, which another worker numbered: its path from the shared
+        table, looked up here from the nearest node this process has."""
+        chain = [ino]
+        while chain[-1] not in self._nodes:
+            where = self._shared.where(chain[-1])
+            if where is None or len(chain) > 4096:
+                raise FSError(errno.ENOENT)
+            chain.append(where[0])
+        node = self._nodes[chain.pop()]
+        while chain:
+            wanted = chain.pop()
+            if node.directory is None:
+                raise FSError(errno.ENOENT)
+            node = self._existing_child(node, self._shared.where(wanted)[1])
+            if node.ino != wanted:
+                raise FSError(errno.ENOENT)
+        return node
 
     def _directory(self, ino):
         node = self._node(ino)
@@ -242,8 +273,10 @@ class ContainerFS:
             return self._nodes[ino]
         return self._new_node(parent, inos, name, self._call(parent.directory.nested, name))
 
-    def _new_node(self, parent, inos, name, nested):
-        node = self._nodes.new(parent.ino, parent.directory, name, nested)
+    def _new_node(self, parent, inos, name, nested, ino=None):
+        if ino is None and self._shared is not None:
+            ino = self._shared.number(parent.ino, [name])[0]
+        node = self._nodes.new(parent.ino, parent.directory, name, nested, ino)
         inos[name] = node.ino
         return node
 
@@ -251,11 +284,14 @@ class ContainerFS:
         """``_child`` of each of ``names`` (a listing's batch; most are new on a first one)."""
         container, nodes = parent.directory, self._nodes
         inos = self._inos_of(container)
+        new = [name for name in names if name not in inos]
+        numbers = dict(zip(new, self._shared.number(parent.ino, new))) \
+            if new and self._shared is not None else {}
         out = []
         for name, nested in zip(names, self._call(container.classify, names)):
             ino = inos.get(name)
             out.append(nodes[ino] if ino is not None
-                       else self._new_node(parent, inos, name, nested))
+                       else self._new_node(parent, inos, name, nested, numbers.get(name)))
         return out
 
     def _existing_child(self, parent, name):
@@ -323,6 +359,10 @@ class ContainerFS:
 
     def _log_once(self, line):
         """Log ``line`` unless this mount logged it already (bounded memory)."""
+        if self._shared is not None:
+            if self._shared.first_time(line):
+                log.error("%s", line)
+            return
         with self._log_lock:
             if line in self._logged:
                 return
@@ -419,6 +459,8 @@ class ContainerFS:
     @_one_request
     def getattr(self, ino):
         with self._lock:
+            if self._shared is not None:
+                self._refresh()  # (another worker may have had the kernel forget it just now)
             return self._attr(self._node(ino))
 
     @_one_request
@@ -497,6 +539,8 @@ class ContainerFS:
             return self._new_handle(node, writable, bool(flags & os.O_APPEND))
 
     def _new_handle(self, node, writable, append):
+        if self._shared is not None:
+            return node.ino  # (read-only: a handle holds nothing but its node)
         fh = self._next_fh
         self._next_fh += 1
         self._handles[fh] = _Handle(node, writable, append)
@@ -510,10 +554,12 @@ class ContainerFS:
         return self._open_counts.get(node.ino, (0, 0))
 
     def _handle(self, fh):
-        try:
-            return self._handles[fh]
-        except KeyError:
-            raise FSError(errno.EBADF) from None
+        handle = self._handles.get(fh)
+        if handle is not None:
+            return handle
+        if self._shared is None:
+            raise FSError(errno.EBADF)
+        return _Handle(self._node(fh), False, False)
 
     @_one_request
     def read(self, fh, offset, size):
@@ -553,7 +599,7 @@ class ContainerFS:
             "f_blocks": total + (free - own_free),
             "f_bfree": free,
             "f_bavail": avail,
-            "f_files": len(self._nodes),
+            "f_files": len(self._nodes) if self._shared is None else self._shared.count(),
             "f_ffree": 0,
             "f_favail": 0,
             "f_namemax": NAME_MAX,

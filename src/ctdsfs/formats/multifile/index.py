@@ -16,10 +16,13 @@ file changed so recently that a further change could keep its timestamps
 (they are coarser than the clock) gets no index. Anything else about an index
 file (garbage, too big, wrong types, another file's) makes it ignored and
 rewritten at the next unmount. Files are written whole under a temporary name
-and renamed into place, so two daemons never see half of one; the directory
+and renamed into place, so two daemons never see half of one, and under a lock,
+each keeping what another wrote meanwhile (a mount's worker processes each write
+what they learned); the directory
 holds at most ``MAX_FILES`` of them (the oldest go) of at most ``MAX_BYTES``.
 """
 
+import fcntl
 import json
 import logging
 import os
@@ -139,18 +142,32 @@ class NestedIndex:
                 current.st_ctime_ns] == self.identity
         if not (self.savable and same):
             return
-        records = {**self.records, **visited}
+        directory = os.path.dirname(self.path)
+        try:
+            os.makedirs(directory, mode=0o700, exist_ok=True)
+            lock = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+        except OSError as exc:
+            log.debug("%s: index not written (%s)", self.path, exc.strerror)
+            return
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            # What another process serving this file wrote meanwhile (the other worker
+            # processes of a mount) stays, unless this one has a newer record
+            self._save_records({**self.records, **self._load(), **visited})
+        except OSError as exc:
+            log.debug("%s: index not written (%s)", self.path, exc.strerror)
+        finally:
+            os.close(lock)
+
+    def _save_records(self, records):
         text = json.dumps({"format": FORMAT_TAG, "identity": self.identity,
-                           "containers": {p: list(r) for p, r in records.items()}},
+                           "containers": {p: list(r) for p, r in sorted(records.items())}},
                           separators=(",", ":")).encode()
         if len(text) > MAX_BYTES:
             log.debug("%s: index of %d bytes not written (limit %d)", self.path, len(text),
                      MAX_BYTES)
             return
-        try:
-            self._write(text)
-        except OSError as exc:
-            log.debug("%s: index not written (%s)", self.path, exc.strerror)
+        self._write(text)
 
     def _write(self, text):
         import tempfile  # (only here, at unmount: it costs a mount milliseconds)

@@ -73,6 +73,15 @@ _POOL_LOCK = threading.Lock()
 _THREAD = threading.local()
 
 
+def _forget_pool():
+    """(A forked child, such as a mount's worker process, has none of the pool's threads.)"""
+    global _POOL
+    _POOL = None
+
+
+os.register_at_fork(after_in_child=_forget_pool)
+
+
 class ChecksumMismatch(FormatError):
     """A checksum filter's digest does not match the bytes it guards."""
 

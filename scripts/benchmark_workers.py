@@ -1,0 +1,173 @@
+"""The benchmark's "workers" part: ctdsfs served by one worker process (``-o workers=1``)
+and by the default number, beside squashfuse_ll and the pyfuse3 floor.
+
+- cold 4 KiB random reads of a large file with 1, 4 and 16 fio jobs (page cache dropped,
+  a fresh mount, each job reading its own share once);
+- a cold sequential read of that file; ``find`` and ``tar`` of a tree of small files;
+- decoded views (a TileDB ``dense/v.npy``, a bcolz ``array.npy``, ``columns/DATA.npy`` of a
+  MeasurementSet): the whole file read by 1, 2 and 4 readers in parallel, each its own
+  share in 1 MiB reads (page cache dropped, a fresh mount each time).
+
+Best of ``rounds`` for each figure. The target: with the default, cold 4 KiB random reads
+at least 0.9x squashfuse_ll at every job count, one reader no slower than with one
+worker, parallel readers of a decoded view faster than one."""
+
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+import pyfuse3_floor  # (beside this script)
+from benchmark_common import Mounted, drop_caches, read_through
+from benchmark_small import _shell_seconds, fio_iops, installed_command, make_small_tree
+
+JOBS = (1, 4, 16)
+READERS = (1, 2, 4)
+SHARE_READER = r"""
+import os, sys
+path, part, parts = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+fd = os.open(path, os.O_RDONLY)
+size = os.fstat(fd).st_size
+start, end = size * part // parts, size * (part + 1) // parts
+while start < end:
+    got = os.pread(fd, min(1 << 20, end - start), start)
+    if not got:
+        break
+    start += len(got)
+"""
+
+
+def _parallel_seconds(path, readers):
+    """Seconds for ``readers`` processes to read ``path`` whole, each its own share."""
+    began = time.perf_counter()
+    procs = [subprocess.Popen([sys.executable, "-c", SHARE_READER, str(path), str(i),
+                               str(readers)]) for i in range(readers)]
+    for proc in procs:
+        if proc.wait():
+            raise RuntimeError(f"a reader of {path} failed")
+    return time.perf_counter() - began
+
+
+def _decoded_views(tmp, mib):
+    """{name: (source to mount, options, the view's path in the mount)}."""
+    import bcolz
+    import tiledb
+
+    cells = (mib << 20) // 8
+    x = np.arange(cells, dtype=np.float64)
+    values = np.round(np.sin(x * 1e-4) * 1000 + (x % 17), 3)
+    uri = str(tmp / "w_tiledb")
+    schema = tiledb.ArraySchema(
+        domain=tiledb.Domain(tiledb.Dim("i", domain=(0, cells - 1),
+                                        tile=min(cells, 1 << 20), dtype=np.int64)),
+        attrs=[tiledb.Attr("v", dtype=np.float64, filters=tiledb.FilterList(
+            [tiledb.ByteShuffleFilter(), tiledb.ZstdFilter(level=1)]))])
+    tiledb.Array.create(uri, schema)
+    with tiledb.open(uri, "w") as A:
+        A[:] = values
+    carr = bcolz.carray(values, rootdir=str(tmp / "w_bcolz"), mode="w",
+                        cparams=bcolz.cparams(clevel=5, cname="lz4", shuffle=1))
+    carr.flush()
+    ms = tmp / "w_columns.ms"
+    subprocess.run([sys.executable, os.path.join(os.path.dirname(__file__), os.pardir, "tests",
+                                                 "casacore_column_tables.py"),
+                    "ms", str(ms), str(max(256, (mib << 20) // 2163))], check=True)
+    return {"TileDB dense/v.npy": (uri, [], "dense/v.npy"),
+            "bcolz array.npy": (str(tmp / "w_bcolz"), [], "array.npy"),
+            "columns/DATA.npy": (str(ms), ["columns"], "columns/DATA.npy")}
+
+
+def workers_figures(tmp, pool, quick=False, rounds=2):
+    """The lines of the part (see the module docstring)."""
+    files, dirs, big, view_mib = (2000, 20, 128 << 20, 32) if quick \
+        else (20_000, 200, 512 << 20, 128)
+    rounds = 1 if quick else rounds
+    fio_seconds = 5 if quick else 20
+    tree = tmp / "w_small"
+    print(f"workers: {files} small files and a {big >> 20} MiB file; decoded views of "
+          f"{view_mib} MiB ...", flush=True)
+    make_small_tree(tree, pool, files, dirs, big)
+    subprocess.run(["ctdsfs", "pack", "--quiet", str(tree), str(tmp / "w_small.mf")],
+                   check=True, capture_output=True)
+    subprocess.run(["mksquashfs", str(tree), str(tmp / "w_small.sqfs"), "-noappend", "-quiet",
+                    "-no-progress"], check=True, stdout=subprocess.DEVNULL)
+    pyfuse3_floor.save_listing(tree, tmp / "w_small.listing")
+    mount_ctdsfs = installed_command("mount.ctdsfs")
+    systems = {
+        "ctdsfs, 1 worker": [mount_ctdsfs, "-f", "-o", "workers=1", str(tmp / "w_small.mf")],
+        "ctdsfs, default": [mount_ctdsfs, "-f", str(tmp / "w_small.mf")],
+        "squashfuse_ll": ["squashfuse_ll", "-f", str(tmp / "w_small.sqfs")],
+        "pyfuse3 floor": [sys.executable, pyfuse3_floor.__file__, str(tmp / "w_small.listing"),
+                          str(tree)],
+    }
+    best = {}
+
+    def keep(row, system, value, larger_is_better):
+        old = best.get((row, system))
+        best[row, system] = value if old is None or (value > old) == larger_is_better \
+            else old
+
+    mnt = tmp / "w_mnt"
+    for _ in range(rounds):
+        for system, cmd in systems.items():
+            for jobs in JOBS:
+                drop_caches()
+                with Mounted(cmd + [str(mnt)], str(mnt)):
+                    keep(f"fio randread 4k, {jobs} job(s), cold (IOPS)", system,
+                         fio_iops(mnt / "big.bin", "4k", jobs, fio_seconds, cold=True), True)
+            drop_caches()
+            with Mounted(cmd + [str(mnt)], str(mnt)):
+                keep("sequential read, cold (GB/s)", system,
+                     read_through(mnt / "big.bin"), True)
+            for row, command in (("find, cold (s)", "find . -type f"),
+                                 ("tar to a pipe, cold (s)", "tar cf - . | cat > /dev/null")):
+                drop_caches()
+                with Mounted(cmd + [str(mnt)], str(mnt)):
+                    keep(row, system, _shell_seconds(command, mnt), False)
+    lines = [f"workers ({os.cpu_count()} cores; the default: "
+             f"{_default_workers()} workers), best of {rounds}",
+             f"{'workload':<44}" + "".join(f"{s:>18}" for s in systems)
+             + f"{'default/squash':>16}{'default/1':>11}"]
+    for row in dict.fromkeys(r for r, _ in best):
+        values = [best.get((row, s)) for s in systems]
+        one, default, squash = values[0], values[1], values[2]
+        faster = not row.endswith("(s)")
+        lines.append(f"{row:<44}" + "".join(f"{v:18.3f}" for v in values)
+                     + f"{(default / squash if faster else squash / default):16.2f}"
+                     + f"{(default / one if faster else one / default):11.2f}")
+    lines += _view_lines(tmp, view_mib, mount_ctdsfs, rounds)
+    return lines
+
+
+def _default_workers():
+    from ctdsfs.mount import default_workers
+
+    return default_workers(remote=False)
+
+
+def _view_lines(tmp, mib, mount_ctdsfs, rounds):
+    views = _decoded_views(tmp, mib)
+    lines = [f"decoded views ({mib} MiB of float64 each): seconds to read the view whole by "
+             f"{', '.join(map(str, READERS))} readers in parallel (each its share), "
+             f"best of {rounds}; 1 worker / the default"]
+    mnt = tmp / "w_view"
+    for name, (source, options, inside) in views.items():
+        cells = []
+        for workers in ("workers=1", None):
+            opts = ",".join(options + ([workers] if workers else []))
+            cmd = [mount_ctdsfs, "-f", source] + (["-o", opts] if opts else [])
+            for readers in READERS:
+                times = []
+                for _ in range(rounds):
+                    with Mounted(cmd + [str(mnt)], str(mnt)):
+                        drop_caches()
+                        times.append(_parallel_seconds(mnt / inside, readers))
+                cells.append(min(times))
+        one, default = cells[:len(READERS)], cells[len(READERS):]
+        lines.append(f"  {name:<22} 1 worker: " + " ".join(f"{t:6.2f}" for t in one)
+                     + "   default: " + " ".join(f"{t:6.2f}" for t in default)
+                     + f"   (default, {READERS[-1]} readers vs 1: "
+                     f"{default[0] / default[-1]:.2f}x)")
+    return lines

@@ -1,0 +1,293 @@
+"""A read-only mount served by several processes on one FUSE connection (``-o workers=N``).
+
+One pyfuse3+trio process answers one request at a time on one core; several
+processes answer several at once, and decode on several cores. The daemon mounts,
+answers the kernel's INIT itself (libfuse refuses every other request of a session
+that has not seen it), and forks the workers. Each worker gives itself a descriptor
+of its own on the connection (``FUSE_DEV_IOC_CLONE`` of the session's, put in its
+place): the kernel sends the answer to a request through the descriptor that read
+it, so a worker that dies takes with it only the requests it was answering, which
+fail (ECONNABORTED) instead of hanging their readers. The daemon stays as the
+workers' supervisor: it starts another in place of one that died, ends the mount
+(ENOTCONN) if they keep dying, and unmounts on SIGTERM/SIGINT.
+
+The kernel wakes every process that polls /dev/fuse for each request. So only one
+worker polls at a time, the one holding the lead (an ``flock``, freed by the kernel
+if its holder dies); the others wait for the lead in a thread. A worker keeps the
+lead while no other request waits, so a lone reader is answered by one worker. When
+another waits, a worker starting a small read hands the lead on, so that a free
+worker reads it (random readers are answered side by side); one starting a large
+read, or any other request, keeps it, and answers the reads that follow as one process
+does (in threads while another waits), since they are most likely the same reader's
+next ones, and its decoded chunks are in this worker's cache, not the others'
+(``Gate``, ``FuseOperations.read``).
+
+Every worker answers alike: inode numbers come from a table they share
+(``vfs.shared_inodes``), and a handle is its inode number.
+"""
+
+import contextlib
+import fcntl
+import logging
+import os
+import select
+import signal
+import struct
+import time
+
+import pyfuse3
+import trio
+
+from .fuse_adapter import _serve, _set_readahead, mount_session
+from .vfs.filesystem import ROOT_INO
+from .vfs.shared_inodes import SharedInodes
+
+log = logging.getLogger(__name__)
+
+# _IOR(229, 0, uint32_t): make the new /dev/fuse descriptor one of the given one's session.
+FUSE_DEV_IOC_CLONE = 0x8004E500
+STOPPED_BY_SIGNAL = 3  # a worker's exit status after SIGTERM/SIGINT: the mount is ending
+# More deaths than this (per worker) within DEATH_WINDOW seconds end the mount.
+DEATHS_PER_WORKER = 2
+DEATH_WINDOW = 60.0
+STOP_SECONDS = 10.0  # a worker still there this long after SIGTERM is killed
+SUPERVISOR_SIGNALS = {signal.SIGCHLD, signal.SIGTERM, signal.SIGINT}
+
+
+class Gate:
+    """A worker's side of the lead: pyfuse3 waits here before it reads /dev/fuse, and the
+    worker never reads it without the lead (a read finding nothing would block its loop)."""
+
+    def __init__(self, device_fd, lead_fd):
+        self.device_fd = device_fd
+        self._lead_fd = lead_fd
+        self._leading = False
+        self._leading_wait = None  # the cancel scope of a wait for the lead (close() ends it)
+        self._closed = False
+        self._device_poll = select.poll()
+        self._device_poll.register(device_fd, select.POLLIN)
+
+    async def wait_readable(self, fd):
+        """pyfuse3's wait before it reads: lead, then wait for a request."""
+        if fd != self.device_fd:
+            return await trio.lowlevel.wait_readable(fd)
+        while True:
+            await self._lead()
+            if self._closed:
+                raise trio.ClosedResourceError  # (pyfuse3's loop ends)
+            await trio.lowlevel.wait_readable(fd)
+            if self._leading:
+                return
+            # (handed on while waiting: lead again first)
+
+    async def _lead(self):
+        if self._leading:
+            return
+        try:
+            fcntl.flock(self._lead_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            with trio.CancelScope() as self._leading_wait:
+                await trio.to_thread.run_sync(fcntl.flock, self._lead_fd, fcntl.LOCK_EX,
+                                              cancellable=True)
+            if self._closed:
+                return
+        self._leading = True
+
+    def close(self):
+        """The worker stops (pyfuse3.terminate): a wait for the lead ends too."""
+        self._closed = True
+        if self._leading_wait is not None:
+            self._leading_wait.cancel()
+
+    def begin(self):
+        """A small read starts: hand the lead on if another request already waits, so that
+        a free worker reads it."""
+        if self._leading and self._device_poll.poll(0):
+            self.hand_on()
+
+    def hand_on(self):
+        """Let another worker lead (this one is about to be busy for a while)."""
+        if self._leading:
+            fcntl.flock(self._lead_fd, fcntl.LOCK_UN)
+            self._leading = False
+
+
+class _Lowlevel:
+    def __init__(self, wait_readable):
+        self.wait_readable = wait_readable
+
+    def __getattr__(self, name):
+        return getattr(trio.lowlevel, name)
+
+
+class _TrioWaitingWith:
+    """What pyfuse3 sees as ``trio``: trio itself, but for the wait before each read."""
+
+    def __init__(self, wait_readable):
+        self.lowlevel = _Lowlevel(wait_readable)
+
+    def __getattr__(self, name):
+        return getattr(trio, name)
+
+
+def _until_init(operations):
+    """The wait while the daemon answers INIT: pyfuse3's loop ends (as if the descriptor
+    were closed) once INIT is answered, before it reads another request."""
+
+    async def wait_readable(fd):
+        if operations.initialized.is_set():
+            raise trio.ClosedResourceError
+        await trio.lowlevel.wait_readable(fd)
+    return wait_readable
+
+
+async def _answer_init(operations, target):
+    operations.initialized = trio.Event()
+    await pyfuse3.main()
+    _set_readahead(target, operations.readahead_kb)
+
+
+def _session_fd():
+    """pyfuse3's /dev/fuse descriptor (pyfuse3 does not say which it opened)."""
+    for name in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError, ValueError):
+            if os.readlink(f"/proc/self/fd/{name}") == "/dev/fuse":
+                return int(name)
+    raise OSError("no /dev/fuse descriptor after the mount")
+
+
+def _worker(operations, device_fd, lead_file, table, blocked):
+    """A worker's life, in the forked child: a descriptor of its own, then serve."""
+    status = 1
+    try:
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+        clone = os.open("/dev/fuse", os.O_RDWR | os.O_CLOEXEC)
+        fcntl.ioctl(clone, FUSE_DEV_IOC_CLONE, struct.pack("I", device_fd))
+        os.dup2(clone, device_fd, inheritable=False)
+        os.close(clone)
+        table.after_fork()
+        lead_fd = os.open(f"/proc/self/fd/{lead_file}", os.O_RDONLY | os.O_CLOEXEC)
+        operations.watch_device(device_fd)
+        operations.gate = gate = Gate(device_fd, lead_fd)
+        pyfuse3.trio = _TrioWaitingWith(gate.wait_readable)
+        stopped = trio.run(_serve, operations, None, None)
+        status = STOPPED_BY_SIGNAL if stopped else 0
+    except BaseException:
+        log.exception("worker %d failed", os.getpid())
+    finally:
+        with contextlib.suppress(BaseException):
+            operations.fs.close()
+        logging.shutdown()
+        os._exit(status)
+
+
+class _Supervisor:
+    def __init__(self, count, start):
+        self.count = count
+        self._start = start
+        self.pids = set()
+        self._deaths = []  # monotonic times of deaths
+        self.stopping = False
+
+    def start_all(self):
+        for _ in range(self.count):
+            self.pids.add(self._start())
+
+    def reap(self):
+        """Collect the workers that ended; True once the mount should end."""
+        while self.pids:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                self.pids.clear()
+                break
+            if pid == 0:
+                break
+            if pid not in self.pids:
+                continue
+            self.pids.discard(pid)
+            self._ended(pid, status)
+        return not self.pids or self.stopping
+
+    def _ended(self, pid, status):
+        code = os.waitstatus_to_exitcode(status)
+        if self.stopping or code == 0:
+            return  # the mount ends (unmounted, or stopping)
+        if code == STOPPED_BY_SIGNAL:
+            log.info("worker %d was stopped by a signal: unmounting", pid)
+            self.stopping = True
+            return
+        why = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit status {code}"
+        now = time.monotonic()
+        self._deaths = [t for t in self._deaths if now - t < DEATH_WINDOW] + [now]
+        if len(self._deaths) > DEATHS_PER_WORKER * self.count:
+            log.error("worker %d died (%s), the requests it was answering failed; %d "
+                      "workers died within %.0f s: ending the mount", pid, why,
+                      len(self._deaths), DEATH_WINDOW)
+            self.stopping = True
+            return
+        log.error("worker %d died (%s), the requests it was answering failed "
+                  "(ECONNABORTED); starting another", pid, why)
+        self.pids.add(self._start())
+
+    def stop(self):
+        """SIGTERM the workers left, SIGKILL those still there STOP_SECONDS later."""
+        for pid in self.pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + STOP_SECONDS
+        while self.pids:
+            self.reap()
+            if time.monotonic() > deadline:
+                for pid in self.pids:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
+                deadline = float("inf")
+            time.sleep(0.01)
+
+
+def serve_workers(operations, mountpoint, fuse_options, on_mounted=None, *, count):
+    """Like ``fuse_adapter.serve``, for a read-only mount served by ``count`` workers:
+    mount, answer INIT, call ``on_mounted()``, fork the workers, supervise them until
+    the mount ends."""
+    target = os.path.realpath(mountpoint)  # resolved before it becomes our own mount
+    mount_session(operations, mountpoint, fuse_options)
+    table = SharedInodes(ROOT_INO + 1)
+    operations.fs.share_inodes(table)
+    lead_file = os.memfd_create("ctdsfs-lead", os.MFD_CLOEXEC)
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, SUPERVISOR_SIGNALS)
+    supervisor = None
+    try:
+        device_fd = _session_fd()
+        pyfuse3.trio = _TrioWaitingWith(_until_init(operations))
+        trio.run(_answer_init, operations, target)
+        pyfuse3.trio = trio
+
+        def start():
+            pid = os.fork()
+            if pid == 0:
+                _worker(operations, device_fd, lead_file, table, blocked)
+            return pid
+
+        if on_mounted is not None:
+            on_mounted()  # (live: what the kernel sends meanwhile waits for the workers)
+        supervisor = _Supervisor(count, start)
+        supervisor.start_all()
+        log.debug("serving with %d worker processes: %s", count,
+                 " ".join(map(str, sorted(supervisor.pids))))
+        while not supervisor.reap():
+            signum = signal.sigwaitinfo(SUPERVISOR_SIGNALS).si_signo
+            if signum != signal.SIGCHLD:
+                log.info("%s received: unmounting", signal.Signals(signum).name)
+                supervisor.stopping = True
+    finally:
+        pyfuse3.trio = trio
+        # Unmounted already if every worker ended by itself (the kernel's ENODEV).
+        pyfuse3.close(unmount=supervisor is None or supervisor.stopping)
+        if supervisor is not None:
+            supervisor.stop()
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+        if supervisor is None:
+            operations.fs.close()
+        # (else the workers closed theirs; the daemon's has read nothing since they forked,
+        # and closing it would write the index of plain files over what they learned)

@@ -1,0 +1,150 @@
+"""Inode numbers that every worker process of one mount agrees on.
+
+Several processes serve one read-only mount (``-o workers=N``), and the kernel hands a
+request naming an inode to whichever of them reads it first. So the numbers come
+from one table the workers share: an append-only log of ``(ino, parent ino, name)``
+records in an anonymous file made before the workers fork. A worker numbering a node
+takes the log's lock, reads the records added since it last looked, and appends one
+only for a node no worker numbered yet; a worker asked about a number it has not
+seen finds its parent and name in the log and looks the node up itself.
+
+The same file holds the digests of the lines logged once per mount (a bad block's),
+so that the mount logs each once, whichever workers meet it.
+
+The lock is ``flock`` on each worker's own opening of the file, so a worker killed
+while holding it frees it; the log's length is written after the record, so a record
+it was writing when it died is never read and is written over.
+"""
+
+import fcntl
+import hashlib
+import os
+import struct
+import threading
+
+HEADER = struct.Struct("<QQ")  # next inode number, end of the records
+RECORD = struct.Struct("<QQI")  # inode number, parent inode number, name length
+READ_STEP = 1 << 20  # bytes of the log read at a time when catching up
+LOGGED_SLOTS = 8192  # lines logged once per mount: a hash table of their digests
+SLOT = struct.Struct("<Q")
+
+
+class SharedInodes:
+    """The table: ``number`` gives (or makes) the inode of a name in a directory, ``where``
+    says which name in which directory an inode is."""
+
+    def __init__(self, first_ino):
+        """A new, empty table numbering from ``first_ino`` on (the root's is fixed)."""
+        self._fd = os.memfd_create("ctdsfs-inodes", os.MFD_CLOEXEC)
+        self._records = HEADER.size + LOGGED_SLOTS * SLOT.size  # where the records start
+        os.pwrite(self._fd, HEADER.pack(first_ino, self._records), 0)
+        os.ftruncate(self._fd, self._records)
+        self._seen = self._records  # end of the records this process has read
+        self._by_name = {}  # (parent ino, name) -> ino
+        self._by_ino = {}  # ino -> (parent ino, name)
+        self._count = first_ino
+        self._thread_lock = threading.Lock()
+        self._lock_fd = None
+
+    def after_fork(self):
+        """In a worker: a lock of its own (an opening of the file flock tells from the
+        other workers')."""
+        self._lock_fd = os.open(f"/proc/self/fd/{self._fd}", os.O_RDONLY | os.O_CLOEXEC)
+
+    def _locked(self, function, *args):
+        with self._thread_lock:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
+            try:
+                return function(*args)
+            finally:
+                fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+
+    def _catch_up(self):
+        """Read the records other workers appended since we last looked (lock held)."""
+        next_ino, end = HEADER.unpack(os.pread(self._fd, HEADER.size, 0))
+        self._count = next_ino
+        offset, data = self._seen, b""
+        while offset < end:
+            chunk = os.pread(self._fd, min(READ_STEP, end - offset), offset)
+            if not chunk:
+                break
+            offset += len(chunk)
+            data += chunk
+            at = 0
+            while len(data) - at >= RECORD.size:
+                ino, parent, length = RECORD.unpack_from(data, at)
+                if len(data) - at < RECORD.size + length:
+                    break
+                name = data[at + RECORD.size:at + RECORD.size + length]
+                at += RECORD.size + length
+                name = name.decode("utf-8", "surrogateescape")
+                self._by_name[parent, name] = ino
+                self._by_ino[ino] = (parent, name)
+            data = data[at:]
+        self._seen = end
+        return next_ino, end
+
+    def _number(self, parent, names):
+        next_ino, end = self._catch_up()
+        records = []
+        for name in names:
+            if (parent, name) not in self._by_name:
+                self._by_name[parent, name] = next_ino
+                self._by_ino[next_ino] = (parent, name)
+                encoded = name.encode("utf-8", "surrogateescape")
+                records.append(RECORD.pack(next_ino, parent, len(encoded)) + encoded)
+                next_ino += 1
+        if records:
+            data = b"".join(records)
+            os.pwrite(self._fd, data, end)
+            os.pwrite(self._fd, HEADER.pack(next_ino, end + len(data)), 0)
+            self._seen = end + len(data)
+            self._count = next_ino
+        return [self._by_name[parent, name] for name in names]
+
+    def number(self, parent, names):
+        """The inode numbers of ``names`` in directory ``parent``, made for those no worker
+        numbered yet."""
+        with self._thread_lock:
+            known = [self._by_name.get((parent, name)) for name in names]
+        if None not in known:
+            return known
+        return self._locked(self._number, parent, names)
+
+    def where(self, ino):
+        """``(parent ino, name)`` of inode ``ino``, or None if no worker numbered it."""
+        with self._thread_lock:
+            found = self._by_ino.get(ino)
+        if found is None:
+            self._locked(self._catch_up)
+            found = self._by_ino.get(ino)
+        return found
+
+    def first_time(self, line):
+        """Whether no worker logged ``line`` yet (if not, it counts as logged now); the
+        table forgets every line once crowded (bounded memory)."""
+        digest = int.from_bytes(hashlib.blake2b(line.encode("utf-8", "surrogateescape"),
+                                                digest_size=8).digest(), "little") or 1
+        return self._locked(self._note, digest)
+
+    def _note(self, digest):
+        slots = os.pread(self._fd, LOGGED_SLOTS * SLOT.size, HEADER.size)
+        used = 0
+        for i in range(LOGGED_SLOTS):
+            at = (digest + i) % LOGGED_SLOTS
+            value, = SLOT.unpack_from(slots, at * SLOT.size)
+            if value == digest:
+                return False
+            if value == 0:
+                break
+            used += 1
+        if used >= LOGGED_SLOTS // 2:
+            os.pwrite(self._fd, bytes(LOGGED_SLOTS * SLOT.size), HEADER.size)
+            at = digest % LOGGED_SLOTS
+        os.pwrite(self._fd, SLOT.pack(digest), HEADER.size + at * SLOT.size)
+        return True
+
+    def count(self):
+        """How many inode numbers the workers have given out (the root's included)."""
+        self._locked(self._catch_up)
+        return self._count - 1

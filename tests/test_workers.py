@@ -1,0 +1,258 @@
+"""Read-only mounts served by several worker processes (``-o workers=N``), on real mounts:
+every worker gives the same answers (inode numbers, handles), a worker's death never
+leaves a reader hanging, and the mount ends with every worker."""
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from ctdsfs import mount as mount_module
+from ctdsfs.toolbox import pack
+
+from .conftest import is_mounted, unmount
+from .remote.hostile_http import HostileServer
+
+WALKER = r"""
+import hashlib, json, os, random, sys
+root, seed = sys.argv[1], int(sys.argv[2])
+paths = []
+for folder, dirs, files in os.walk(root):
+    paths += [os.path.join(folder, name) for name in dirs + files]
+random.Random(seed).shuffle(paths)
+seen = {}
+for path in paths:
+    st = os.lstat(path)
+    digest = None
+    if not os.path.isdir(path):
+        with open(path, "rb") as f:
+            digest = hashlib.md5(f.read()).hexdigest()
+    seen[os.path.relpath(path, root)] = [st.st_ino, digest]
+print(json.dumps(seen))
+"""
+
+
+def _children(pid):
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return set(map(int, f.read().split()))
+    except FileNotFoundError:
+        return set()
+
+
+def _alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ")[-1][0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def _wait_for(condition, seconds=20):
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "not within the bound"
+        time.sleep(0.05)
+
+
+def _workers(m, count):
+    """The ``count`` worker processes of mount ``m`` (once all have started)."""
+    _wait_for(lambda: len(_children(m.proc.pid)) == count)
+    return _children(m.proc.pid)
+
+
+@pytest.fixture(scope="module")
+def tree(tmp_path_factory):
+    """A directory of files in folders, and a MultiFile of folders inside it; returns the
+    directory and ``{relative path: md5}`` of every file the mount shows."""
+    root = tmp_path_factory.mktemp("workers") / "tree"
+    packed = root.parent / "packed"
+    digests = {}
+    for top, base in ((root, ""), (packed, "packed.mf/")):
+        for d in range(6):
+            for f in range(25):
+                data = bytes([d, f]) * (97 * f + d) + os.urandom(f)
+                path = top / f"d{d}" / f"f{f}.bin"
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_bytes(data)
+                digests[f"{base}d{d}/f{f}.bin"] = hashlib.md5(data).hexdigest()
+    pack(str(packed), str(root / "packed.mf"), block_size=4096, quiet=True)
+    return root, digests
+
+
+def _walk_in_parallel(mountpoint, count):
+    walkers = [subprocess.Popen([sys.executable, "-c", WALKER, str(mountpoint), str(seed)],
+                                stdout=subprocess.PIPE) for seed in range(count)]
+    return [json.loads(w.communicate(timeout=120)[0]) for w in walkers]
+
+
+@pytest.mark.fuse
+def test_parallel_walkers_see_the_same_inodes_and_bytes(tree, mount):
+    """Walkers in parallel, each in its own order, stat and read every file: each path has
+    one inode number whichever worker looked it up first, numbers are unique, the bytes
+    are the source's; after the kernel forgot the directory source's names (1 s), the
+    lookups anew, by any worker, give the same numbers."""
+    root, digests = tree
+    m = mount(root, ["workers=4"])
+    assert len(_workers(m, 4)) == 4
+    first = _walk_in_parallel(m.mountpoint, 6)
+    time.sleep(1.2)
+    again = _walk_in_parallel(m.mountpoint, 3)
+    for seen in first + again:
+        assert seen == first[0]
+    assert {path: digest for path, (_, digest) in first[0].items() if digest} == digests
+    inos = [ino for ino, _ in first[0].values()]
+    assert len(set(inos)) == len(inos)
+
+
+@pytest.mark.fuse
+def test_inodes_and_handles_outlive_the_workers_that_made_them(tree, mount):
+    """Every worker is killed while a file is open and the kernel holds inode numbers
+    only they looked up: the workers started in their place read the open handle, answer
+    for those numbers, and number the names the kernel looks up again as before."""
+    root, digests = tree
+    m = mount(root / "packed.mf", ["workers=2"])
+    before = json.loads(subprocess.run([sys.executable, "-c", WALKER, str(m.mountpoint), "1"],
+                                       capture_output=True, check=True).stdout)
+    opened = open(m.mountpoint / "d3" / "f24.bin", "rb")
+    try:
+        head = opened.read(100)
+        old = _workers(m, 2)
+        for pid in old:
+            os.kill(pid, signal.SIGKILL)
+        _wait_for(lambda: len(_children(m.proc.pid) - old) == 2)
+        rest = opened.read()  # (the page cache was not kept: read by a new worker)
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("2")  # (the kernel forgets names and inodes: lookups anew)
+        after = json.loads(subprocess.run([sys.executable, "-c", WALKER, str(m.mountpoint), "2"],
+                                          capture_output=True, check=True).stdout)
+    finally:
+        opened.close()
+    assert hashlib.md5(head + rest).hexdigest() == digests["packed.mf/d3/f24.bin"]
+    assert after == before
+    assert m.log_text().count("died (signal SIGKILL)") == 2
+
+
+@pytest.mark.fuse
+def test_a_worker_killed_mid_read_fails_only_that_read(tmp_path, mount):
+    """A remote read the server holds for a minute is under way in a worker; every worker
+    is killed (and the server mends): the read ends at once, not after the request's
+    timeout (the kernel's request failed with ECONNABORTED; the page the reader waits
+    for is then asked for again, of the workers started in their place), the log says
+    why, and the mount carries on."""
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    (tree / "first").write_bytes(bytes(range(256)) * 256)
+    (tree / "second").write_bytes(bytes(reversed(range(256))) * 256)
+    pack(str(tree), str(tmp_path / "two.mf"), block_size=4096, quiet=True)
+    server = HostileServer((tmp_path / "two.mf").read_bytes(), "half-body-held",
+                           honest_below=5 * 16384)  # (the first bytes of both)
+    try:
+        m = mount(server.url(), ["workers=2", "timeout=30", "retries=1", "chunk_size=16384"])
+        workers = _workers(m, 2)
+        reader = subprocess.Popen(["tail", "-c", "4096", str(m.mountpoint / "second")],
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        time.sleep(0.5)  # (the read is under way, held by the server)
+        assert reader.poll() is None
+        killed = time.monotonic()
+        for pid in workers:
+            os.kill(pid, signal.SIGKILL)
+        server.mode = "honest"
+        out, err = reader.communicate(timeout=10)
+        assert time.monotonic() - killed < 5
+        assert (reader.returncode, out) == (0, bytes(reversed(range(256))) * 16) \
+            or (reader.returncode != 0 and out == b"")
+        _wait_for(lambda: len(_children(m.proc.pid) - workers) == 2)
+        assert sorted(os.listdir(m.mountpoint)) == ["first", "second"]
+        assert m.proc.poll() is None
+        assert "died (signal SIGKILL), the requests it was answering failed" in m.log_text()
+    finally:
+        server.close()
+
+
+@pytest.mark.fuse
+def test_workers_that_keep_dying_end_the_mount(tree, mount):
+    """More deaths than two per worker within a minute: the daemon unmounts and ends,
+    and no worker is left."""
+    root, _ = tree
+    m = mount(root, ["workers=2"])
+    killed = set()
+    while m.proc.poll() is None and len(killed) < 10:
+        for pid in _children(m.proc.pid) - killed:
+            os.kill(pid, signal.SIGKILL)
+            killed.add(pid)
+        time.sleep(0.1)
+    m.proc.wait(timeout=20)
+    assert len(killed) in (5, 6) and not is_mounted(m.mountpoint)  # (the 5th ends it)
+    assert "ending the mount" in m.log_text()
+    assert not any(_alive(pid) for pid in killed)
+
+
+@pytest.mark.fuse
+@pytest.mark.parametrize("how", ["fusermount", "SIGTERM", "worker SIGTERM"])
+def test_the_mount_ends_with_every_worker(tree, mount, how):
+    """``fusermount3 -u``, SIGTERM to the daemon or to a worker: unmounted, and the
+    daemon and every worker end."""
+    root, digests = tree
+    m = mount(root, ["workers=3"])
+    workers = _workers(m, 3)
+    assert hashlib.md5((m.mountpoint / "d1" / "f7.bin").read_bytes()).hexdigest() \
+        == digests["d1/f7.bin"]
+    if how == "fusermount":
+        subprocess.run(["fusermount3", "-u", str(m.mountpoint)], check=True)
+    else:
+        os.kill(m.proc.pid if how == "SIGTERM" else min(workers), signal.SIGTERM)
+    assert m.proc.wait(timeout=20) == 0
+    assert not is_mounted(m.mountpoint)
+    _wait_for(lambda: not any(_alive(pid) for pid in workers))
+
+
+@pytest.mark.fuse
+def test_the_command_returns_once_the_mount_is_live(tree, tmp_path):
+    """Without -f, mount.ctdsfs returns once the mount answers: the workers serve the
+    first listing; unmounting ends them all."""
+    root, _ = tree
+    mountpoint = tmp_path / "m"
+    mountpoint.mkdir()
+    subprocess.run(["mount.ctdsfs", "-o", "workers=2", str(root), str(mountpoint)], check=True)
+    try:
+        assert sorted(os.listdir(mountpoint))[:2] == ["d0", "d1"]
+        daemons = [int(p) for p in os.listdir("/proc") if p.isdigit() and str(mountpoint)
+                   in open(f"/proc/{p}/cmdline", "rb").read().decode(errors="replace")]
+        assert len(daemons) == 3  # (the daemon and its two workers)
+    finally:
+        unmount(mountpoint)
+    _wait_for(lambda: not any(_alive(pid) for pid in daemons))
+
+
+@pytest.mark.fuse
+def test_one_worker_is_the_one_process_of_before(tree, mount):
+    root, digests = tree
+    m = mount(root, ["workers=1"])
+    assert hashlib.md5((m.mountpoint / "d0" / "f3.bin").read_bytes()).hexdigest() \
+        == digests["d0/f3.bin"]
+    assert _children(m.proc.pid) == set()
+
+
+def test_the_workers_option():
+    assert mount_module.parse_options("workers=3").workers == 3
+    for text, why in (("workers=0", "positive"), ("workers=x", "number"),
+                      ("workers=65", "at most 64")):
+        with pytest.raises(mount_module.UsageError, match=why):
+            mount_module.parse_options(text)
+    assert mount_module.default_workers(remote=True) == 1
+    assert 2 <= mount_module.default_workers(remote=False) <= mount_module.DEFAULT_WORKERS_MAX
+
+
+def test_a_read_write_mount_has_one_process(tmp_path):
+    source, mountpoint = tmp_path / "new.mf", tmp_path / "m"
+    mountpoint.mkdir()
+    result = subprocess.run(["mount.ctdsfs", "-f", "-o", "create,workers=2", str(source),
+                             str(mountpoint)], capture_output=True, text=True, timeout=60)
+    assert result.returncode != 0 and "'workers' is for read-only mounts" in result.stderr
+    assert not source.exists() and not is_mounted(mountpoint)
