@@ -90,10 +90,10 @@ def summary(values):
 
 
 def tiled_columns(path):
-    from ctdsfs.formats.casacore.base import DirectorySource
+    from ctdsfs.formats.casacore.base import TableDirectory
     from ctdsfs.formats.casacore.columns import open_table
 
-    table = open_table(DirectorySource(path))
+    table = open_table(TableDirectory(path))
     return table, [name for name, col in table.columns.items() if col.manager.startswith("Tiled")]
 
 

@@ -5,6 +5,7 @@ Every message is one line that names the container, so the CLI can print it as i
 """
 
 import logging
+import os
 
 
 class CtdsfsError(Exception):
@@ -37,6 +38,14 @@ class TooLarge(CtdsfsError):
 
     Raised before anything changed.
     """
+
+
+class FSError(Exception):
+    """A POSIX error for one operation; the adapter hands ``errno`` to the kernel."""
+
+    def __init__(self, code, message=""):
+        super().__init__(message or os.strerror(code))
+        self.errno = code
 
 
 class BlockError(CtdsfsError):

@@ -47,7 +47,15 @@ import weakref
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from ..errors import BlockError, ContainerFull, CtdsfsError, NotPermitted, ReadOnlyError, TooLarge
+from ..errors import (
+    BlockError,
+    ContainerFull,
+    CtdsfsError,
+    FSError,
+    NotPermitted,
+    ReadOnlyError,
+    TooLarge,
+)
 from ..remote.retry import user_request
 
 log = logging.getLogger(__name__)
@@ -63,14 +71,6 @@ UNKNOWN = -1  # subdirectory count of a large directory not listed yet
 # a real directory changes silently, so the kernel asks again after a second.
 FOLLOWED_CACHE_SECONDS = 24 * 3600.0
 UNFOLLOWED_CACHE_SECONDS = 1.0
-
-
-class FSError(Exception):
-    """A POSIX error for one operation; the adapter hands ``errno`` to the kernel."""
-
-    def __init__(self, code, message=""):
-        super().__init__(message or os.strerror(code))
-        self.errno = code
 
 
 class Attr(NamedTuple):

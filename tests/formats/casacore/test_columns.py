@@ -15,7 +15,7 @@ import pytest
 
 from ctdsfs.errors import FormatError
 from ctdsfs.formats import open_container
-from ctdsfs.formats.casacore.base import DirectorySource, LayeredSource
+from ctdsfs.formats.casacore.base import LayeredSource, TableDirectory
 from ctdsfs.formats.casacore.columns import NotDecoded, StringColumn, open_table
 
 from .tiled_data_table import write_tiled_data_table
@@ -49,11 +49,11 @@ def table_source(path):
     ``table.mf``), as the decoders read them."""
     multifile = os.path.join(path, "table.mf")
     if not os.path.exists(multifile):
-        yield DirectorySource(path)
+        yield TableDirectory(path)
         return
     container = open_container(multifile)
     try:
-        yield LayeredSource(DirectorySource(path), container)
+        yield LayeredSource(TableDirectory(path), container)
     finally:
         container.close()
 
@@ -73,7 +73,7 @@ def write_table(path, what, manager, multifile=False):
 
 def assert_same_as_casacore(path, source=None, label=None):
     """Every column decoded equals getcol (getvarcol for var-shape and string arrays)."""
-    table = open_table(source or DirectorySource(path))
+    table = open_table(source or TableDirectory(path))
     ref = ct.table(str(path), ack=False)
     try:
         assert table.nrow == ref.nrows()
@@ -134,7 +134,7 @@ def test_variable_shapes_and_undefined_cells(made, manager):
 
 def test_several_hypercubes_and_row_ranges(made):
     path = made("var", "TiledShapeStMan")
-    table = open_table(DirectorySource(path))
+    table = open_table(TableDirectory(path))
     reader = table._reader(table.columns["v_float"].seqnr)
     assert len(reader.cubes) > 3  # one per cell shape, plus casacore's empty cube 0
     ref = ct.table(path, ack=False)
@@ -178,7 +178,7 @@ def test_measurement_set_and_subtables(tmp_path):
     for sub in sorted(os.listdir(path)):
         if os.path.exists(os.path.join(path, sub, "table.dat")):
             assert_same_as_casacore(os.path.join(path, sub))
-    ms = open_table(DirectorySource(path))
+    ms = open_table(TableDirectory(path))
     assert ms.columns["DATA"].manager == "TiledShapeStMan"
     assert ms.columns["FLAG"].cell_shape is None  # var-shape, yet every cell one shape
     flags = ms.read_column("FLAG", 7, 23)
@@ -196,7 +196,7 @@ def test_column_of_a_manager_not_decoded_is_listed_not_read(made):
     dat = tabledat.decode(Path(path, "table.dat").read_bytes())
     dat.column_set.data_managers[0] = ("Adios2StMan", dat.column_set.data_managers[0][1])
     Path(path, "table.dat").write_bytes(dat.encode())
-    table = open_table(DirectorySource(path))
+    table = open_table(TableDirectory(path))
     info = table.describe()["columns"]["s_int"]
     assert info["data_manager"] == "Adios2StMan" and not info["decoded"]
     with pytest.raises(NotDecoded, match="Adios2StMan"):
@@ -204,7 +204,7 @@ def test_column_of_a_manager_not_decoded_is_listed_not_read(made):
 
 
 def _read_everything(path):
-    table = open_table(DirectorySource(path))
+    table = open_table(TableDirectory(path))
     for name, col in table.columns.items():
         if col.decoded:
             stop = None
@@ -285,7 +285,7 @@ def test_hostile_hypercube_shape_refused(made):
         _read_everything(path)
 
 
-class CountingSource(DirectorySource):
+class CountingSource(TableDirectory):
     """Records the bytes read from each file."""
 
     def __init__(self, path):
@@ -308,7 +308,7 @@ def test_row_ranges_read_only_their_rows_bytes(made):
     tile's last axis is the row: its rows lie together), not whole tiles; of the other
     managers at most two buckets. Row ranges across and inside tiles equal getcol."""
     path = made("ms", "2000")
-    table = open_table(DirectorySource(path))
+    table = open_table(TableDirectory(path))
     with ct.table(path, ack=False) as ref:
         for name in ("DATA", "FLAG", "UVW", "TIME", "ANTENNA1"):
             source = CountingSource(path)
@@ -333,7 +333,7 @@ def test_row_ranges_read_only_their_rows_bytes(made):
     # Bool, Complex and Short in the same tiles, two tiles across a row, a row's Bools off
     # byte boundaries (tiles this small are read across their gaps)
     shared = made("shared", "TiledColumnStMan")
-    table = open_table(DirectorySource(shared))
+    table = open_table(TableDirectory(shared))
     with ct.table(shared, ack=False) as ref:
         for name in ("a_bool", "a_complex", "a_short"):
             for a, b in [(0, 37), (3, 4), (6, 8), (5, 30), (7, 14), (36, 37)]:
@@ -350,7 +350,7 @@ def _patch(path, name, at, value):
 def long_string_reference(path):
     """Where in ``table.f0`` SSM keeps the 12-byte reference (heap bucket, offset, length)
     of the first ``s_string`` value too long to stand in the reference itself."""
-    table = open_table(DirectorySource(path))
+    table = open_table(TableDirectory(path))
     ssm = table._reader(0)
     offset, group = ssm.place["s_string"]
     bucket = int(ssm.indexes[group].bucket[0])
@@ -364,14 +364,14 @@ def test_hostile_ssm_string_reference_and_bucket_index(made, value):
     """A string's heap bucket or length, or a bucket number in SSM's index, pointing
     anywhere: a one-line FormatError naming the column."""
     path = made("fixed", "StandardStMan")
-    ssm = open_table(DirectorySource(path))._reader(0)
+    ssm = open_table(TableDirectory(path))._reader(0)
     ref_at = long_string_reference(path)
     little = value.to_bytes(4, "little")
     for field in (0, 8):  # heap bucket number, string length
         copy = made("fixed", "StandardStMan")
         _patch(copy, "table.f0", ref_at + field, little)
         with pytest.raises(FormatError, match="column s_string: .*") as err:
-            open_table(DirectorySource(copy)).read_column("s_string")
+            open_table(TableDirectory(copy)).read_column("s_string")
         assert "\n" not in str(err.value)
     # the data bucket numbers in the index: Block<uInt> after the last-row Block
     index_bytes = Path(path, "table.f0").read_bytes()
@@ -387,7 +387,7 @@ def test_hostile_ssm_string_reference_and_bucket_index(made, value):
 def test_hostile_ism_value_count(made, count):
     """The number of values of a column in an ISM bucket's index, zero or huge."""
     path = made("fixed", "IncrementalStMan")
-    ism = open_table(DirectorySource(path))._reader(0)
+    ism = open_table(TableDirectory(path))._reader(0)
     bucket_at = 512 + int(ism.bucket_nr[0]) * ism.bucket_size
     head = int.from_bytes(Path(path, "table.f0").read_bytes()[bucket_at:bucket_at + 4], "little")
     _patch(path, "table.f0", bucket_at + (head & 0x0FFFFFFF), count.to_bytes(4, "little"))
@@ -398,7 +398,7 @@ def test_hostile_ism_value_count(made, count):
 def test_hostile_row_map_of_tiled_shape_manager(made):
     """A TiledShapeStMan position map sending rows past their hypercube."""
     path = made("var", "TiledShapeStMan")
-    reader = open_table(DirectorySource(path))._reader(0)
+    reader = open_table(TableDirectory(path))._reader(0)
     header = Path(path, "table.f0").read_bytes()
     pos_block = header.rindex(b"Block")  # the last Block: the position map
     first_pos = pos_block + 5 + 4 + 4

@@ -18,7 +18,7 @@ import pytest
 
 from ctdsfs.errors import FormatError, NotPermitted
 from ctdsfs.formats.casacore.aipsio import AipsWriter
-from ctdsfs.formats.casacore.base import DirectorySource
+from ctdsfs.formats.casacore.base import TableDirectory
 from ctdsfs.formats.casacore.columns import StringColumn, open_table
 from ctdsfs.formats.casacore.columns_view import ColumnsView
 from ctdsfs.sources.directory import TableView
@@ -140,7 +140,7 @@ def test_records_decoded_in_batches(made, monkeypatch):  # noqa: F811
     from ctdsfs.formats.casacore import tsm_axes as casacore_tsm_axes
     monkeypatch.setattr(casacore_tsm_axes, "MAX_RECORDS_KEPT", 2)
     path = made("coordinates", "TiledCellStMan")
-    table = open_table(DirectorySource(path))
+    table = open_table(TableDirectory(path))
     names = ["x_dcomplex", "y_int", "x_float", "y_uint"]
     serial = {name: assert_as_casacore(table, path, name) for name in names}
     with ThreadPoolExecutor(4) as pool:
@@ -161,7 +161,7 @@ def test_shown_in_the_columns_view(tmp_path):
     in the mixed table the scalar columns with rows in no cube are listed in table.json
     with the reason and no file, and CHAN shows its undefined cells."""
     path = write_tiled_data_table(tmp_path / "u.tab", "uniform", "little")
-    view = ColumnsView(DirectorySource(path), "u.tab/columns")
+    view = ColumnsView(TableDirectory(path), "u.tab/columns")
     with ct.table(path, ack=False) as ref:
         for name in ("ID", "TIME", "FREQ"):
             got = npy(view, f"{name}.npy")
@@ -178,7 +178,7 @@ def test_shown_in_the_columns_view(tmp_path):
     assert described["FREQ"]["files"] == ["FREQ.npy"]
 
     path = write_tiled_data_table(tmp_path / "m.tab", "mixed", "big")
-    view = ColumnsView(DirectorySource(path), "m.tab/columns")
+    view = ColumnsView(TableDirectory(path), "m.tab/columns")
     names = set(view.names())
     described = json.loads(view.read("table.json", 0, 1 << 20))["columns"]
     for name in ("ID", "NAME", "TIME", "BASELINE"):
@@ -266,7 +266,7 @@ def spliced(path, cube, record):
     ``record`` (the manager's and its TiledStMan part's object lengths adjusted)."""
     name = Path(path, "table.f0")
     header = name.read_bytes()
-    start, end = open_table(DirectorySource(path))._reader(0).cubes[cube].record_span
+    start, end = open_table(TableDirectory(path))._reader(0).cubes[cube].record_span
     new = bytearray(header[:start] + record + header[end:])
     delta = len(record) - (end - start)
     base = new.index(b"\x00\x00\x00\x0aTiledStMan") - 4
@@ -308,7 +308,7 @@ def test_hostile_value_records(tmp_path, case):
         data = ref.getcol("DATA")
     fields, message = HOSTILE_RECORDS[case]
     spliced(path, 0, record_bytes(fields))
-    table = open_table(DirectorySource(path))
+    table = open_table(TableDirectory(path))
     name = {"huge": "ID", "deep": "ID", "count": "TIME", "type": "ID", "missing": "NAME"}[case]
     with pytest.raises(FormatError, match=message) as err:
         table.read_column(name)

@@ -18,7 +18,7 @@ import pytest
 
 from ctdsfs.errors import FormatError
 from ctdsfs.formats.casacore import dysco_tables
-from ctdsfs.formats.casacore.base import DirectorySource
+from ctdsfs.formats.casacore.base import TableDirectory
 from ctdsfs.formats.casacore.columns import open_table
 from ctdsfs.toolbox import pack
 
@@ -100,7 +100,7 @@ def test_column_order_and_settings(written):
     """DATA, WEIGHT_SPECTRUM and MODEL_DATA share one manager's blocks; its spec is read
     from the file's header."""
     path = written["plain0"]
-    table = open_table(DirectorySource(path), path)
+    table = open_table(TableDirectory(path), path)
     reader = table._reader(table.columns["DATA"].seqnr)
     assert list(reader.parts) == ["DATA", "WEIGHT_SPECTRUM", "MODEL_DATA"]
     assert reader.rows_per_block == 10 and reader.antennas == 4
@@ -183,7 +183,7 @@ def test_tables_are_casacores(tmp_path):
     path = write_ms(tmp_path / "tables.ms", {
         "managers": managers, "antennas": 2, "times": rows // 3, "channels": channels,
         "pols": pols, "values": str(tmp_path / "values.npz")})
-    table = open_table(DirectorySource(path), path)
+    table = open_table(TableDirectory(path), path)
     with ct.table(path, ack=False) as ref:
         for name, values in exact.items():
             expected = ref.getcol(name)
@@ -203,7 +203,7 @@ def test_a_last_block_casacore_cannot_read_is_decoded(tmp_path):
     settings = {"managers": [{"name": "D", "columns": ["DATA", "WEIGHT_SPECTRUM"],
                               "spec": spec(12, 8, "Gaussian", "AF")}], "cut": 3, "seed": 5}
     path = write_ms(tmp_path / "cut.ms", settings)
-    table = open_table(DirectorySource(path), path)
+    table = open_table(TableDirectory(path), path)
     assert table.nrow == 27
     with ct.table(path, ack=False) as ref:
         for name in ("DATA", "WEIGHT_SPECTRUM"):
@@ -251,7 +251,7 @@ def damaged_copy(small, tmp_path, field=None, value=None, size=None):
     import struct
     path = tmp_path / "d.ms"
     shutil.copytree(small, path)
-    table = open_table(DirectorySource(str(path)), str(path))
+    table = open_table(TableDirectory(str(path)), str(path))
     file = path / f"table.f{table.columns['DATA'].seqnr}"
     data = bytearray(file.read_bytes())
     if field is not None:  # (a field, or a tuple of them and a tuple of values)
@@ -282,7 +282,7 @@ def damaged_copy(small, tmp_path, field=None, value=None, size=None):
     ("column_header_size", 3, "column header of 3 bytes")])
 def test_hostile_headers_are_refused_in_one_line(small, tmp_path, field, value, message):
     path, name = damaged_copy(small, tmp_path, field, value)
-    table = open_table(DirectorySource(path), path)
+    table = open_table(TableDirectory(path), path)
     for column in ("DATA", "WEIGHT_SPECTRUM"):
         with pytest.raises(FormatError, match=message) as caught:
             table.read_column(column)
@@ -294,11 +294,11 @@ def test_hostile_headers_are_refused_in_one_line(small, tmp_path, field, value, 
 def test_truncated_blocks_read_as_casacore_reads_them(small, tmp_path):
     """A block cut short by the file's end is past the blocks the file holds: zeros, as
     casacore gives; the blocks before it decode."""
-    table = open_table(DirectorySource(small), small)
+    table = open_table(TableDirectory(small), small)
     reader = table._reader(table.columns["DATA"].seqnr)
     cut = reader.header_size + 2 * reader.block_size + reader.block_size // 2
     path, _ = damaged_copy(small, tmp_path, size=cut)
-    table = open_table(DirectorySource(path), path)
+    table = open_table(TableDirectory(path), path)
     with ct.table(path, ack=False) as ref:
         for name in ("DATA", "WEIGHT_SPECTRUM"):
             expected = ref.getcol(name)
@@ -311,7 +311,7 @@ def test_rows_of_an_antenna_outside_the_block_are_eio_only_there(small, tmp_path
     shutil.copytree(small, path)
     with ct.table(str(path), readonly=False, ack=False) as t:
         t.putcell("ANTENNA2", 25, 9)
-    table = open_table(DirectorySource(str(path)), str(path))
+    table = open_table(TableDirectory(str(path)), str(path))
     with pytest.raises(FormatError, match="ANTENNA2 of rows 20..30 is not an antenna"):
         table.read_column("DATA", 20, 30)
     with ct.table(small, ack=False) as ref:

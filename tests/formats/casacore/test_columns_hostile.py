@@ -109,7 +109,7 @@ def test_a_tile_file_cut_short_while_shown(made):  # noqa: F811
     one-line reason, and the rows before it still read as getcol gives them."""
     import casacore.tables as ct
 
-    from ctdsfs.formats.casacore.base import DirectorySource
+    from ctdsfs.formats.casacore.base import TableDirectory
     from ctdsfs.formats.casacore.columns import open_table
 
     path = made("ms", "2000")
@@ -119,7 +119,7 @@ def test_a_tile_file_cut_short_while_shown(made):  # noqa: F811
     fh = fs.open(fs.lookup(columns, "DATA.npy").ino, os.O_RDONLY)
     size = fs.getattr(fs.lookup(columns, "DATA.npy").ino).size
     row, head = expected[0].nbytes, size - 2000 * expected[0].nbytes
-    (tiles,) = open_table(DirectorySource(path)).manager_files("DATA")
+    (tiles,) = open_table(TableDirectory(path)).manager_files("DATA")
     os.truncate(os.path.join(path, tiles), os.path.getsize(os.path.join(path, tiles)) // 2)
     with pytest.raises(FSError) as failed:
         fs.read(fh, head + 1900 * row, 50 * row)

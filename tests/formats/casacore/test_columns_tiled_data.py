@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from ctdsfs.errors import FormatError
-from ctdsfs.formats.casacore.base import DirectorySource
+from ctdsfs.formats.casacore.base import TableDirectory
 from ctdsfs.formats.casacore.columns import open_table
 from ctdsfs.sources.columns import with_columns
 from ctdsfs.sources.directory import directory_or_table
@@ -43,7 +43,7 @@ def assert_cells_as_casacore(table, path, name, start=0, stop=None):
 @pytest.mark.parametrize("endian", ["little", "big"])
 def test_several_hypercubes_equal_getcol(tmp_path, endian):
     path = write_tiled_data_table(tmp_path / "u.tab", "uniform", endian)
-    table = open_table(DirectorySource(path))
+    table = open_table(TableDirectory(path))
     assert table.big_endian == (endian == "big")
     reader = table._reader(table.columns["DATA"].seqnr)
     assert reader.kind == "TiledDataStMan" and len(reader.cubes) == 3
@@ -67,7 +67,7 @@ def test_several_hypercubes_equal_getcol(tmp_path, endian):
 @pytest.mark.parametrize("endian", ["little", "big"])
 def test_cubes_with_two_row_axes_and_two_cell_shapes(tmp_path, endian):
     path = write_tiled_data_table(tmp_path / "m.tab", "mixed", endian)
-    table = open_table(DirectorySource(path))
+    table = open_table(TableDirectory(path))
     reader = table._reader(table.columns["DATA"].seqnr)
     assert [c.ndim for c in reader.cubes] == [4, 4] and reader.cell_ndim == 2
     for name in ("DATA", "FLAG"):
@@ -149,7 +149,7 @@ def test_hostile_row_maps(tmp_path, k, value, message):
     header[at:at + width] = value.to_bytes(width, "big")
     (tmp_path / "u.tab" / "table.f0").write_bytes(bytes(header))
     with pytest.raises(FormatError, match=message) as err:
-        open_table(DirectorySource(path)).read_column("DATA")
+        open_table(TableDirectory(path)).read_column("DATA")
     assert "\n" not in str(err.value) and "column DATA" in str(err.value)
 
 
@@ -191,5 +191,5 @@ def test_hostile_manager_type_name(tmp_path):
     header[at:at + 4] = (300).to_bytes(4, "big")
     (tmp_path / "u.tab" / "table.f0").write_bytes(bytes(header))
     with pytest.raises(FormatError) as err:
-        open_table(DirectorySource(path)).read_column("DATA")
+        open_table(TableDirectory(path)).read_column("DATA")
     assert "\n" not in str(err.value)

@@ -16,7 +16,7 @@ import fsspec
 import numpy as np
 import pytest
 
-from ctdsfs.formats.casacore.base import DirectorySource
+from ctdsfs.formats.casacore.base import TableDirectory
 from ctdsfs.formats.casacore.columns import open_table
 from ctdsfs.toolbox import pack
 from ctdsfs.vfs.filesystem import FSError
@@ -72,7 +72,7 @@ def _manager_files(path, seqnr):
 
 
 def _columns_of(path, seqnr):
-    return {n for n, c in open_table(DirectorySource(path)).columns.items() if c.seqnr == seqnr}
+    return {n for n, c in open_table(TableDirectory(path)).columns.items() if c.seqnr == seqnr}
 
 
 @pytest.mark.parametrize("damage", ["missing", "directory", "empty"])
@@ -207,7 +207,7 @@ def test_an_array_header_that_cannot_be_true(made, manager, column, name, big_en
     offsets gave it one value; a rank-1 cell passed in a 2-axis column)."""
     path = made("var", manager)
     reference, _ = _shown(path)
-    table = open_table(DirectorySource(path))
+    table = open_table(TableDirectory(path))
     order = table.big_endian if big_endian is None else big_endian
     data = _patched_header(path, name, order, (2, 1), CHANGES[change])
     with open(os.path.join(path, name), "wb") as f:

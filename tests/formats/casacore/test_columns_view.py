@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from ctdsfs.errors import ReadOnlyError
-from ctdsfs.formats.casacore.base import DirectorySource
+from ctdsfs.formats.casacore.base import TableDirectory
 from ctdsfs.formats.casacore.columns import open_table
 from ctdsfs.formats.casacore.columns_view import ColumnsView
 
@@ -33,7 +33,7 @@ def load(view, name):
 
 def test_measurement_set_columns_as_npy(made):  # noqa: F811 (the fixture)
     path = made("ms", "3000")
-    view = ColumnsView(DirectorySource(path), path)
+    view = ColumnsView(TableDirectory(path), path)
     names = set(view.names())
     assert {"DATA.npy", "FLAG.npy", "UVW.npy", "TIME.npy", "table.json"} <= names
     with ct.table(path, ack=False) as ref:
@@ -89,7 +89,7 @@ def test_a_sequential_reader_gets_blocks_decoded_once(made, monkeypatch, swapped
     from ctdsfs.formats.casacore import columns_view as casacore_columns_view
     monkeypatch.setattr(casacore_columns_view, "BLOCK_BYTES", 256 << 10)
     path = made("ms", "3000")
-    view = ColumnsView(DirectorySource(path), path)
+    view = ColumnsView(TableDirectory(path), path)
     size = view.entry_size("DATA.npy")
     column = view._entry("DATA.npy")
     decodes = []
@@ -116,7 +116,7 @@ def test_the_kernels_reads_in_flight_decode_side_by_side(made, monkeypatch):  # 
     from ctdsfs.formats.casacore import columns_view as casacore_columns_view
     monkeypatch.setattr(casacore_columns_view, "BLOCK_BYTES", 256 << 10)
     path = made("ms", "3000")
-    view = ColumnsView(DirectorySource(path), path)
+    view = ColumnsView(TableDirectory(path), path)
     column = view._entry("DATA.npy")
     original = column.table.read_column
 
@@ -138,7 +138,7 @@ def test_the_kernels_reads_in_flight_decode_side_by_side(made, monkeypatch):  # 
 
 def test_strings_and_variable_shapes(made):  # noqa: F811 (the fixture)
     path = made("var", "StandardStMan")
-    view = ColumnsView(DirectorySource(path), path)
+    view = ColumnsView(TableDirectory(path), path)
     with ct.table(path, ack=False) as ref:
         shapes = load(view, "v_float.shapes.npy")
         offsets = load(view, "v_float.offsets.npy")
@@ -150,7 +150,7 @@ def test_strings_and_variable_shapes(made):  # noqa: F811 (the fixture)
             cell = values[offsets[row]:offsets[row + 1]].reshape(shapes[row])
             np.testing.assert_array_equal(cell, ref.getcell("v_float", row))
     path = made("fixed", "StandardStMan")
-    view = ColumnsView(DirectorySource(path), path)
+    view = ColumnsView(TableDirectory(path), path)
     with ct.table(path, ack=False) as ref:
         offsets = load(view, "s_string.offsets.npy")
         data = view.read("s_string.data", 0, view.entry_size("s_string.data"))
@@ -178,7 +178,7 @@ def test_string_arrays_give_back_getvarcol(made, manager):  # noqa: F811 (the fi
     cells included: from shapes, row offsets, string offsets and UTF-8 bytes."""
     for what, name in (("fixed", "a_string"), ("var", "v_string")):
         path = made(what, manager)
-        view = ColumnsView(DirectorySource(path), path)
+        view = ColumnsView(TableDirectory(path), path)
         cells = string_cells(view, name)
         described = json.loads(view.read("table.json", 0, 1 << 20))
         assert described["columns"][name]["files"] == [
@@ -230,7 +230,7 @@ class _PlainSource:
     """A source with only ``read`` and ``entry_size`` (a remote store's kind)."""
 
     def __init__(self, path):
-        self.local = DirectorySource(path)
+        self.local = TableDirectory(path)
 
     def entry_size(self, name):
         return self.local.entry_size(name)
@@ -252,9 +252,9 @@ def test_local_tables_read_into_aligned_buffers_and_decode_at_once(made):  # noq
     from ctdsfs.sources.directory import directory_or_table
 
     path = made("ms", "3000")
-    (tiles,) = open_table(DirectorySource(path)).manager_files("DATA")
+    (tiles,) = open_table(TableDirectory(path)).manager_files("DATA")
     raw = open(os.path.join(path, tiles), "rb").read()
-    local, plain = DirectorySource(path), _PlainSource(path)
+    local, plain = TableDirectory(path), _PlainSource(path)
     for offset, size in [(0, 4096), (1, 100), (4095, 70_001), (65_536 + 48, 1 << 17)]:
         got = read_aligned(local, tiles, offset, size, "tiles")
         assert got.__array_interface__["data"][0] % 64 == offset % 64

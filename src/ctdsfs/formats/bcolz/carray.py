@@ -16,6 +16,7 @@ from ...io.beneath import kind_beneath, listdir_beneath, lstat_beneath, open_reg
 from ...io.blosc_chunk import BLOSC_HEADER, Chunk, file_identity
 from ...io.buffers import spare_buffer
 from ...io.decoded_cache import DecodedCache, shared_pool
+from ...io.directory import PlainDirectory
 from ...io.npy import npy_header
 from ...io.store import DIRECT_ALIGN, preadv_all, read_direct
 from .view import (
@@ -98,12 +99,11 @@ class Carray(View):
         self.version = 0
         self._last_read = self._ahead_until = -2  # the chunk last read, the last asked ahead
         self._load()
-        from ...sources.directory import DirectorySource  # (formats do not import the VFS at load)
         self._add("array.npy", NpyFile(self))
         self._add("attrs.json", json_file(lambda: self.attrs, lambda: self.version))
         self._add("meta.json", json_file(self.meta, lambda: self.version))
         self._add("chunks", ChunkDir(self))
-        self._add("raw", DirectorySource(self.path, recurse=False))
+        self._add("raw", PlainDirectory(self.path))
         if column is None:  # (a ctable locks its own rootdir)
             self._lock_rootdir(path)
 

@@ -3,7 +3,7 @@
 A table's files are reached through a *source*: any object with
 ``read(name, offset, size)`` (bytes-like, shorter at the end of the file) and
 ``entry_size(name)``. A :class:`~ctdsfs.formats.multifile.container.MultiFile` is one; a
-:class:`DirectorySource` reads a table directory; a remote store can be another. So
+:class:`TableDirectory` reads a table directory; a remote store can be another. So
 the decoders work the same over all of them and read only the byte ranges they need.
 A source of local files may also have ``read_into(name, offset, buffer)`` (the bytes
 read into a writable buffer, their count): bulk reads then go into buffers of
@@ -37,7 +37,7 @@ MAX_ITEMS = 1 << 31
 MAX_READ = 1 << 31  # bytes of one read_aligned (callers check their ranges against the file)
 
 
-class DirectorySource:
+class TableDirectory:
     """The files of a table directory on a local file system (a link, FIFO, socket or
     device in place of a file is refused, never followed or opened)."""
 

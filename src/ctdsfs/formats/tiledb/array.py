@@ -34,6 +34,7 @@ from ...container import name_problem
 from ...errors import CtdsfsError, FormatError
 from ...io.beneath import kind_beneath
 from ...io.byte_reader import Reader
+from ...io.directory import PlainDirectory
 from .deletes import consolidated_commits
 from .dense import DenseView
 from .folder import GROUP_MARKER, TileDBFolder, TileDBGroup
@@ -326,4 +327,23 @@ def open_file(path, *, verify_crc=True, writable=False, timestamp=None):
     mount shows it too, refusing changes); checksums are always verified. ``timestamp``
     (start, end): the array as ``tiledb.open(path, timestamp=(start, end))`` reads it
     (a group's arrays too)."""
-    return TileDBArray(path, timestamp) if is_array(path) else TileDBGroup(path, timestamp)
+    if is_array(path):
+        return TileDBArray(path, timestamp)
+    return TileDBGroup(path, timestamp, lambda member: _open_member(member, timestamp))
+
+
+def _open_member(path, timestamp):
+    """A group's member: an array or a group as such; any other directory (a group holds
+    only arrays and groups), or one that does not open, as its raw files, saying why."""
+    if looks_like_directory(path):
+        try:
+            return open_file(path, timestamp=timestamp)
+        except CtdsfsError as exc:
+            why = f"not shown as a TileDB array: {exc}"
+    else:
+        why = "not a TileDB array or group"
+    log.warning("%s: shown raw and read-only: %s", path, why)
+    raw = PlainDirectory(path)
+    raw.shown_raw = why
+    raw.problems.append(f"shown raw and read-only: {why}")
+    return raw

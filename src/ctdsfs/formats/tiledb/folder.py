@@ -76,12 +76,12 @@ class TileDBFolder(TileDBDirectory):
 class TileDBGroup(TileDBFolder):
     """A group folder: metadata.json (the group's own metadata) and its members."""
 
-    def __init__(self, path, timestamp=None):
+    def __init__(self, path, timestamp, open_member):
         super().__init__(path)
         self.timestamp = timestamp  # its metadata's and its members' time travel
+        self.open_member = open_member  # a member's path -> its container (array.py's)
 
     def _build(self):
-        from ...sources.directory import directory_or_table
         entries = OrderedDict()
         entries["metadata.json"] = json_bytes(self.metadata())
         for name in self._list("."):
@@ -93,8 +93,7 @@ class TileDBGroup(TileDBFolder):
             if why:
                 self._note(f"{name!r} not shown: {why}")
                 continue
-            entries[name] = directory_or_table(os.path.join(self.path, name),
-                                               timestamp=self.timestamp)
+            entries[name] = self.open_member(os.path.join(self.path, name))
         return entries
 
     def describe(self):

@@ -18,6 +18,7 @@ from ...errors import BlockError, CtdsfsError, FormatError
 from ...io.beneath import lstat_beneath
 from ...io.buffers import spare_buffer
 from ...io.decoded_cache import DecodedCache, shared_pool
+from ...io.directory import PlainDirectory
 from ...io.npy import npy_header
 from . import blosc as tiledb_blosc
 from . import filters as tf
@@ -158,7 +159,6 @@ class Fragment(TileDBDirectory):
         return ArrayFile(self.array.path, os.path.join(self.rel, name))
 
     def _build(self):
-        from ...sources.directory import DirectorySource
         entries = OrderedDict()
         try:
             meta = self._load_meta()
@@ -166,7 +166,7 @@ class Fragment(TileDBDirectory):
             self.problems.append(str(exc))
             log.warning("%s", exc)
             entries["fragment.json"] = json_bytes({"name": self.name, "problem": str(exc)})
-            entries["raw"] = DirectorySource(self.path, recurse=False)
+            entries["raw"] = PlainDirectory(self.path)
             return entries
         entries["fragment.json"] = LazyFile(lambda: (json_bytes(self._describe_fragment()), []),
                                          None)
@@ -182,7 +182,7 @@ class Fragment(TileDBDirectory):
                 else:
                     files[file_name] = entry
         entries.update(files)
-        entries["raw"] = DirectorySource(self.path, recurse=False)
+        entries["raw"] = PlainDirectory(self.path)
         return entries
 
     def cell_counts(self):
