@@ -2,7 +2,7 @@
 
 :func:`open_root` is the one place a source becomes a container (a local MS directory in
 separate files or MultiFile, a packed container, a MultiFile or MultiHDF5 file, ``s3://``
-or ``http(s)://``); :class:`MSTables` opens the main table and its subtables from it once
+or ``http(s)://``, an ``s3://`` prefix ending in ``/`` holding an MS directory's files); :class:`MSTables` opens the main table and its subtables from it once
 per process, and travels pickled as its source and options only (Dask workers, pickled
 datasets reopen it there).
 """
@@ -37,6 +37,11 @@ def open_root(source, storage_options):
     from ..vfs.directory import directory_or_table
 
     path = local_path(source)
+    if source.startswith("s3://") and source.endswith("/"):  # an MS directory's objects
+        from ..fsspec import _remote_options
+        from ..vfs.remote_directory import open_remote_directory
+
+        return open_remote_directory(source, _remote_options(storage_options or {}))
     if path is not None:
         if not os.path.exists(path):
             raise FileNotFoundError(f"{path} does not exist")
