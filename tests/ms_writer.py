@@ -34,6 +34,8 @@ SPEC = {
     "flag_row_only": False,
     "feed_rows": None,  # FEED rows (default: one per antenna); fewer leave antennas unknown
     "duplicate": False,  # the first row written twice
+    "pointing": None,  # POINTING rows: "regular" (every antenna at every time and one
+    # step beyond, no interval), "irregular" (antenna 0 skips a time; intervals given)
 }
 
 
@@ -208,6 +210,8 @@ def _subtables(path, spec, rng):
          PROJECT=[f"project{i}" for i in range(nobs)],
          RELEASE_DATE=np.full(nobs, 4.9e9), TIME_RANGE=np.full((nobs, 2), 4.9e9))
     _put(f"{path}/PROCESSOR", 1, TYPE=["CORRELATOR"], SUB_TYPE=["MeerKAT"])
+    if spec["pointing"]:
+        _pointing(path, spec, rng)
     if spec["source"]:
         src = ct.default_ms_subtable("SOURCE", f"{path}/SOURCE")
         src.addrows(nfield)
@@ -219,6 +223,23 @@ def _subtables(path, spec, rng):
         ms = ct.table(path, readonly=False, ack=False)
         ms.putkeyword("SOURCE", f"Table: {path}/SOURCE")
         ms.close()
+
+
+def _pointing(path, spec, rng):
+    with ct.table(path, ack=False) as ms:
+        times = np.unique(ms.getcol("TIME"))
+    step = times[1] - times[0] if len(times) > 1 else 1.0
+    times = np.concatenate([[times[0] - step], times, [times[-1] + step]])
+    rows = [(a, t) for t in times for a in range(spec["nant"])]
+    if spec["pointing"] == "irregular":
+        rows = [(a, t) for a, t in rows if a or t != times[2]]
+    n = len(rows)
+    interval = np.full(n, step if spec["pointing"] == "irregular" else 0.0)
+    _put(f"{path}/POINTING", n, ANTENNA_ID=np.array([a for a, _ in rows], np.int32),
+         TIME=np.array([t for _, t in rows]), INTERVAL=interval,
+         NUM_POLY=np.zeros(n, np.int32), DIRECTION=rng.random((n, 1, 2)),
+         TARGET=rng.random((n, 1, 2)), TRACKING=np.ones(n, bool),
+         NAME=[""] * n, TIME_ORIGIN=np.zeros(n))
 
 
 if __name__ == "__main__":

@@ -134,6 +134,15 @@ def test_multifile_and_big_endian_same_tree(tmp_path, casarc):
         assert Path(path, "table.mf").exists() and Path(path, "ANTENNA", "table.mf").exists()
 
 
+@pytest.mark.parametrize("pointing", ["regular", "irregular"])
+def test_pointing_same_tree(tmp_path, pointing):
+    path = write_ms(tmp_path / "obs.ms", spws=[4], ddids=[[0, 0], [0, 1]], fields=1,
+                    missing=False, pointing=pointing)
+    tree, warned = assert_same_tree(path)
+    assert all("pointing_xds" in tree[c].children for c in tree.children)
+    assert ("IrregularSubtableGridWarning" in warned) == (pointing == "irregular")
+
+
 def test_flag_row_spread_when_there_is_no_flag(tmp_path):
     """Without FLAG, FLAG is FLAG_ROW over frequency and polarization. (xarray-ms 0.5.13
     opens such an MS but fails to load its FLAG: arcae refuses the scalar column.)"""

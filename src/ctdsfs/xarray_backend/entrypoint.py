@@ -13,13 +13,14 @@ from xarray.backends.store import StoreBackendEntrypoint
 from .. import __version__
 from .correlated import CorrelatedVariables
 from .errors import FrameConversionWarning, UnsupportedSubtableWarning
+from .pointing import pointing_dataset
 from .structure import Structure
 from .subtables import antenna_dataset, field_and_source_dataset, select_antennas
 from .tables import MSTables, ms_name
 
 # subtables whose datasets xarray-ms makes when they have rows, and ctdsfs does not yet
-NOT_MADE = {"POINTING": "pointing_xds", "SYSCAL": "system_calibration_xds",
-            "WEATHER": "weather_xds", "PHASED_ARRAY": "phased_array_xds"}
+NOT_MADE = {"SYSCAL": "system_calibration_xds", "WEATHER": "weather_xds",
+            "PHASED_ARRAY": "phased_array_xds"}
 
 
 class MSStore(AbstractDataStore):
@@ -130,6 +131,9 @@ class CtdsfsBackendEntrypoint(BackendEntrypoint):
                                         partition)
             groups[path] = ds
             groups[f"{path}/antenna_xds"] = antenna_dataset(tables, partition, selection)
+            pointing = pointing_dataset(tables, partition, *selection[1:])
+            if pointing is not None:
+                groups[f"{path}/pointing_xds"] = pointing
             fields = field_and_source_dataset(tables, partition)
             groups[f"{path}/field_and_source_base_xds"] = fields
             ds.attrs["data_groups"] = {"base": {

@@ -68,3 +68,11 @@ class MissingMeasuresInfo(ValueError):
 
 class MultipleQuantumUnits(ValueError):
     """A column names more than one unit."""
+
+
+class IrregularSubtableGridWarning(IrregularGridWarning):
+    """A subtable's (time, antenna) grid has cells without a row."""
+
+
+class DuplicateSubtableRowWarning(UserWarning):
+    """A subtable repeats a (TIME, ANTENNA_ID): no grid, so no dataset from it."""

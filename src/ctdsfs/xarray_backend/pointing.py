@@ -1,0 +1,136 @@
+"""``pointing_xds``: the POINTING rows of a partition's antennas and time span on a
+(time_pointing, antenna_name) grid, by xarray-ms's rules.
+
+A row holds for its INTERVAL around its TIME; a sample much shorter than its antenna's
+cadence (or of no interval) holds for the cadence, and without a cadence for ever. The
+rows kept are those of the partition's antennas holding at some time of the partition's
+span (its times widened by half its longest interval); their unique TIMEs are the time
+axis, and a cell without a row is NaN (with a warning).
+"""
+
+import warnings
+
+import numpy as np
+from xarray import Dataset, Variable
+
+from .errors import DuplicateSubtableRowWarning, IrregularSubtableGridWarning
+from .measures import measure_attrs, to_unix
+
+MINIMUM_INTERVAL = 1e-6  # intervals under this are no interval
+INSTANTANEOUS_FRACTION = 0.1  # of the cadence: a sample shorter holds until the next
+SKY_DIR_LABELS = {"altaz": ["az", "alt"]}  # others: ["ra", "dec"]
+
+
+def valid_intervals(time, interval, antenna):
+    """How long each row holds (rows sorted by antenna, then time)."""
+    out = np.where(interval > MINIMUM_INTERVAL, interval, np.inf)
+    bounds = np.flatnonzero(antenna[1:] != antenna[:-1]) + 1
+    for lo, hi in zip(np.r_[0, bounds].tolist(), np.r_[bounds, antenna.size].tolist()):
+        steps = np.diff(time[lo:hi])
+        steps = steps[steps > 0]
+        if steps.size:
+            cadence = np.median(steps)
+            out[lo:hi] = np.where(interval[lo:hi] < INSTANTANEOUS_FRACTION * cadence,
+                                  cadence, interval[lo:hi])
+    return out
+
+
+def partition_span(partition):
+    half = partition.interval.max() / 2 if partition.interval.size else 0.0
+    return partition.time.min() - half, partition.time.max() + half
+
+
+def gridded_rows(table, antenna_ids, span):
+    """(unique TIMEs, (time, antenna) grid of ``table`` rows, -1 where none) of the rows
+    of ``antenna_ids`` holding within ``span``; None when there are none or a (TIME,
+    ANTENNA_ID) repeats (with a warning)."""
+    antenna = np.asarray(table.array("ANTENNA_ID"), np.int64)
+    time = np.asarray(table.array("TIME"), np.float64)
+    order = np.lexsort([time, antenna])
+    antenna, time = antenna[order], time[order]
+    half = valid_intervals(time, np.asarray(table.array("INTERVAL"), np.float64)[order],
+                           antenna) / 2
+    start, end = span
+    keep = np.flatnonzero(np.isin(antenna, antenna_ids) & (time + half >= start) &
+                          (time - half <= end))
+    if keep.size == 0:
+        return None
+    antenna, time, rows = antenna[keep], time[keep], order[keep]
+    if np.any((antenna[1:] == antenna[:-1]) & (time[1:] == time[:-1])):
+        warnings.warn(f"Multiple rows of {table.name} share a (TIME, ANTENNA_ID) tuple, so "
+                      f"it is not possible to establish a unique (time, antenna) grid. "
+                      f"{table.name} will be omitted for antennas {antenna_ids.tolist()} "
+                      f"over the time span {span}.", DuplicateSubtableRowWarning,
+                      stacklevel=4)
+        return None
+    utime, time_index = np.unique(time, return_inverse=True)
+    sorter = np.argsort(antenna_ids)
+    column = sorter[np.searchsorted(antenna_ids, antenna, sorter=sorter)]
+    grid = np.full(utime.size * len(antenna_ids), -1, np.int64)
+    grid[time_index * len(antenna_ids) + column] = rows
+    missing = grid.size - rows.size
+    if missing:
+        warnings.warn(f"{missing} / {grid.size} cells of the (time, antenna) grid of "
+                      f"{table.name} are missing and will be filled with default values. "
+                      f"This occurs when antennas record values at differing times.",
+                      IrregularSubtableGridWarning, stacklevel=4)
+    return utime, grid.reshape(utime.size, len(antenna_ids))
+
+
+def _gathered(table, column, grid, first_row):
+    """Column ``column`` on ``grid`` (float64, NaN where no row); None when the column is
+    absent or undefined in the grid's first row."""
+    if not table.has(column):
+        return None
+    cells = table.column(column)
+    if isinstance(cells, np.ndarray):
+        values = cells
+    elif cells[first_row] is None:
+        return None
+    else:
+        shape = np.shape(cells[first_row])
+        values = np.stack([np.full(shape, np.nan) if c is None or np.shape(c) != shape
+                           else c for c in cells])
+    out = np.full(grid.shape + values.shape[1:], np.nan)
+    present = grid >= 0
+    out[present] = values[grid[present]]
+    return out
+
+
+def pointing_dataset(tables, partition, antenna_ids, antenna_names):
+    """The partition's pointing_xds, or None (no POINTING rows for it)."""
+    pointing = tables.subtable("POINTING")
+    if pointing.nrow == 0:
+        return None
+    got = gridded_rows(pointing, np.asarray(antenna_ids), partition_span(partition))
+    if got is None:
+        return None
+    time, grid = got
+    first_row = int(grid[grid >= 0][0])
+    direction = _gathered(pointing, "DIRECTION", grid, first_row)
+    if direction is None:
+        return None
+    if direction.shape[2] != 1:
+        raise NotImplementedError(f"POINTING NUM_POLY {direction.shape[2] - 1} > 0 is not "
+                                  f"currently supported")
+    dims = ("time_pointing", "antenna_name", "local_sky_dir_label")
+    attrs, _ = measure_attrs(pointing.keywords("DIRECTION"), "DIRECTION", pointing,
+                             grid[grid >= 0])
+    data_vars = {"POINTING_BEAM": Variable(dims, direction[:, :, 0], attrs)}
+    encoder = _gathered(pointing, "ENCODER", grid, first_row)
+    if encoder is not None:
+        data_vars["POINTING_DISH_MEASURED"] = Variable(
+            dims, encoder, measure_attrs(pointing.keywords("ENCODER"), "ENCODER", pointing,
+                                         grid[grid >= 0])[0])
+    over = _gathered(pointing, "OVER_THE_TOP", grid, first_row)
+    if over is not None:
+        data_vars["POINTING_OVER_THE_TOP"] = Variable(dims[:2], np.nan_to_num(over) != 0)
+    time_attrs, epoch = measure_attrs(pointing.keywords("TIME"), "TIME")
+    coords = {
+        "time_pointing": Variable("time_pointing", to_unix(time) if epoch else time,
+                                  {**time_attrs, "type": "time_pointing"}),
+        "antenna_name": Variable("antenna_name", np.asarray(antenna_names)),
+        "local_sky_dir_label": Variable("local_sky_dir_label", SKY_DIR_LABELS.get(
+            attrs.get("frame"), ["ra", "dec"])),
+    }
+    return Dataset(data_vars, coords, {"type": "pointing"})
