@@ -35,7 +35,8 @@ SPEC = {
     "feed_rows": None,  # FEED rows (default: one per antenna); fewer leave antennas unknown
     "duplicate": False,  # the first row written twice
     "pointing": None,  # POINTING rows: "regular" (every antenna at every time and one
-    # step beyond, no interval), "irregular" (antenna 0 skips a time; intervals given)
+    # step beyond, no interval), "irregular" (antenna 0 skips a time; intervals given),
+    # "duplicate" (regular, a row at the first time written twice)
 }
 
 
@@ -233,6 +234,8 @@ def _pointing(path, spec, rng):
     rows = [(a, t) for t in times for a in range(spec["nant"])]
     if spec["pointing"] == "irregular":
         rows = [(a, t) for a, t in rows if a or t != times[2]]
+    if spec["pointing"] == "duplicate":
+        rows.append(rows[spec["nant"]])  # (a time of the partitions)
     n = len(rows)
     interval = np.full(n, step if spec["pointing"] == "irregular" else 0.0)
     _put(f"{path}/POINTING", n, ANTENNA_ID=np.array([a for a, _ in rows], np.int32),

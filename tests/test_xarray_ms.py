@@ -134,13 +134,16 @@ def test_multifile_and_big_endian_same_tree(tmp_path, casarc):
         assert Path(path, "table.mf").exists() and Path(path, "ANTENNA", "table.mf").exists()
 
 
-@pytest.mark.parametrize("pointing", ["regular", "irregular"])
+@pytest.mark.parametrize("pointing", ["regular", "irregular", "duplicate"])
 def test_pointing_same_tree(tmp_path, pointing):
     path = write_ms(tmp_path / "obs.ms", spws=[4], ddids=[[0, 0], [0, 1]], fields=1,
                     missing=False, pointing=pointing)
     tree, warned = assert_same_tree(path)
-    assert all("pointing_xds" in tree[c].children for c in tree.children)
+    made = ["pointing_xds" in tree[c].children for c in tree.children]
+    # (a repeated (TIME, ANTENNA_ID): no grid for the partitions whose span holds it)
+    assert all(made) == (pointing != "duplicate") and any(made)
     assert ("IrregularSubtableGridWarning" in warned) == (pointing == "irregular")
+    assert ("DuplicateSubtableRowWarning" in warned) == (pointing == "duplicate")
 
 
 def test_flag_row_spread_when_there_is_no_flag(tmp_path):
