@@ -37,6 +37,8 @@ SPEC = {
     "pointing": None,  # POINTING rows: "regular" (every antenna at every time and one
     # step beyond, no interval), "irregular" (antenna 0 skips a time; intervals given),
     # "duplicate" (regular, a row at the first time written twice)
+    "weather": None,  # WEATHER rows: "antenna" (by ANTENNA_ID, all but the last antenna),
+    # "station" (by NS_WX_STATION_ID: two stations with positions, ANTENNA_ID -1)
 }
 
 
@@ -213,6 +215,8 @@ def _subtables(path, spec, rng):
     _put(f"{path}/PROCESSOR", 1, TYPE=["CORRELATOR"], SUB_TYPE=["MeerKAT"])
     if spec["pointing"]:
         _pointing(path, spec, rng)
+    if spec["weather"]:
+        _weather(path, spec, rng)
     if spec["source"]:
         src = ct.default_ms_subtable("SOURCE", f"{path}/SOURCE")
         src.addrows(nfield)
@@ -243,6 +247,36 @@ def _pointing(path, spec, rng):
          NUM_POLY=np.zeros(n, np.int32), DIRECTION=rng.random((n, 1, 2)),
          TARGET=rng.random((n, 1, 2)), TRACKING=np.ones(n, bool),
          NAME=[""] * n, TIME_ORIGIN=np.zeros(n))
+
+
+def _weather(path, spec, rng):
+    with ct.table(path, ack=False) as ms:
+        times = np.unique(ms.getcol("TIME"))
+    times = np.concatenate([times, [times[-1] + 100.0]])  # (the last: outside every span)
+    desc = ct.complete_ms_desc("WEATHER")
+    by_station = spec["weather"] == "station"
+    if by_station:
+        desc.update(ct.maketabdesc([
+            ct.makescacoldesc("NS_WX_STATION_ID", 0),
+            ct.makearrcoldesc("NS_WX_STATION_POSITION", 0.0, ndim=1, shape=[3])]))
+        desc["NS_WX_STATION_POSITION"]["keywords"] = {"QuantumUnits": ["m", "m", "m"]}
+    table = ct.default_ms_subtable("WEATHER", f"{path}/WEATHER", desc)
+    keys = range(2) if by_station else range(spec["nant"] - 1)
+    rows = [(k, t) for t in times for k in keys]
+    n = len(rows)
+    table.addrows(n)
+    key = np.array([k for k, _ in rows], np.int32)
+    table.putcol("ANTENNA_ID", np.full(n, -1, np.int32) if by_station else key)
+    table.putcol("TIME", np.array([t for _, t in rows]))
+    table.putcol("INTERVAL", np.full(n, 0.05))
+    for name in ("PRESSURE", "TEMPERATURE", "REL_HUMIDITY", "H2O"):
+        table.putcol(name, 1000 * rng.random(n).astype(np.float32))
+    if by_station:
+        table.putcol("NS_WX_STATION_ID", key)
+        table.putcol("NS_WX_STATION_POSITION", 5e6 + rng.random((n, 3)))
+    table.close()
+    with ct.table(path, readonly=False, ack=False) as ms:
+        ms.putkeyword("WEATHER", f"Table: {path}/WEATHER")
 
 
 if __name__ == "__main__":

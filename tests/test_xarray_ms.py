@@ -146,6 +146,16 @@ def test_pointing_same_tree(tmp_path, pointing):
     assert ("DuplicateSubtableRowWarning" in warned) == (pointing == "duplicate")
 
 
+@pytest.mark.parametrize("weather", ["antenna", "station"])
+def test_weather_same_tree(tmp_path, weather):
+    path = write_ms(tmp_path / "obs.ms", spws=[4], ddids=[[0, 0]], fields=1, missing=False,
+                    weather=weather)
+    tree, _ = assert_same_tree(path)
+    first = tree[list(tree.children)[0]]
+    assert first["weather_xds"].PRESSURE.attrs["units"] == "Pa"
+    assert first["weather_xds"].sizes["station_name"] == (2 if weather == "station" else 3)
+
+
 def test_flag_row_spread_when_there_is_no_flag(tmp_path):
     """Without FLAG, FLAG is FLAG_ROW over frequency and polarization. (xarray-ms 0.5.13
     opens such an MS but fails to load its FLAG: arcae refuses the scalar column.)"""

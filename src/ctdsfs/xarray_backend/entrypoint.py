@@ -13,14 +13,13 @@ from xarray.backends.store import StoreBackendEntrypoint
 from .. import __version__
 from .correlated import CorrelatedVariables
 from .errors import FrameConversionWarning, UnsupportedSubtableWarning
-from .pointing import pointing_dataset
+from .gridded import pointing_dataset, weather_dataset
 from .structure import Structure
 from .subtables import antenna_dataset, field_and_source_dataset, select_antennas
 from .tables import MSTables, ms_name
 
 # subtables whose datasets xarray-ms makes when they have rows, and ctdsfs does not yet
-NOT_MADE = {"SYSCAL": "system_calibration_xds", "WEATHER": "weather_xds",
-            "PHASED_ARRAY": "phased_array_xds"}
+NOT_MADE = {"SYSCAL": "system_calibration_xds", "PHASED_ARRAY": "phased_array_xds"}
 
 
 class MSStore(AbstractDataStore):
@@ -130,10 +129,14 @@ class CtdsfsBackendEntrypoint(BackendEntrypoint):
             selection = select_antennas(tables.subtable("ANTENNA"), tables.subtable("FEED"),
                                         partition)
             groups[path] = ds
-            groups[f"{path}/antenna_xds"] = antenna_dataset(tables, partition, selection)
-            pointing = pointing_dataset(tables, partition, *selection[1:])
-            if pointing is not None:
-                groups[f"{path}/pointing_xds"] = pointing
+            antennas = groups[f"{path}/antenna_xds"] = antenna_dataset(tables, partition,
+                                                                        selection)
+            for node, made in (
+                    ("pointing_xds", pointing_dataset(tables, partition, *selection[1:])),
+                    ("weather_xds", weather_dataset(tables, partition, selection[1],
+                                                    antennas))):
+                if made is not None:
+                    groups[f"{path}/{node}"] = made
             fields = field_and_source_dataset(tables, partition)
             groups[f"{path}/field_and_source_base_xds"] = fields
             ds.attrs["data_groups"] = {"base": {

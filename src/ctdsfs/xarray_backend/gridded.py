@@ -1,5 +1,6 @@
-"""``pointing_xds``: the POINTING rows of a partition's antennas and time span on a
-(time_pointing, antenna_name) grid, by xarray-ms's rules.
+"""``pointing_xds`` and ``weather_xds``: the POINTING and WEATHER rows of a partition's
+antennas (or weather stations) and time span on a (time, antenna) grid, by xarray-ms's
+rules.
 
 A row holds for its INTERVAL around its TIME; a sample much shorter than its antenna's
 cadence (or of no interval) holds for the cadence, and without a cadence for ever. The
@@ -40,11 +41,10 @@ def partition_span(partition):
     return partition.time.min() - half, partition.time.max() + half
 
 
-def gridded_rows(table, antenna_ids, span):
-    """(unique TIMEs, (time, antenna) grid of ``table`` rows, -1 where none) of the rows
-    of ``antenna_ids`` holding within ``span``; None when there are none or a (TIME,
-    ANTENNA_ID) repeats (with a warning)."""
-    antenna = np.asarray(table.array("ANTENNA_ID"), np.int64)
+def holding_rows(table, key, antenna_ids, span):
+    """(rows sorted by ``key`` then TIME, their keys, their TIMEs) of ``table`` whose key
+    is among ``antenna_ids`` and that hold within ``span``."""
+    antenna = np.asarray(table.array(key), np.int64)
     time = np.asarray(table.array("TIME"), np.float64)
     order = np.lexsort([time, antenna])
     antenna, time = antenna[order], time[order]
@@ -53,11 +53,18 @@ def gridded_rows(table, antenna_ids, span):
     start, end = span
     keep = np.flatnonzero(np.isin(antenna, antenna_ids) & (time + half >= start) &
                           (time - half <= end))
-    if keep.size == 0:
+    return order[keep], antenna[keep], time[keep]
+
+
+def gridded_rows(table, antenna_ids, span, key="ANTENNA_ID"):
+    """(unique TIMEs, (time, antenna) grid of ``table`` rows, -1 where none) of the rows
+    of ``antenna_ids`` holding within ``span``; None when there are none or a (TIME,
+    ANTENNA_ID) repeats (with a warning)."""
+    rows, antenna, time = holding_rows(table, key, antenna_ids, span)
+    if rows.size == 0:
         return None
-    antenna, time, rows = antenna[keep], time[keep], order[keep]
     if np.any((antenna[1:] == antenna[:-1]) & (time[1:] == time[:-1])):
-        warnings.warn(f"Multiple rows of {table.name} share a (TIME, ANTENNA_ID) tuple, so "
+        warnings.warn(f"Multiple rows of {table.name} share a (TIME, {key}) tuple, so "
                       f"it is not possible to establish a unique (time, antenna) grid. "
                       f"{table.name} will be omitted for antennas {antenna_ids.tolist()} "
                       f"over the time span {span}.", DuplicateSubtableRowWarning,
@@ -134,3 +141,91 @@ def pointing_dataset(tables, partition, antenna_ids, antenna_names):
             attrs.get("frame"), ["ra", "dec"])),
     }
     return Dataset(data_vars, coords, {"type": "pointing"})
+
+
+WEATHER_COLUMNS = ("H2O", "IONOS_ELECTRON", "PRESSURE", "REL_HUMIDITY", "TEMPERATURE",
+                   "DEW_POINT", "WIND_DIRECTION", "WIND_SPEED")
+MSV4_UNITS = {"hPa": ("Pa", 100.0), "mbar": ("Pa", 100.0), "m-2": ("/m^2", 1.0)}
+
+
+def _weather_key(weather):
+    """The column naming a WEATHER row's station: NS_WX_STATION_ID when it is there and
+    used (an id >= 0), else ANTENNA_ID."""
+    present = [c for c in ("NS_WX_STATION_ID", "ANTENNA_ID") if weather.has(c)] or \
+        ["ANTENNA_ID"]
+    return next((c for c in present if np.max(weather.array(c)) >= 0), present[-1])
+
+
+def weather_dataset(tables, partition, antenna_ids, antenna_xds):
+    """The partition's weather_xds, or None (no WEATHER rows for it)."""
+    weather = tables.subtable("WEATHER")
+    if weather.nrow == 0:
+        return None
+    key = _weather_key(weather)
+    span = partition_span(partition)
+    ids = np.asarray(weather.array(key), np.int64)
+    relevant = np.unique(holding_rows(weather, key, np.unique(ids[ids >= 0]), span)[1])
+    if key == "NS_WX_STATION_ID":
+        station_ids, present = relevant, None
+        names = _station_names(tables, station_ids)
+    else:
+        present = np.isin(antenna_ids, relevant)
+        station_ids = np.asarray(antenna_ids)[present]
+        names = antenna_xds.station_name.values[present]
+    if station_ids.size == 0:
+        return None
+    got = gridded_rows(weather, station_ids, span, key)
+    if got is None:
+        return None
+    time, grid = got
+    first_row = int(grid[grid >= 0][0])
+    dims = ("station_name", "time_weather")
+    data_vars = {}
+    for column in WEATHER_COLUMNS:
+        values = _gathered(weather, column, grid, first_row)
+        if values is None or values.ndim != 2:
+            continue
+        attrs, _ = measure_attrs(weather.keywords(column), column)
+        units, scale = MSV4_UNITS.get(attrs.get("units"), (attrs.get("units"), 1.0))
+        if units is not None:
+            attrs["units"] = units
+        data_vars[column] = Variable(dims, values.T * scale if scale != 1.0 else values.T,
+                                     attrs)
+    if not data_vars:
+        return None
+    time_attrs, epoch = measure_attrs(weather.keywords("TIME"), "TIME")
+    coords = {"time_weather": Variable("time_weather", to_unix(time) if epoch else time,
+                                       {**time_attrs, "type": "time_weather"}),
+              "station_name": Variable("station_name", np.asarray(names))}
+    position = _station_positions(weather, grid, station_ids) if present is None else \
+        antenna_xds.ANTENNA_POSITION.values[present]
+    if position is not None:
+        data_vars["STATION_POSITION"] = Variable(("station_name", "cartesian_pos_label"),
+                                                 position,
+                                                 antenna_xds.ANTENNA_POSITION.attrs)
+        coords["cartesian_pos_label"] = Variable("cartesian_pos_label", ["x", "y", "z"])
+    return Dataset(data_vars, coords, {"type": "weather"})
+
+
+def _station_names(tables, station_ids):
+    """ASDM_STATION's names of the stations when it names them all, else Station_<id>."""
+    stations = tables.subtable("ASDM_STATION")
+    if stations.has("name"):
+        names = np.asarray(stations.column("name"), str)
+        if np.all((station_ids >= 0) & (station_ids < len(names))):
+            return names[station_ids]
+    return np.asarray([f"Station_{i}" for i in station_ids.tolist()])
+
+
+def _station_positions(weather, grid, station_ids):
+    """Each station's NS_WX_STATION_POSITION in its first WEATHER row (by key, then
+    TIME), or None when the column is absent or undefined there."""
+    if not weather.has("NS_WX_STATION_POSITION"):
+        return None
+    key = np.asarray(weather.array("NS_WX_STATION_ID"), np.int64)
+    order = np.lexsort([np.asarray(weather.array("TIME")), key])
+    cells = weather.column("NS_WX_STATION_POSITION")
+    if not isinstance(cells, np.ndarray) and cells[int(order[0])] is None:
+        return None
+    firsts = order[np.searchsorted(key[order], station_ids, side="left")]
+    return np.stack([np.asarray(cells[int(r)], np.float64) for r in firsts.tolist()])
