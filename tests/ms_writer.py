@@ -39,6 +39,8 @@ SPEC = {
     # "duplicate" (regular, a row at the first time written twice)
     "weather": None,  # WEATHER rows: "antenna" (by ANTENNA_ID, all but the last antenna),
     # "station" (by NS_WX_STATION_ID: two stations with positions, ANTENNA_ID -1)
+    "syscal": False,  # SYSCAL rows of every antenna and time, for spectral windows 0 and 1:
+    # TSYS and TANT_TSYS per receptor, TCAL_SPECTRUM per channel and receptor
 }
 
 
@@ -217,6 +219,8 @@ def _subtables(path, spec, rng):
         _pointing(path, spec, rng)
     if spec["weather"]:
         _weather(path, spec, rng)
+    if spec["syscal"]:
+        _syscal(path, spec, rng)
     if spec["source"]:
         src = ct.default_ms_subtable("SOURCE", f"{path}/SOURCE")
         src.addrows(nfield)
@@ -277,6 +281,28 @@ def _weather(path, spec, rng):
     table.close()
     with ct.table(path, readonly=False, ack=False) as ms:
         ms.putkeyword("WEATHER", f"Table: {path}/WEATHER")
+
+
+def _syscal(path, spec, rng):
+    with ct.table(path, ack=False) as ms:
+        times = np.unique(ms.getcol("TIME"))
+    table = ct.default_ms_subtable("SYSCAL", f"{path}/SYSCAL",
+                                   ct.complete_ms_desc("SYSCAL"))
+    rows = [(a, t, w) for w in (0, 1) for t in times for a in range(spec["nant"])]
+    n = len(rows)
+    table.addrows(n)
+    table.putcol("ANTENNA_ID", np.array([a for a, _, _ in rows], np.int32))
+    table.putcol("TIME", np.array([t for _, t, _ in rows]))
+    table.putcol("SPECTRAL_WINDOW_ID", np.array([w for _, _, w in rows], np.int32))
+    table.putcol("FEED_ID", np.zeros(n, np.int32))
+    table.putcol("INTERVAL", np.full(n, 2.0))
+    table.putcol("TSYS", 20 + rng.random((n, 2)).astype(np.float32))
+    table.putcol("TANT_TSYS", rng.random((n, 2)).astype(np.float32))
+    table.putcol("TCAL_SPECTRUM", rng.random((n, 3, 2)).astype(np.float32))
+    table.putcol("PHASE_DIFF", rng.random(n).astype(np.float32))
+    table.close()
+    with ct.table(path, readonly=False, ack=False) as ms:
+        ms.putkeyword("SYSCAL", f"Table: {path}/SYSCAL")
 
 
 if __name__ == "__main__":

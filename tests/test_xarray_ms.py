@@ -156,6 +156,15 @@ def test_weather_same_tree(tmp_path, weather):
     assert first["weather_xds"].sizes["station_name"] == (2 if weather == "station" else 3)
 
 
+def test_system_calibration_same_tree(tmp_path):
+    path = write_ms(tmp_path / "obs.ms", spws=[4, 8], ddids=[[0, 0], [1, 1]], fields=1,
+                    missing=False, syscal=True)
+    tree, _ = assert_same_tree(path)
+    made = tree[list(tree.children)[0]]["system_calibration_xds"]
+    assert {"TSYS", "TANT_SYS", "TCAL", "PHASE_DIFFERENCE"} <= set(made.data_vars)
+    assert made.TCAL.dims[2:] == ("receptor_label", "frequency_system_cal")
+
+
 def test_flag_row_spread_when_there_is_no_flag(tmp_path):
     """Without FLAG, FLAG is FLAG_ROW over frequency and polarization. (xarray-ms 0.5.13
     opens such an MS but fails to load its FLAG: arcae refuses the scalar column.)"""

@@ -13,13 +13,13 @@ from xarray.backends.store import StoreBackendEntrypoint
 from .. import __version__
 from .correlated import CorrelatedVariables
 from .errors import FrameConversionWarning, UnsupportedSubtableWarning
-from .gridded import pointing_dataset, weather_dataset
+from .gridded import pointing_dataset, system_calibration_dataset, weather_dataset
 from .structure import Structure
 from .subtables import antenna_dataset, field_and_source_dataset, select_antennas
 from .tables import MSTables, ms_name
 
 # subtables whose datasets xarray-ms makes when they have rows, and ctdsfs does not yet
-NOT_MADE = {"SYSCAL": "system_calibration_xds", "PHASED_ARRAY": "phased_array_xds"}
+NOT_MADE = {"PHASED_ARRAY": "phased_array_xds"}
 
 
 class MSStore(AbstractDataStore):
@@ -133,6 +133,8 @@ class CtdsfsBackendEntrypoint(BackendEntrypoint):
                                                                         selection)
             for node, made in (
                     ("pointing_xds", pointing_dataset(tables, partition, *selection[1:])),
+                    ("system_calibration_xds", system_calibration_dataset(
+                        tables, partition, *selection[1:], antennas)),
                     ("weather_xds", weather_dataset(tables, partition, selection[1],
                                                     antennas))):
                 if made is not None:

@@ -1,6 +1,6 @@
-"""``pointing_xds`` and ``weather_xds``: the POINTING and WEATHER rows of a partition's
-antennas (or weather stations) and time span on a (time, antenna) grid, by xarray-ms's
-rules.
+"""``pointing_xds``, ``weather_xds`` and ``system_calibration_xds``: the POINTING,
+WEATHER and SYSCAL rows of a partition's antennas (or weather stations) and time span on
+a (time, antenna) grid, by xarray-ms's rules.
 
 A row holds for its INTERVAL around its TIME; a sample much shorter than its antenna's
 cadence (or of no interval) holds for the cadence, and without a cadence for ever. The
@@ -14,7 +14,11 @@ import warnings
 import numpy as np
 from xarray import Dataset, Variable
 
-from .errors import DuplicateSubtableRowWarning, IrregularSubtableGridWarning
+from .errors import (
+    ColumnShapeImputationWarning,
+    DuplicateSubtableRowWarning,
+    IrregularSubtableGridWarning,
+)
 from .measures import measure_attrs, to_unix
 
 MINIMUM_INTERVAL = 1e-6  # intervals under this are no interval
@@ -41,26 +45,28 @@ def partition_span(partition):
     return partition.time.min() - half, partition.time.max() + half
 
 
-def holding_rows(table, key, antenna_ids, span):
-    """(rows sorted by ``key`` then TIME, their keys, their TIMEs) of ``table`` whose key
-    is among ``antenna_ids`` and that hold within ``span``."""
-    antenna = np.asarray(table.array(key), np.int64)
-    time = np.asarray(table.array("TIME"), np.float64)
+def holding_rows(table, key, antenna_ids, span, among=None):
+    """(rows sorted by ``key`` then TIME, their keys, their TIMEs) of ``table`` (of the
+    rows ``among``, all by default) whose key is among ``antenna_ids`` and that hold
+    within ``span``."""
+    among = np.arange(table.nrow) if among is None else among
+    antenna = np.asarray(table.array(key), np.int64)[among]
+    time = np.asarray(table.array("TIME"), np.float64)[among]
     order = np.lexsort([time, antenna])
     antenna, time = antenna[order], time[order]
-    half = valid_intervals(time, np.asarray(table.array("INTERVAL"), np.float64)[order],
-                           antenna) / 2
+    interval = np.asarray(table.array("INTERVAL"), np.float64)[among][order]
+    half = valid_intervals(time, interval, antenna) / 2
     start, end = span
     keep = np.flatnonzero(np.isin(antenna, antenna_ids) & (time + half >= start) &
                           (time - half <= end))
-    return order[keep], antenna[keep], time[keep]
+    return among[order[keep]], antenna[keep], time[keep]
 
 
-def gridded_rows(table, antenna_ids, span, key="ANTENNA_ID"):
+def gridded_rows(table, antenna_ids, span, key="ANTENNA_ID", among=None):
     """(unique TIMEs, (time, antenna) grid of ``table`` rows, -1 where none) of the rows
-    of ``antenna_ids`` holding within ``span``; None when there are none or a (TIME,
-    ANTENNA_ID) repeats (with a warning)."""
-    rows, antenna, time = holding_rows(table, key, antenna_ids, span)
+    (``among``, all by default) of ``antenna_ids`` holding within ``span``; None when
+    there are none or a (TIME, ANTENNA_ID) repeats (with a warning)."""
+    rows, antenna, time = holding_rows(table, key, antenna_ids, span, among)
     if rows.size == 0:
         return None
     if np.any((antenna[1:] == antenna[:-1]) & (time[1:] == time[:-1])):
@@ -229,3 +235,70 @@ def _station_positions(weather, grid, station_ids):
         return None
     firsts = order[np.searchsorted(key[order], station_ids, side="left")]
     return np.stack([np.asarray(cells[int(r)], np.float64) for r in firsts.tolist()])
+
+
+# MSv4 name -> SYSCAL's column per receptor, and per channel and receptor
+SYSCAL_COLUMNS = {"TCAL": ("TCAL", "TCAL_SPECTRUM"), "TRX": ("TRX", "TRX_SPECTRUM"),
+                  "TSKY": ("TSKY", "TSKY_SPECTRUM"), "TSYS": ("TSYS", "TSYS_SPECTRUM"),
+                  "TANT": ("TANT", "TANT_SPECTRUM"),
+                  "TANT_SYS": ("TANT_TSYS", "TANT_TSYS_SPECTRUM")}
+
+
+def system_calibration_dataset(tables, partition, antenna_ids, antenna_names,
+                               antenna_xds):
+    """The partition's system_calibration_xds (the SYSCAL rows of its spectral window),
+    or None."""
+    syscal = tables.subtable("SYSCAL")
+    if syscal.nrow == 0:
+        return None
+    among = np.flatnonzero(np.asarray(syscal.array("SPECTRAL_WINDOW_ID")) ==
+                           partition.spw_id)
+    got = gridded_rows(syscal, np.asarray(antenna_ids), partition_span(partition),
+                       among=among) if among.size else None
+    if got is None:
+        return None
+    time, grid = got
+    first_row = int(grid[grid >= 0][0])
+    nrec, nchan = antenna_xds.sizes["receptor_label"], None
+    dims = ("antenna_name", "time_system_cal")
+    data_vars = {}
+    for name, columns in SYSCAL_COLUMNS.items():
+        made = [(c, v) for c in columns[::-1]
+                if (v := _gathered(syscal, c, grid, first_row)) is not None]
+        if not made:
+            continue
+        column, values = made[0]
+        values = np.moveaxis(values, 1, 0)  # (antenna, time, ...)
+        shape = values.shape[2:]
+        if shape == (nrec,):
+            var_dims = dims + ("receptor_label",)
+        elif len(shape) == 2 and shape[1] == nrec and nchan in (None, shape[0]):
+            nchan = shape[0]
+            values = np.swapaxes(values, 2, 3)  # (chan, receptor) shown as (receptor, chan)
+            var_dims = dims + ("receptor_label", "frequency_system_cal")
+        else:
+            warnings.warn(f"Ignoring SYSCAL::{column} with row shape {shape}, which is "
+                          f"inconsistent with {nrec} receptors or {nchan} channels",
+                          ColumnShapeImputationWarning, stacklevel=3)
+            continue
+        attrs, _ = measure_attrs(syscal.keywords(column), column)
+        if "units" not in attrs:  # (temperatures are Kelvin; TANT_TSYS has no units)
+            attrs.update({"type": "quantity", "units": "K"})
+        data_vars[name] = Variable(var_dims, values, attrs)
+    phase = _gathered(syscal, "PHASE_DIFF", grid, first_row)
+    if phase is not None and phase.ndim == 2:
+        data_vars["PHASE_DIFFERENCE"] = Variable(dims, phase.T, measure_attrs(
+            syscal.keywords("PHASE_DIFF"), "PHASE_DIFF")[0])
+    if not data_vars:
+        return None
+    time_attrs, epoch = measure_attrs(syscal.keywords("TIME"), "TIME")
+    coords = {"time_system_cal": Variable("time_system_cal",
+                                          to_unix(time) if epoch else time,
+                                          {**time_attrs, "type": "time"}),
+              "antenna_name": Variable("antenna_name", np.asarray(antenna_names)),
+              "station_name": antenna_xds.station_name.variable,
+              "receptor_label": antenna_xds.receptor_label.variable,
+              "polarization_type": antenna_xds.polarization_type.variable}
+    if nchan is not None:
+        coords["frequency_system_cal"] = Variable("frequency_system_cal", np.arange(nchan))
+    return Dataset(data_vars, coords, {"type": "system_calibration"})
