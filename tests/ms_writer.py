@@ -41,6 +41,7 @@ SPEC = {
     # "station" (by NS_WX_STATION_ID: two stations with positions, ANTENNA_ID -1)
     "syscal": False,  # SYSCAL rows of every antenna and time, for spectral windows 0 and 1:
     # TSYS and TANT_TSYS per receptor, TCAL_SPECTRUM per channel and receptor
+    "phased_array": False,  # PHASED_ARRAY rows: antenna i a station of 3 + i elements
 }
 
 
@@ -221,6 +222,8 @@ def _subtables(path, spec, rng):
         _weather(path, spec, rng)
     if spec["syscal"]:
         _syscal(path, spec, rng)
+    if spec["phased_array"]:
+        _phased_array(path, spec, rng)
     if spec["source"]:
         src = ct.default_ms_subtable("SOURCE", f"{path}/SOURCE")
         src.addrows(nfield)
@@ -303,6 +306,25 @@ def _syscal(path, spec, rng):
     table.close()
     with ct.table(path, readonly=False, ack=False) as ms:
         ms.putkeyword("SYSCAL", f"Table: {path}/SYSCAL")
+
+
+def _phased_array(path, spec, rng):
+    desc = ct.maketabdesc([
+        ct.makescacoldesc("ANTENNA_ID", 0),
+        ct.makearrcoldesc("COORDINATE_AXES", 0.0, ndim=2, shape=[3, 3]),
+        ct.makearrcoldesc("ELEMENT_OFFSET", 0.0, ndim=2),
+        ct.makearrcoldesc("ELEMENT_FLAG", False, ndim=2)])
+    desc["ELEMENT_OFFSET"]["keywords"] = {"QuantumUnits": ["m", "m", "m"]}
+    nant = spec["nant"]
+    with ct.table(f"{path}/PHASED_ARRAY", desc, nrow=nant, ack=False) as table:
+        table.putcol("ANTENNA_ID", np.arange(nant, dtype=np.int32)[::-1].copy())
+        table.putcol("COORDINATE_AXES", rng.random((nant, 3, 3)))
+        for row in range(nant):
+            count = 3 + row
+            table.putcell("ELEMENT_OFFSET", row, rng.random((3, count)))
+            table.putcell("ELEMENT_FLAG", row, rng.random((2, count)) < 0.3)
+    with ct.table(path, readonly=False, ack=False) as ms:
+        ms.putkeyword("PHASED_ARRAY", f"Table: {path}/PHASED_ARRAY")
 
 
 if __name__ == "__main__":

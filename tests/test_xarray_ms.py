@@ -165,6 +165,15 @@ def test_system_calibration_same_tree(tmp_path):
     assert made.TCAL.dims[2:] == ("receptor_label", "frequency_system_cal")
 
 
+def test_phased_array_same_tree(tmp_path):
+    path = write_ms(tmp_path / "obs.ms", spws=[4], ddids=[[0, 0]], fields=1, missing=False,
+                    phased_array=True)
+    tree, _ = assert_same_tree(path)
+    made = tree[list(tree.children)[0]]["phased_array_xds"]
+    assert made.sizes["element_id"] == 6  # (stations of 3 to 6 elements, padded)
+    assert made.PHASED_ARRAY_ELEMENT_COUNT.values.tolist() == [6, 5, 4, 3]
+
+
 def test_flag_row_spread_when_there_is_no_flag(tmp_path):
     """Without FLAG, FLAG is FLAG_ROW over frequency and polarization. (xarray-ms 0.5.13
     opens such an MS but fails to load its FLAG: arcae refuses the scalar column.)"""

@@ -12,14 +12,16 @@ from xarray.backends.store import StoreBackendEntrypoint
 
 from .. import __version__
 from .correlated import CorrelatedVariables
-from .errors import FrameConversionWarning, UnsupportedSubtableWarning
-from .gridded import pointing_dataset, system_calibration_dataset, weather_dataset
+from .errors import FrameConversionWarning
+from .gridded import (
+    phased_array_dataset,
+    pointing_dataset,
+    system_calibration_dataset,
+    weather_dataset,
+)
 from .structure import Structure
 from .subtables import antenna_dataset, field_and_source_dataset, select_antennas
 from .tables import MSTables, ms_name
-
-# subtables whose datasets xarray-ms makes when they have rows, and ctdsfs does not yet
-NOT_MADE = {"PHASED_ARRAY": "phased_array_xds"}
 
 
 class MSStore(AbstractDataStore):
@@ -114,10 +116,6 @@ class CtdsfsBackendEntrypoint(BackendEntrypoint):
         structure = Structure(tables, partition_schema, auto_corrs)
         chunks = _chunks_for(structure, preferred_chunks)
         name = ms_name(source)
-        for subtable, dataset in NOT_MADE.items():
-            if tables.subtable(subtable).nrow:
-                warnings.warn(f"{source}: {subtable} has rows; ctdsfs does not make its "
-                              f"{dataset} yet", UnsupportedSubtableWarning, stacklevel=2)
         groups = {}
         for number, key in enumerate(structure.keys()):
             path = f"{name}_partition_{number:03}"
@@ -132,6 +130,8 @@ class CtdsfsBackendEntrypoint(BackendEntrypoint):
             antennas = groups[f"{path}/antenna_xds"] = antenna_dataset(tables, partition,
                                                                         selection)
             for node, made in (
+                    ("phased_array_xds", phased_array_dataset(tables, *selection[1:],
+                                                              antennas)),
                     ("pointing_xds", pointing_dataset(tables, partition, *selection[1:])),
                     ("system_calibration_xds", system_calibration_dataset(
                         tables, partition, *selection[1:], antennas)),

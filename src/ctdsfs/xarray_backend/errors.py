@@ -42,10 +42,6 @@ class FrameConversionWarning(UserWarning):
     """A measures frame with no MSv4 name, or replaced."""
 
 
-class UnsupportedSubtableWarning(UserWarning):
-    """A subtable with rows whose dataset ctdsfs does not make (see docs/xarray.md)."""
-
-
 class InvalidMeasurementSet(ValueError):
     """The MS breaks a rule of the format."""
 

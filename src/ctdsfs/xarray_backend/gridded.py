@@ -1,6 +1,7 @@
 """``pointing_xds``, ``weather_xds`` and ``system_calibration_xds``: the POINTING,
 WEATHER and SYSCAL rows of a partition's antennas (or weather stations) and time span on
-a (time, antenna) grid, by xarray-ms's rules.
+a (time, antenna) grid, by xarray-ms's rules; and ``phased_array_xds``, PHASED_ARRAY's
+rows of the partition's antennas.
 
 A row holds for its INTERVAL around its TIME; a sample much shorter than its antenna's
 cadence (or of no interval) holds for the cadence, and without a cadence for ever. The
@@ -17,6 +18,7 @@ from xarray import Dataset, Variable
 from .errors import (
     ColumnShapeImputationWarning,
     DuplicateSubtableRowWarning,
+    InvalidMeasurementSet,
     IrregularSubtableGridWarning,
 )
 from .measures import measure_attrs, to_unix
@@ -302,3 +304,58 @@ def system_calibration_dataset(tables, partition, antenna_ids, antenna_names,
     if nchan is not None:
         coords["frequency_system_cal"] = Variable("frequency_system_cal", np.arange(nchan))
     return Dataset(data_vars, coords, {"type": "system_calibration"})
+
+
+def phased_array_dataset(tables, antenna_ids, antenna_names, antenna_xds):
+    """The partition's phased_array_xds (PHASED_ARRAY's rows of its antennas, in their
+    order), or None without PHASED_ARRAY rows."""
+    table = tables.subtable("PHASED_ARRAY")
+    if table.nrow == 0:
+        return None
+    ids = np.asarray(table.array("ANTENNA_ID")).tolist()
+    if not set(np.asarray(antenna_ids).tolist()) <= set(ids):
+        raise InvalidMeasurementSet(
+            f"PHASED_ARRAY table does not contain all antenna_ids for the partition. "
+            f"antenna_ids in PHASED_ARRAY: {ids}, antenna_ids in partition: "
+            f"{np.asarray(antenna_ids).tolist()}")
+    where = {a: r for r, a in enumerate(ids)}  # (the last row of an antenna)
+    rows = [where[a] for a in np.asarray(antenna_ids).tolist()]
+    axes = np.stack([np.asarray(table.column("COORDINATE_AXES")[r], np.float64)
+                     .reshape(3, 3) for r in rows])
+    offsets = [np.asarray(table.column("ELEMENT_OFFSET")[r]) for r in rows]
+    flags = [np.asarray(table.column("ELEMENT_FLAG")[r]) for r in rows]
+    nrec = antenna_xds.sizes["receptor_label"]
+    offset_attrs = {"coordinate_system": "topocentric", "origin": "ANTENNA_POSITION",
+                    **measure_attrs(table.keywords("ELEMENT_OFFSET"), "ELEMENT_OFFSET")[0]}
+    flag_attrs = measure_attrs(table.keywords("ELEMENT_FLAG"), "ELEMENT_FLAG")[0]
+    offset = _rectangular(offsets, 3, np.nan)
+    data_vars = {
+        "PHASED_ARRAY_COORDINATE_AXES": Variable(
+            ("antenna_name", "cartesian_pos_label_local", "cartesian_pos_label"), axes,
+            {"units": "dimensionless", "type": "rotation_matrix"}),
+        "PHASED_ARRAY_ELEMENT_OFFSET": Variable(
+            ("antenna_name", "cartesian_pos_label_local", "element_id"), offset,
+            offset_attrs),
+        "PHASED_ARRAY_ELEMENT_FLAG": Variable(
+            ("antenna_name", "receptor_label", "element_id"),
+            _rectangular(flags, nrec, True).astype(bool), flag_attrs),
+        "PHASED_ARRAY_ELEMENT_COUNT": Variable(
+            "antenna_name", np.array([len(o[0]) for o in offsets], np.int32)),
+    }
+    coords = {"antenna_name": np.asarray(antenna_names),
+              "receptor_label": antenna_xds.receptor_label,
+              "polarization_type": antenna_xds.polarization_type,
+              "cartesian_pos_label": ["x", "y", "z"],
+              "cartesian_pos_label_local": ["p", "q", "r"],
+              "element_id": np.arange(offset.shape[-1])}
+    return Dataset(data_vars, coords, {"type": "phased_array"})
+
+
+def _rectangular(cells, middle, fill):
+    """Cells of (``middle``, elements) values, in the order they are stored, as one
+    (cells, middle, most elements) array padded with ``fill``."""
+    cells = [c.reshape(-1).reshape(middle, -1) for c in cells]
+    out = np.full((len(cells), middle, max(c.shape[1] for c in cells)), fill)
+    for i, c in enumerate(cells):
+        out[i, :, :c.shape[1]] = c
+    return out
