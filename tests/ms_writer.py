@@ -41,7 +41,8 @@ SPEC = {
     # "station" (by NS_WX_STATION_ID: two stations with positions, ANTENNA_ID -1)
     "syscal": False,  # SYSCAL rows of every antenna and time, for spectral windows 0 and 1:
     # TSYS and TANT_TSYS per receptor, TCAL_SPECTRUM per channel and receptor
-    "phased_array": False,  # PHASED_ARRAY rows: antenna i a station of 3 + i elements
+    "phased_array": None,  # PHASED_ARRAY rows: "stations" (antenna i a station of 3 + i
+    # elements), "undefined" (the same, the last row's ELEMENT_OFFSET left undefined)
 }
 
 
@@ -321,7 +322,8 @@ def _phased_array(path, spec, rng):
         table.putcol("COORDINATE_AXES", rng.random((nant, 3, 3)))
         for row in range(nant):
             count = 3 + row
-            table.putcell("ELEMENT_OFFSET", row, rng.random((3, count)))
+            if spec["phased_array"] != "undefined" or row < nant - 1:
+                table.putcell("ELEMENT_OFFSET", row, rng.random((3, count)))
             table.putcell("ELEMENT_FLAG", row, rng.random((2, count)) < 0.3)
     with ct.table(path, readonly=False, ack=False) as ms:
         ms.putkeyword("PHASED_ARRAY", f"Table: {path}/PHASED_ARRAY")

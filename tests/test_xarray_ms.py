@@ -167,11 +167,20 @@ def test_system_calibration_same_tree(tmp_path):
 
 def test_phased_array_same_tree(tmp_path):
     path = write_ms(tmp_path / "obs.ms", spws=[4], ddids=[[0, 0]], fields=1, missing=False,
-                    phased_array=True)
+                    phased_array="stations")
     tree, _ = assert_same_tree(path)
     made = tree[list(tree.children)[0]]["phased_array_xds"]
     assert made.sizes["element_id"] == 6  # (stations of 3 to 6 elements, padded)
     assert made.PHASED_ARRAY_ELEMENT_COUNT.values.tolist() == [6, 5, 4, 3]
+
+
+def test_phased_array_cell_undefined_is_named(tmp_path):
+    path = write_ms(tmp_path / "obs.ms", spws=[4], ddids=[[0, 0]], fields=1, missing=False,
+                    phased_array="undefined")
+    with pytest.raises(ours.InvalidMeasurementSet, match="PHASED_ARRAY: row 3 has no "
+                       "ELEMENT_OFFSET"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        xr.open_datatree(path, engine=ENGINE)
 
 
 def test_flag_row_spread_when_there_is_no_flag(tmp_path):

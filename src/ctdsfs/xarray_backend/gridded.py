@@ -320,11 +320,10 @@ def phased_array_dataset(tables, antenna_ids, antenna_names, antenna_xds):
             f"{np.asarray(antenna_ids).tolist()}")
     where = {a: r for r, a in enumerate(ids)}  # (the last row of an antenna)
     rows = [where[a] for a in np.asarray(antenna_ids).tolist()]
-    axes = np.stack([np.asarray(table.column("COORDINATE_AXES")[r], np.float64)
-                     .reshape(3, 3) for r in rows])
-    offsets = [np.asarray(table.column("ELEMENT_OFFSET")[r]) for r in rows]
-    flags = [np.asarray(table.column("ELEMENT_FLAG")[r]) for r in rows]
     nrec = antenna_xds.sizes["receptor_label"]
+    axes = np.stack([_cell(tables, table, "COORDINATE_AXES", r, (3, 3)) for r in rows])
+    offsets = [_cell(tables, table, "ELEMENT_OFFSET", r, (3, None)) for r in rows]
+    flags = [_cell(tables, table, "ELEMENT_FLAG", r, (nrec, None)) for r in rows]
     offset_attrs = {"coordinate_system": "topocentric", "origin": "ANTENNA_POSITION",
                     **measure_attrs(table.keywords("ELEMENT_OFFSET"), "ELEMENT_OFFSET")[0]}
     flag_attrs = measure_attrs(table.keywords("ELEMENT_FLAG"), "ELEMENT_FLAG")[0]
@@ -351,10 +350,21 @@ def phased_array_dataset(tables, antenna_ids, antenna_names, antenna_xds):
     return Dataset(data_vars, coords, {"type": "phased_array"})
 
 
+def _cell(tables, table, column, row, shape):
+    """Cell ``row`` of ``column`` as an array of ``shape`` (None: any length; values in
+    the order they are stored); InvalidMeasurementSet when it is undefined or cannot."""
+    cell = table.column(column)[row] if table.has(column) else None
+    size = None if cell is None else np.size(cell)
+    known = int(np.prod([n for n in shape if n is not None]))
+    if cell is None or size == 0 or size % known or (None not in shape and size != known):
+        raise InvalidMeasurementSet(f"{tables.source}/{table.name}: row {row} has no "
+                                    f"{column} of shape {shape}")
+    return np.asarray(cell).reshape(-1).reshape([-1 if n is None else n for n in shape])
+
+
 def _rectangular(cells, middle, fill):
-    """Cells of (``middle``, elements) values, in the order they are stored, as one
-    (cells, middle, most elements) array padded with ``fill``."""
-    cells = [c.reshape(-1).reshape(middle, -1) for c in cells]
+    """Cells of (``middle``, elements) as one (cells, middle, most elements) array padded
+    with ``fill``."""
     out = np.full((len(cells), middle, max(c.shape[1] for c in cells)), fill)
     for i, c in enumerate(cells):
         out[i, :, :c.shape[1]] = c
