@@ -156,6 +156,28 @@ def test_weather_same_tree(tmp_path, weather):
     assert first["weather_xds"].sizes["station_name"] == (2 if weather == "station" else 3)
 
 
+@pytest.fixture(scope="module")
+def gridded(tmp_path_factory):
+    """Irregular POINTING (with intervals), WEATHER by antenna and SYSCAL rows."""
+    return write_ms(tmp_path_factory.mktemp("xms") / "grid.ms", spws=[4], ddids=[[0, 0]],
+                    fields=1, missing=False, pointing="irregular", weather="antenna",
+                    syscal=True)
+
+
+@pytest.mark.parametrize("interpolate", ["pointing", ["sys_cal", "weather"],
+                                         ("pointing", "sys_cal", "weather")],
+                         ids=lambda i: json.dumps(i))
+def test_interpolated_on_the_partitions_times_same_tree(gridded, interpolate):
+    tree, _ = assert_same_tree(gridded, interpolate=interpolate)
+    first = tree[list(tree.children)[0]]
+    names = {interpolate} if isinstance(interpolate, str) else set(interpolate)
+    for name, node in (("pointing", "pointing_xds"), ("sys_cal", "system_calibration_xds"),
+                       ("weather", "weather_xds")):
+        assert ("time" in first[node].to_dataset(inherit=False).dims) == (name in names)
+    with pytest.raises(ValueError, match="Invalid interpolate values"):
+        xr.open_datatree(gridded, engine=ENGINE, interpolate="antenna")
+
+
 def test_system_calibration_same_tree(tmp_path):
     path = write_ms(tmp_path / "obs.ms", spws=[4, 8], ddids=[[0, 0], [1, 1]], fields=1,
                     missing=False, syscal=True)

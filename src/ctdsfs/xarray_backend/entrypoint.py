@@ -51,6 +51,19 @@ class MSStore(AbstractDataStore):
         """The tables stay open for the process (shared by its datasets)."""
 
 
+INTERPOLATED = ("pointing", "sys_cal", "weather")  # the ``interpolate`` option's names
+
+
+def _interpolated(interpolate):
+    """The datasets ``interpolate`` names (one name or several) as a set."""
+    names = set() if interpolate is None else \
+        {interpolate} if isinstance(interpolate, str) else set(interpolate)
+    if names - set(INTERPOLATED):
+        raise ValueError(f"Invalid interpolate values {sorted(names - set(INTERPOLATED))}. "
+                         f"Valid values are {list(INTERPOLATED)}")
+    return names
+
+
 def _source(filename_or_obj):
     if isinstance(filename_or_obj, os.PathLike):
         return os.fspath(filename_or_obj)
@@ -101,16 +114,18 @@ class CtdsfsBackendEntrypoint(BackendEntrypoint):
         return StoreBackendEntrypoint().open_dataset(store, drop_variables=drop_variables)
 
     def open_datatree(self, filename_or_obj, *, drop_variables=None, partition_schema=None,
-                      preferred_chunks=None, auto_corrs=False, storage_options=None):
+                      preferred_chunks=None, auto_corrs=False, storage_options=None,
+                      interpolate=None):
         groups = self.open_groups_as_dict(
             filename_or_obj, drop_variables=drop_variables, partition_schema=partition_schema,
             preferred_chunks=preferred_chunks, auto_corrs=auto_corrs,
-            storage_options=storage_options)
+            storage_options=storage_options, interpolate=interpolate)
         return DataTree.from_dict(groups)
 
     def open_groups_as_dict(self, filename_or_obj, *, drop_variables=None,
                             partition_schema=None, preferred_chunks=None, auto_corrs=False,
-                            storage_options=None):
+                            storage_options=None, interpolate=None):
+        interpolate = _interpolated(interpolate)
         source = _source(filename_or_obj)
         tables = MSTables(source, storage_options)
         structure = Structure(tables, partition_schema, auto_corrs)
@@ -132,11 +147,12 @@ class CtdsfsBackendEntrypoint(BackendEntrypoint):
             for node, made in (
                     ("phased_array_xds", phased_array_dataset(tables, *selection[1:],
                                                               antennas)),
-                    ("pointing_xds", pointing_dataset(tables, partition, *selection[1:])),
+                    ("pointing_xds", pointing_dataset(tables, partition, *selection[1:],
+                                                      "pointing" in interpolate)),
                     ("system_calibration_xds", system_calibration_dataset(
-                        tables, partition, *selection[1:], antennas)),
-                    ("weather_xds", weather_dataset(tables, partition, selection[1],
-                                                    antennas))):
+                        tables, partition, *selection[1:], antennas, "sys_cal" in interpolate)),
+                    ("weather_xds", weather_dataset(tables, partition, selection[1], antennas,
+                                                    "weather" in interpolate))):
                 if made is not None:
                     groups[f"{path}/{node}"] = made
             fields = field_and_source_dataset(tables, partition)

@@ -61,14 +61,15 @@ def holding_rows(table, key, antenna_ids, span, among=None):
     start, end = span
     keep = np.flatnonzero(np.isin(antenna, antenna_ids) & (time + half >= start) &
                           (time - half <= end))
-    return among[order[keep]], antenna[keep], time[keep]
+    return among[order[keep]], antenna[keep], time[keep], half[keep]
 
 
-def gridded_rows(table, antenna_ids, span, key="ANTENNA_ID", among=None):
-    """(unique TIMEs, (time, antenna) grid of ``table`` rows, -1 where none) of the rows
-    (``among``, all by default) of ``antenna_ids`` holding within ``span``; None when
-    there are none or a (TIME, ANTENNA_ID) repeats (with a warning)."""
-    rows, antenna, time = holding_rows(table, key, antenna_ids, span, among)
+def gridded_rows(table, antenna_ids, span, key="ANTENNA_ID", among=None, times=None):
+    """(times, (time, antenna) grid of ``table`` rows, -1 where none) of the rows
+    (``among``, all by default) of ``antenna_ids`` holding within ``span``: on their
+    unique TIMEs, or with ``times`` on those (see ``as_of``); None when there are none
+    or a (TIME, ANTENNA_ID) repeats (with a warning)."""
+    rows, antenna, time, half = holding_rows(table, key, antenna_ids, span, among)
     if rows.size == 0:
         return None
     if np.any((antenna[1:] == antenna[:-1]) & (time[1:] == time[:-1])):
@@ -78,6 +79,9 @@ def gridded_rows(table, antenna_ids, span, key="ANTENNA_ID", among=None):
                       f"over the time span {span}.", DuplicateSubtableRowWarning,
                       stacklevel=4)
         return None
+    if times is not None:
+        grid = as_of(time, half, antenna, rows, antenna_ids, times)
+        return (times, grid) if (grid >= 0).any() else None
     utime, time_index = np.unique(time, return_inverse=True)
     sorter = np.argsort(antenna_ids)
     column = sorter[np.searchsorted(antenna_ids, antenna, sorter=sorter)]
@@ -90,6 +94,26 @@ def gridded_rows(table, antenna_ids, span, key="ANTENNA_ID", among=None):
                       f"This occurs when antennas record values at differing times.",
                       IrregularSubtableGridWarning, stacklevel=4)
     return utime, grid.reshape(utime.size, len(antenna_ids))
+
+
+def as_of(time, half, antenna, rows, antenna_ids, times):
+    """The (``times``, antenna) grid of ``rows``: each cell the row of that antenna that
+    began to hold last at or before the time (a row holding for ever, since the
+    earliest start), if it still holds then; else -1."""
+    start, end = time - half, time + half
+    finite = np.isfinite(start)
+    earliest = min(start[finite].min(initial=time.min()), times.min())
+    start = np.where(finite, start, earliest)
+    grid = np.full((times.size, len(antenna_ids)), -1, np.int64)
+    for column, antenna_id in enumerate(np.asarray(antenna_ids).tolist()):
+        mine = np.flatnonzero(antenna == antenna_id)
+        mine = mine[np.argsort(start[mine], kind="stable")]
+        at = np.searchsorted(start[mine], times, side="right") - 1
+        found = np.flatnonzero(at >= 0)
+        picked = mine[at[found]]
+        holds = end[picked] >= times[found]
+        grid[found[holds], column] = rows[picked[holds]]
+    return grid
 
 
 def _gathered(table, column, grid, first_row):
@@ -112,12 +136,14 @@ def _gathered(table, column, grid, first_row):
     return out
 
 
-def pointing_dataset(tables, partition, antenna_ids, antenna_names):
-    """The partition's pointing_xds, or None (no POINTING rows for it)."""
+def pointing_dataset(tables, partition, antenna_ids, antenna_names, interpolate=False):
+    """The partition's pointing_xds (with ``interpolate`` on its times), or None (no
+    POINTING rows for it)."""
     pointing = tables.subtable("POINTING")
     if pointing.nrow == 0:
         return None
-    got = gridded_rows(pointing, np.asarray(antenna_ids), partition_span(partition))
+    got = gridded_rows(pointing, np.asarray(antenna_ids), partition_span(partition),
+                       times=partition.time if interpolate else None)
     if got is None:
         return None
     time, grid = got
@@ -128,7 +154,8 @@ def pointing_dataset(tables, partition, antenna_ids, antenna_names):
     if direction.shape[2] != 1:
         raise NotImplementedError(f"POINTING NUM_POLY {direction.shape[2] - 1} > 0 is not "
                                   f"currently supported")
-    dims = ("time_pointing", "antenna_name", "local_sky_dir_label")
+    time_dim = "time" if interpolate else "time_pointing"
+    dims = (time_dim, "antenna_name", "local_sky_dir_label")
     attrs, _ = measure_attrs(pointing.keywords("DIRECTION"), "DIRECTION", pointing,
                              grid[grid >= 0])
     data_vars = {"POINTING_BEAM": Variable(dims, direction[:, :, 0], attrs)}
@@ -142,8 +169,8 @@ def pointing_dataset(tables, partition, antenna_ids, antenna_names):
         data_vars["POINTING_OVER_THE_TOP"] = Variable(dims[:2], np.nan_to_num(over) != 0)
     time_attrs, epoch = measure_attrs(pointing.keywords("TIME"), "TIME")
     coords = {
-        "time_pointing": Variable("time_pointing", to_unix(time) if epoch else time,
-                                  {**time_attrs, "type": "time_pointing"}),
+        time_dim: Variable(time_dim, to_unix(time) if epoch else time,
+                           {**time_attrs, "type": time_dim}),
         "antenna_name": Variable("antenna_name", np.asarray(antenna_names)),
         "local_sky_dir_label": Variable("local_sky_dir_label", SKY_DIR_LABELS.get(
             attrs.get("frame"), ["ra", "dec"])),
@@ -164,8 +191,9 @@ def _weather_key(weather):
     return next((c for c in present if np.max(weather.array(c)) >= 0), present[-1])
 
 
-def weather_dataset(tables, partition, antenna_ids, antenna_xds):
-    """The partition's weather_xds, or None (no WEATHER rows for it)."""
+def weather_dataset(tables, partition, antenna_ids, antenna_xds, interpolate=False):
+    """The partition's weather_xds (with ``interpolate`` on its times), or None (no
+    WEATHER rows for it)."""
     weather = tables.subtable("WEATHER")
     if weather.nrow == 0:
         return None
@@ -182,12 +210,14 @@ def weather_dataset(tables, partition, antenna_ids, antenna_xds):
         names = antenna_xds.station_name.values[present]
     if station_ids.size == 0:
         return None
-    got = gridded_rows(weather, station_ids, span, key)
+    got = gridded_rows(weather, station_ids, span, key,
+                       times=partition.time if interpolate else None)
     if got is None:
         return None
     time, grid = got
     first_row = int(grid[grid >= 0][0])
-    dims = ("station_name", "time_weather")
+    time_dim = "time" if interpolate else "time_weather"
+    dims = ("station_name", time_dim)
     data_vars = {}
     for column in WEATHER_COLUMNS:
         values = _gathered(weather, column, grid, first_row)
@@ -202,8 +232,8 @@ def weather_dataset(tables, partition, antenna_ids, antenna_xds):
     if not data_vars:
         return None
     time_attrs, epoch = measure_attrs(weather.keywords("TIME"), "TIME")
-    coords = {"time_weather": Variable("time_weather", to_unix(time) if epoch else time,
-                                       {**time_attrs, "type": "time_weather"}),
+    coords = {time_dim: Variable(time_dim, to_unix(time) if epoch else time,
+                                 {**time_attrs, "type": time_dim}),
               "station_name": Variable("station_name", np.asarray(names))}
     position = _station_positions(weather, grid, station_ids) if present is None else \
         antenna_xds.ANTENNA_POSITION.values[present]
@@ -247,22 +277,24 @@ SYSCAL_COLUMNS = {"TCAL": ("TCAL", "TCAL_SPECTRUM"), "TRX": ("TRX", "TRX_SPECTRU
 
 
 def system_calibration_dataset(tables, partition, antenna_ids, antenna_names,
-                               antenna_xds):
-    """The partition's system_calibration_xds (the SYSCAL rows of its spectral window),
-    or None."""
+                               antenna_xds, interpolate=False):
+    """The partition's system_calibration_xds (the SYSCAL rows of its spectral window;
+    with ``interpolate`` on its times), or None."""
     syscal = tables.subtable("SYSCAL")
     if syscal.nrow == 0:
         return None
     among = np.flatnonzero(np.asarray(syscal.array("SPECTRAL_WINDOW_ID")) ==
                            partition.spw_id)
     got = gridded_rows(syscal, np.asarray(antenna_ids), partition_span(partition),
-                       among=among) if among.size else None
+                       among=among, times=partition.time if interpolate else None) \
+        if among.size else None
     if got is None:
         return None
     time, grid = got
     first_row = int(grid[grid >= 0][0])
     nrec, nchan = antenna_xds.sizes["receptor_label"], None
-    dims = ("antenna_name", "time_system_cal")
+    time_dim = "time" if interpolate else "time_system_cal"
+    dims = ("antenna_name", time_dim)
     data_vars = {}
     for name, columns in SYSCAL_COLUMNS.items():
         made = [(c, v) for c in columns[::-1]
@@ -294,9 +326,8 @@ def system_calibration_dataset(tables, partition, antenna_ids, antenna_names,
     if not data_vars:
         return None
     time_attrs, epoch = measure_attrs(syscal.keywords("TIME"), "TIME")
-    coords = {"time_system_cal": Variable("time_system_cal",
-                                          to_unix(time) if epoch else time,
-                                          {**time_attrs, "type": "time"}),
+    coords = {time_dim: Variable(time_dim, to_unix(time) if epoch else time,
+                                 {**time_attrs, "type": "time"}),
               "antenna_name": Variable("antenna_name", np.asarray(antenna_names)),
               "station_name": antenna_xds.station_name.variable,
               "receptor_label": antenna_xds.receptor_label.variable,
