@@ -146,6 +146,19 @@ def test_pointing_same_tree(tmp_path, pointing):
     assert ("DuplicateSubtableRowWarning" in warned) == (pointing == "duplicate")
 
 
+def test_pointing_direction_of_another_shape_is_named(tmp_path):
+    import casacore.tables as ct
+
+    path = write_ms(tmp_path / "obs.ms", spws=[4], ddids=[[0, 0]], fields=1, missing=False,
+                    pointing="regular")
+    with ct.table(f"{path}/POINTING", readonly=False, ack=False) as pointing:
+        pointing.putcol("DIRECTION", np.zeros((pointing.nrows(), 1, 3)))
+    with pytest.raises(ours.InvalidMeasurementSet, match="POINTING: DIRECTION cells of "
+                       r"shape \(1, 3\)"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        xr.open_datatree(path, engine=ENGINE)
+
+
 @pytest.mark.parametrize("weather", ["antenna", "station"])
 def test_weather_same_tree(tmp_path, weather):
     path = write_ms(tmp_path / "obs.ms", spws=[4], ddids=[[0, 0]], fields=1, missing=False,

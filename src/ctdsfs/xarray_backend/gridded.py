@@ -151,6 +151,9 @@ def pointing_dataset(tables, partition, antenna_ids, antenna_names, interpolate=
     direction = _gathered(pointing, "DIRECTION", grid, first_row)
     if direction is None:
         return None
+    if direction.ndim != 4 or direction.shape[3] != 2:
+        raise InvalidMeasurementSet(f"{tables.source}/POINTING: DIRECTION cells of shape "
+                                    f"{direction.shape[2:]}, not (NUM_POLY + 1, 2)")
     if direction.shape[2] != 1:
         raise NotImplementedError(f"POINTING NUM_POLY {direction.shape[2] - 1} > 0 is not "
                                   f"currently supported")
