@@ -40,6 +40,10 @@ the targets of the read-only milestone:
     pyfuse3+trio file system, numpy.load through it / getcol; the same through fsspec
     from SeaweedFS by 2 Dask worker processes / getcol from local disk; the bytes a
     100-row read of DATA fetches beyond its rows
+  xarray: a ~250 MB MeasurementSet (--xarray-ms-mib, DATA and FLAG in TiledShapeStMan)
+    opened as a DataTree and VISIBILITY and FLAG loaded, cold, in a fresh process: the
+    ctdsfs engine / xarray-ms 0.5 on the same files <= 1 (medians of --rounds alternated
+    rounds); beside it opening an MS of 1M rows with both
   optional part "bcolz" (only when named in --parts): a float64 carray (lz4, shuffle,
     --bcolz-mib) by np.load of array.npy through a fresh mount, cache dropped / bcolz.open()[:]
     >= 1, and random 1000-item slices through numpy.load(mmap_mode="r") within 1.5x of
@@ -63,7 +67,7 @@ Needs root (drop_caches, mounting). On a VM whose kernel hands freed memory back
 host (free page reporting), that is held off while it runs (see freed_memory_kept).
 Usage:
   python3 scripts/benchmark.py [--size-mib 1024] [--block-size 65536] [--dir DIR] [--quick]
-                               [--parts read,write,many,legacy,toolbox,small,remote,columns[,bcolz,tiledb,workers]]
+                               [--parts read,write,many,legacy,toolbox,small,remote,columns,xarray[,bcolz,tiledb,workers]]
 """
 
 import argparse
@@ -87,6 +91,7 @@ from benchmark_tiledb import tiledb_figures
 from benchmark_toolbox import toolbox_figures
 from benchmark_workers import workers_figures
 from benchmark_write import write_figures
+from benchmark_xarray import xarray_figures
 
 
 def print_rows(rows):
@@ -97,7 +102,8 @@ def print_rows(rows):
         print(f"{name:<56} {value:6.2f} {ratio:>6} {goal:>7}")
 
 
-PARTS = ("read", "write", "many", "legacy", "toolbox", "small", "remote", "columns")
+PARTS = ("read", "write", "many", "legacy", "toolbox", "small", "remote", "columns",
+         "xarray")
 
 OPTIONAL_PARTS = ("bcolz", "tiledb", "workers")  # run only when --parts names them
 
@@ -119,12 +125,15 @@ def main():
     parser.add_argument("--parts", default=",".join(PARTS),
                         help=f"comma-separated subset of {','.join(PARTS + OPTIONAL_PARTS)} "
                              f"(default: {','.join(PARTS)})")
+    parser.add_argument("--xarray-ms-mib", type=int, default=250,
+                        help="DATA size of the MeasurementSet of the xarray part (MiB)")
     parser.add_argument("--tiledb-mib", type=int, default=200,
                         help="BYTESHUFFLE+ZSTD float64 dense TileDB array size (MiB)")
     parser.add_argument("--bcolz-mib", type=int, default=300,
                         help="lz4 float64 bcolz carray size (MiB)")
     parser.add_argument("--rounds", type=int, default=3,
-                        help="alternated rounds of the bcolz and tiledb parts (medians)")
+                        help="alternated rounds of the bcolz, tiledb and xarray parts "
+                             "(medians)")
     parser.add_argument("--quick", action="store_true",
                         help="small-files part only, reduced (2,000 files, 64 MiB file, "
                              "one round): under 2 minutes")
@@ -181,6 +190,8 @@ def main():
             lines += remote_lines
         if "columns" in parts:
             lines += columns_figures(tmp, args.columns_ms_mib, args.columns_rounds)
+        if "xarray" in parts:
+            lines += xarray_figures(tmp, args.xarray_ms_mib, args.rounds)
         if "bcolz" in parts:
             more_rows, more_lines = bcolz_figures(tmp, args.bcolz_mib << 20, args.rounds)
             rows += more_rows

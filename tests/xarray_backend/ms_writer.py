@@ -34,6 +34,15 @@ SPEC = {
     "flag_row_only": False,
     "feed_rows": None,  # FEED rows (default: one per antenna); fewer leave antennas unknown
     "duplicate": False,  # the first row written twice
+    "pointing": None,  # POINTING rows: "regular" (every antenna at every time and one
+    # step beyond, no interval), "irregular" (antenna 0 skips a time; intervals given),
+    # "duplicate" (regular, a row at the first time written twice)
+    "weather": None,  # WEATHER rows: "antenna" (by ANTENNA_ID, all but the last antenna),
+    # "station" (by NS_WX_STATION_ID: two stations with positions, ANTENNA_ID -1)
+    "syscal": False,  # SYSCAL rows of every antenna and time, for spectral windows 0 and 1:
+    # TSYS and TANT_TSYS per receptor, TCAL_SPECTRUM per channel and receptor
+    "phased_array": None,  # PHASED_ARRAY rows: "stations" (antenna i a station of 3 + i
+    # elements), "undefined" (the same, the last row's ELEMENT_OFFSET left undefined)
 }
 
 
@@ -208,6 +217,14 @@ def _subtables(path, spec, rng):
          PROJECT=[f"project{i}" for i in range(nobs)],
          RELEASE_DATE=np.full(nobs, 4.9e9), TIME_RANGE=np.full((nobs, 2), 4.9e9))
     _put(f"{path}/PROCESSOR", 1, TYPE=["CORRELATOR"], SUB_TYPE=["MeerKAT"])
+    if spec["pointing"]:
+        _pointing(path, spec, rng)
+    if spec["weather"]:
+        _weather(path, spec, rng)
+    if spec["syscal"]:
+        _syscal(path, spec, rng)
+    if spec["phased_array"]:
+        _phased_array(path, spec, rng)
     if spec["source"]:
         src = ct.default_ms_subtable("SOURCE", f"{path}/SOURCE")
         src.addrows(nfield)
@@ -219,6 +236,97 @@ def _subtables(path, spec, rng):
         ms = ct.table(path, readonly=False, ack=False)
         ms.putkeyword("SOURCE", f"Table: {path}/SOURCE")
         ms.close()
+
+
+def _pointing(path, spec, rng):
+    with ct.table(path, ack=False) as ms:
+        times = np.unique(ms.getcol("TIME"))
+    step = times[1] - times[0] if len(times) > 1 else 1.0
+    times = np.concatenate([[times[0] - step], times, [times[-1] + step]])
+    rows = [(a, t) for t in times for a in range(spec["nant"])]
+    if spec["pointing"] == "irregular":
+        rows = [(a, t) for a, t in rows if a or t != times[2]]
+    if spec["pointing"] == "duplicate":
+        rows.append(rows[spec["nant"]])  # (a time of the partitions)
+    n = len(rows)
+    interval = np.full(n, step if spec["pointing"] == "irregular" else 0.0)
+    _put(f"{path}/POINTING", n, ANTENNA_ID=np.array([a for a, _ in rows], np.int32),
+         TIME=np.array([t for _, t in rows]), INTERVAL=interval,
+         NUM_POLY=np.zeros(n, np.int32), DIRECTION=rng.random((n, 1, 2)),
+         TARGET=rng.random((n, 1, 2)), TRACKING=np.ones(n, bool),
+         NAME=[""] * n, TIME_ORIGIN=np.zeros(n))
+
+
+def _weather(path, spec, rng):
+    with ct.table(path, ack=False) as ms:
+        times = np.unique(ms.getcol("TIME"))
+    times = np.concatenate([times, [times[-1] + 100.0]])  # (the last: outside every span)
+    desc = ct.complete_ms_desc("WEATHER")
+    by_station = spec["weather"] == "station"
+    if by_station:
+        desc.update(ct.maketabdesc([
+            ct.makescacoldesc("NS_WX_STATION_ID", 0),
+            ct.makearrcoldesc("NS_WX_STATION_POSITION", 0.0, ndim=1, shape=[3])]))
+        desc["NS_WX_STATION_POSITION"]["keywords"] = {"QuantumUnits": ["m", "m", "m"]}
+    table = ct.default_ms_subtable("WEATHER", f"{path}/WEATHER", desc)
+    keys = range(2) if by_station else range(spec["nant"] - 1)
+    rows = [(k, t) for t in times for k in keys]
+    n = len(rows)
+    table.addrows(n)
+    key = np.array([k for k, _ in rows], np.int32)
+    table.putcol("ANTENNA_ID", np.full(n, -1, np.int32) if by_station else key)
+    table.putcol("TIME", np.array([t for _, t in rows]))
+    table.putcol("INTERVAL", np.full(n, 0.05))
+    for name in ("PRESSURE", "TEMPERATURE", "REL_HUMIDITY", "H2O"):
+        table.putcol(name, 1000 * rng.random(n).astype(np.float32))
+    if by_station:
+        table.putcol("NS_WX_STATION_ID", key)
+        table.putcol("NS_WX_STATION_POSITION", 5e6 + rng.random((n, 3)))
+    table.close()
+    with ct.table(path, readonly=False, ack=False) as ms:
+        ms.putkeyword("WEATHER", f"Table: {path}/WEATHER")
+
+
+def _syscal(path, spec, rng):
+    with ct.table(path, ack=False) as ms:
+        times = np.unique(ms.getcol("TIME"))
+    table = ct.default_ms_subtable("SYSCAL", f"{path}/SYSCAL",
+                                   ct.complete_ms_desc("SYSCAL"))
+    rows = [(a, t, w) for w in (0, 1) for t in times for a in range(spec["nant"])]
+    n = len(rows)
+    table.addrows(n)
+    table.putcol("ANTENNA_ID", np.array([a for a, _, _ in rows], np.int32))
+    table.putcol("TIME", np.array([t for _, t, _ in rows]))
+    table.putcol("SPECTRAL_WINDOW_ID", np.array([w for _, _, w in rows], np.int32))
+    table.putcol("FEED_ID", np.zeros(n, np.int32))
+    table.putcol("INTERVAL", np.full(n, 2.0))
+    table.putcol("TSYS", 20 + rng.random((n, 2)).astype(np.float32))
+    table.putcol("TANT_TSYS", rng.random((n, 2)).astype(np.float32))
+    table.putcol("TCAL_SPECTRUM", rng.random((n, 3, 2)).astype(np.float32))
+    table.putcol("PHASE_DIFF", rng.random(n).astype(np.float32))
+    table.close()
+    with ct.table(path, readonly=False, ack=False) as ms:
+        ms.putkeyword("SYSCAL", f"Table: {path}/SYSCAL")
+
+
+def _phased_array(path, spec, rng):
+    desc = ct.maketabdesc([
+        ct.makescacoldesc("ANTENNA_ID", 0),
+        ct.makearrcoldesc("COORDINATE_AXES", 0.0, ndim=2, shape=[3, 3]),
+        ct.makearrcoldesc("ELEMENT_OFFSET", 0.0, ndim=2),
+        ct.makearrcoldesc("ELEMENT_FLAG", False, ndim=2)])
+    desc["ELEMENT_OFFSET"]["keywords"] = {"QuantumUnits": ["m", "m", "m"]}
+    nant = spec["nant"]
+    with ct.table(f"{path}/PHASED_ARRAY", desc, nrow=nant, ack=False) as table:
+        table.putcol("ANTENNA_ID", np.arange(nant, dtype=np.int32)[::-1].copy())
+        table.putcol("COORDINATE_AXES", rng.random((nant, 3, 3)))
+        for row in range(nant):
+            count = 3 + row
+            if spec["phased_array"] != "undefined" or row < nant - 1:
+                table.putcell("ELEMENT_OFFSET", row, rng.random((3, count)))
+            table.putcell("ELEMENT_FLAG", row, rng.random((2, count)) < 0.3)
+    with ct.table(path, readonly=False, ack=False) as ms:
+        ms.putkeyword("PHASED_ARRAY", f"Table: {path}/PHASED_ARRAY")
 
 
 if __name__ == "__main__":

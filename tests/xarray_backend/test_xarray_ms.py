@@ -45,18 +45,25 @@ def _settled(tree):
     return tree
 
 
+def _opened(where, engine, **options):
+    """``where``'s settled tree and the warning classes raised opening it (by name)."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        tree = _settled(xr.open_datatree(where, engine=engine, **options))
+    return tree, sorted({w.category.__name__ for w in caught})
+
+
+_EXPECTED = {}  # (MS, options) -> xarray-ms's tree and warnings: several sources share one
+
+
 def open_both(source, reference=None, storage_options=None, **options):
     """(xarray-ms's tree of ``reference`` or ``source``, ctdsfs's of ``source``) and the
     warning classes each raised (by name)."""
-    trees, raised = [], []
-    for engine, where, extra in (("xarray-ms:msv2", reference or source, {}),
-                                 (ENGINE, source, {"storage_options": storage_options})):
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            trees.append(_settled(xr.open_datatree(where, engine=engine, **options,
-                                                   **extra)))
-        raised.append(sorted({w.category.__name__ for w in caught}))
-    return trees, raised
+    key = (str(reference or source), json.dumps(options, sort_keys=True))
+    if key not in _EXPECTED:
+        _EXPECTED[key] = _opened(reference or source, "xarray-ms:msv2", **options)
+    got = _opened(source, ENGINE, storage_options=storage_options, **options)
+    return [_EXPECTED[key][0], got[0]], [_EXPECTED[key][1], got[1]]
 
 
 def assert_same_tree(source, reference=None, storage_options=None, **options):
@@ -125,6 +132,90 @@ def test_multifile_and_big_endian_same_tree(tmp_path, casarc):
     assert_same_tree(path)
     if "multifile" in casarc:
         assert Path(path, "table.mf").exists() and Path(path, "ANTENNA", "table.mf").exists()
+
+
+@pytest.mark.parametrize("pointing", ["regular", "irregular", "duplicate"])
+def test_pointing_same_tree(tmp_path, pointing):
+    path = write_ms(tmp_path / "obs.ms", spws=[4], ddids=[[0, 0], [0, 1]], fields=1,
+                    missing=False, pointing=pointing)
+    tree, warned = assert_same_tree(path)
+    made = ["pointing_xds" in tree[c].children for c in tree.children]
+    # (a repeated (TIME, ANTENNA_ID): no grid for the partitions whose span holds it)
+    assert all(made) == (pointing != "duplicate") and any(made)
+    assert ("IrregularSubtableGridWarning" in warned) == (pointing == "irregular")
+    assert ("DuplicateSubtableRowWarning" in warned) == (pointing == "duplicate")
+
+
+def test_pointing_direction_of_another_shape_is_named(tmp_path):
+    import casacore.tables as ct
+
+    path = write_ms(tmp_path / "obs.ms", spws=[4], ddids=[[0, 0]], fields=1, missing=False,
+                    pointing="regular")
+    with ct.table(f"{path}/POINTING", readonly=False, ack=False) as pointing:
+        pointing.putcol("DIRECTION", np.zeros((pointing.nrows(), 1, 3)))
+    with pytest.raises(ours.InvalidMeasurementSet, match="POINTING: DIRECTION cells of "
+                       r"shape \(1, 3\)"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        xr.open_datatree(path, engine=ENGINE)
+
+
+@pytest.mark.parametrize("weather", ["antenna", "station"])
+def test_weather_same_tree(tmp_path, weather):
+    path = write_ms(tmp_path / "obs.ms", spws=[4], ddids=[[0, 0]], fields=1, missing=False,
+                    weather=weather)
+    tree, _ = assert_same_tree(path)
+    first = tree[list(tree.children)[0]]
+    assert first["weather_xds"].PRESSURE.attrs["units"] == "Pa"
+    assert first["weather_xds"].sizes["station_name"] == (2 if weather == "station" else 3)
+
+
+@pytest.fixture(scope="module")
+def gridded(tmp_path_factory):
+    """Irregular POINTING (with intervals), WEATHER by antenna and SYSCAL rows."""
+    return write_ms(tmp_path_factory.mktemp("xms") / "grid.ms", spws=[4], ddids=[[0, 0]],
+                    fields=1, missing=False, pointing="irregular", weather="antenna",
+                    syscal=True)
+
+
+@pytest.mark.parametrize("interpolate", ["pointing", ["sys_cal", "weather"],
+                                         ("pointing", "sys_cal", "weather")],
+                         ids=lambda i: json.dumps(i))
+def test_interpolated_on_the_partitions_times_same_tree(gridded, interpolate):
+    tree, _ = assert_same_tree(gridded, interpolate=interpolate)
+    first = tree[list(tree.children)[0]]
+    names = {interpolate} if isinstance(interpolate, str) else set(interpolate)
+    for name, node in (("pointing", "pointing_xds"), ("sys_cal", "system_calibration_xds"),
+                       ("weather", "weather_xds")):
+        assert ("time" in first[node].to_dataset(inherit=False).dims) == (name in names)
+    with pytest.raises(ValueError, match="Invalid interpolate values"):
+        xr.open_datatree(gridded, engine=ENGINE, interpolate="antenna")
+
+
+def test_system_calibration_same_tree(tmp_path):
+    path = write_ms(tmp_path / "obs.ms", spws=[4, 8], ddids=[[0, 0], [1, 1]], fields=1,
+                    missing=False, syscal=True)
+    tree, _ = assert_same_tree(path)
+    made = tree[list(tree.children)[0]]["system_calibration_xds"]
+    assert {"TSYS", "TANT_SYS", "TCAL", "PHASE_DIFFERENCE"} <= set(made.data_vars)
+    assert made.TCAL.dims[2:] == ("receptor_label", "frequency_system_cal")
+
+
+def test_phased_array_same_tree(tmp_path):
+    path = write_ms(tmp_path / "obs.ms", spws=[4], ddids=[[0, 0]], fields=1, missing=False,
+                    phased_array="stations")
+    tree, _ = assert_same_tree(path)
+    made = tree[list(tree.children)[0]]["phased_array_xds"]
+    assert made.sizes["element_id"] == 6  # (stations of 3 to 6 elements, padded)
+    assert made.PHASED_ARRAY_ELEMENT_COUNT.values.tolist() == [6, 5, 4, 3]
+
+
+def test_phased_array_cell_undefined_is_named(tmp_path):
+    path = write_ms(tmp_path / "obs.ms", spws=[4], ddids=[[0, 0]], fields=1, missing=False,
+                    phased_array="undefined")
+    with pytest.raises(ours.InvalidMeasurementSet, match="PHASED_ARRAY: row 3 has no "
+                       "ELEMENT_OFFSET"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        xr.open_datatree(path, engine=ENGINE)
 
 
 def test_flag_row_spread_when_there_is_no_flag(tmp_path):

@@ -1,8 +1,12 @@
 """The ``ctdsfs`` engine on the other sources ctdsfs opens, each compared with xarray-ms
-on the same MS opened locally: a container packed by ``ctdsfs pack``, that container on
-SeaweedFS through ``s3://`` (also read by a ``distributed.LocalCluster``'s workers)."""
+on the same MS opened locally: containers packed by ``ctdsfs pack`` (MultiFile v2 and
+MultiHDF5), the MultiFile one on nginx through ``https://`` and on SeaweedFS through
+``s3://`` (also read by a ``distributed.LocalCluster``'s workers), and the MS directory's
+files under an ``s3://`` prefix."""
 
+import shutil
 import warnings
+from pathlib import Path
 
 import pytest
 import xarray as xr
@@ -24,9 +28,32 @@ def packed(tmp_path_factory):
     return ms, str(where / "rich.mf")
 
 
-def test_packed_container_same_tree(packed):
+@pytest.mark.parametrize("form", ["mf2", "hdf5"])
+def test_packed_container_same_tree(packed, tmp_path, form):
     ms, container = packed
+    if form == "hdf5":
+        container = str(tmp_path / "rich.mfh5")
+        pack(ms, container, format="hdf5", quiet=True)
     assert_same_tree(container, ms)
+
+
+def test_https_same_tree(packed, web, objects, monkeypatch):  # noqa: F811 (the fixtures)
+    ms, container = packed
+    (objects / "xarray").mkdir(exist_ok=True)
+    shutil.copy(container, objects / "xarray" / "rich.mf")
+    monkeypatch.setenv("SSL_CERT_FILE", str(web.certificate))  # OpenSSL's own convention
+    assert_same_tree(web.tls_url("xarray/rich.mf"), ms)
+
+
+def test_s3_ms_directory_same_tree(packed, seaweed):  # noqa: F811 (the fixture)
+    ms = packed[0]
+    for path in Path(ms).rglob("*"):
+        if path.is_file():
+            seaweed.client.put_object(Bucket=BUCKET, Body=path.read_bytes(),
+                                      Key=f"xarray/dir/rich.ms/{path.relative_to(ms)}")
+    options = {"endpoint_url": seaweed.endpoint, "key": CREDENTIALS["AWS_ACCESS_KEY_ID"],
+               "secret": CREDENTIALS["AWS_SECRET_ACCESS_KEY"]}
+    assert_same_tree(seaweed.url("xarray/dir/rich.ms/"), ms, storage_options=options)
 
 
 def test_s3_same_tree_and_dask_workers(packed, seaweed):  # noqa: F811 (the fixture)

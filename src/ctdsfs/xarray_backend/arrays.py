@@ -49,9 +49,34 @@ class MainColumnArray(BackendArray):
         key = tuple(slice(int(k), int(k) + 1) if i in squeeze else k
                     for i, k in enumerate(key))
         shape = tuple(_length(k, s) for k, s in zip(key, self.shape))
+        rows = _take(self.row_map, key[:2], 0).ravel()
+        result = self._one_run(rows, key[2:], shape)
+        if result is None:
+            result = self._scattered(rows, key, shape)
+        if self.epoch:
+            result = to_unix(result)
+        return result.squeeze(axis=squeeze) if squeeze else result
+
+    def _one_run(self, rows, cell_key, shape):
+        """The cells when they are one run of consecutive rows in the grid's order (an MS
+        written time by time): the decoded rows are the result, without a scatter."""
+        if not rows.size or rows[0] < 0 or rows[-1] - rows[0] + 1 != rows.size or \
+                not all(isinstance(k, slice) and k == slice(None) for k in cell_key) or \
+                np.any(np.diff(rows) != 1):
+            return None
+        got = self.tables.main.read_column(self.column, int(rows[0]), int(rows[-1]) + 1)
+        if not isinstance(got, np.ndarray) or got.shape[1:] != self.cell_shape:
+            return None  # (cells of several shapes: the scatter says which)
+        if got.dtype == np.bool_ and self.dtype == np.uint8:
+            got = got.view(np.uint8)
+        if got.dtype != self.dtype or not got.flags.writeable:
+            got = got.astype(self.dtype)
+        return got.reshape(shape)
+
+    def _scattered(self, rows, key, shape):
+        """The cells of ``rows`` (-1: none, the fill value) placed one by one."""
         result = np.full(shape, self.fill, self.dtype)
         if result.size:
-            rows = _take(self.row_map, key[:2], 0).ravel()
             present = np.flatnonzero(rows >= 0)
             unique, inverse = np.unique(rows[present], return_inverse=True)
             positions = np.empty_like(present)
@@ -65,9 +90,7 @@ class MainColumnArray(BackendArray):
                 read_rows(self.tables.main, self.column, unique, self.cell_shape, cells,
                           np.arange(unique.size))
                 flat[positions] = _take(cells, key[2:], 1)
-        if self.epoch:
-            result = to_unix(result)
-        return result.squeeze(axis=squeeze) if squeeze else result
+        return result
 
 
 class BroadcastArray(BackendArray):

@@ -12,14 +12,16 @@ from xarray.backends.store import StoreBackendEntrypoint
 
 from .. import __version__
 from .correlated import CorrelatedVariables
-from .errors import FrameConversionWarning, UnsupportedSubtableWarning
+from .errors import FrameConversionWarning
+from .gridded import (
+    phased_array_dataset,
+    pointing_dataset,
+    system_calibration_dataset,
+    weather_dataset,
+)
 from .structure import Structure
 from .subtables import antenna_dataset, field_and_source_dataset, select_antennas
 from .tables import MSTables, ms_name
-
-# subtables whose datasets xarray-ms makes when they have rows, and ctdsfs does not yet
-NOT_MADE = {"POINTING": "pointing_xds", "SYSCAL": "system_calibration_xds",
-            "WEATHER": "weather_xds", "PHASED_ARRAY": "phased_array_xds"}
 
 
 class MSStore(AbstractDataStore):
@@ -47,6 +49,19 @@ class MSStore(AbstractDataStore):
 
     def close(self):
         """The tables stay open for the process (shared by its datasets)."""
+
+
+INTERPOLATED = ("pointing", "sys_cal", "weather")  # the ``interpolate`` option's names
+
+
+def _interpolated(interpolate):
+    """The datasets ``interpolate`` names (one name or several) as a set."""
+    names = set() if interpolate is None else \
+        {interpolate} if isinstance(interpolate, str) else set(interpolate)
+    if names - set(INTERPOLATED):
+        raise ValueError(f"Invalid interpolate values {sorted(names - set(INTERPOLATED))}. "
+                         f"Valid values are {list(INTERPOLATED)}")
+    return names
 
 
 def _source(filename_or_obj):
@@ -99,25 +114,23 @@ class CtdsfsBackendEntrypoint(BackendEntrypoint):
         return StoreBackendEntrypoint().open_dataset(store, drop_variables=drop_variables)
 
     def open_datatree(self, filename_or_obj, *, drop_variables=None, partition_schema=None,
-                      preferred_chunks=None, auto_corrs=False, storage_options=None):
+                      preferred_chunks=None, auto_corrs=False, storage_options=None,
+                      interpolate=None):
         groups = self.open_groups_as_dict(
             filename_or_obj, drop_variables=drop_variables, partition_schema=partition_schema,
             preferred_chunks=preferred_chunks, auto_corrs=auto_corrs,
-            storage_options=storage_options)
+            storage_options=storage_options, interpolate=interpolate)
         return DataTree.from_dict(groups)
 
     def open_groups_as_dict(self, filename_or_obj, *, drop_variables=None,
                             partition_schema=None, preferred_chunks=None, auto_corrs=False,
-                            storage_options=None):
+                            storage_options=None, interpolate=None):
+        interpolate = _interpolated(interpolate)
         source = _source(filename_or_obj)
         tables = MSTables(source, storage_options)
         structure = Structure(tables, partition_schema, auto_corrs)
         chunks = _chunks_for(structure, preferred_chunks)
         name = ms_name(source)
-        for subtable, dataset in NOT_MADE.items():
-            if tables.subtable(subtable).nrow:
-                warnings.warn(f"{source}: {subtable} has rows; ctdsfs does not make its "
-                              f"{dataset} yet", UnsupportedSubtableWarning, stacklevel=2)
         groups = {}
         for number, key in enumerate(structure.keys()):
             path = f"{name}_partition_{number:03}"
@@ -129,7 +142,19 @@ class CtdsfsBackendEntrypoint(BackendEntrypoint):
             selection = select_antennas(tables.subtable("ANTENNA"), tables.subtable("FEED"),
                                         partition)
             groups[path] = ds
-            groups[f"{path}/antenna_xds"] = antenna_dataset(tables, partition, selection)
+            antennas = groups[f"{path}/antenna_xds"] = antenna_dataset(tables, partition,
+                                                                        selection)
+            for node, made in (
+                    ("phased_array_xds", phased_array_dataset(tables, *selection[1:],
+                                                              antennas)),
+                    ("pointing_xds", pointing_dataset(tables, partition, *selection[1:],
+                                                      "pointing" in interpolate)),
+                    ("system_calibration_xds", system_calibration_dataset(
+                        tables, partition, *selection[1:], antennas, "sys_cal" in interpolate)),
+                    ("weather_xds", weather_dataset(tables, partition, selection[1], antennas,
+                                                    "weather" in interpolate))):
+                if made is not None:
+                    groups[f"{path}/{node}"] = made
             fields = field_and_source_dataset(tables, partition)
             groups[f"{path}/field_and_source_base_xds"] = fields
             ds.attrs["data_groups"] = {"base": {

@@ -42,10 +42,6 @@ class FrameConversionWarning(UserWarning):
     """A measures frame with no MSv4 name, or replaced."""
 
 
-class UnsupportedSubtableWarning(UserWarning):
-    """A subtable with rows whose dataset ctdsfs does not make (see docs/xarray.md)."""
-
-
 class InvalidMeasurementSet(ValueError):
     """The MS breaks a rule of the format."""
 
@@ -68,3 +64,11 @@ class MissingMeasuresInfo(ValueError):
 
 class MultipleQuantumUnits(ValueError):
     """A column names more than one unit."""
+
+
+class IrregularSubtableGridWarning(IrregularGridWarning):
+    """A subtable's (time, antenna) grid has cells without a row."""
+
+
+class DuplicateSubtableRowWarning(UserWarning):
+    """A subtable repeats a (TIME, ANTENNA_ID): no grid, so no dataset from it."""

@@ -2,7 +2,7 @@
 
 :func:`open_root` is the one place a source becomes a container (a local MS directory in
 separate files or MultiFile, a packed container, a MultiFile or MultiHDF5 file, ``s3://``
-or ``http(s)://``); :class:`MSTables` opens the main table and its subtables from it once
+or ``http(s)://``, an ``s3://`` prefix ending in ``/`` holding an MS directory's files); :class:`MSTables` opens the main table and its subtables from it once
 per process, and travels pickled as its source and options only (Dask workers, pickled
 datasets reopen it there).
 """
@@ -16,6 +16,7 @@ import numpy as np
 
 from ..errors import CtdsfsError
 from ..formats.casacore.columns import StringColumn, VarShapeColumn, open_table
+from ..fsspec import open_source
 
 GAP_BYTES = 1 << 20  # rows between two wanted ones are read through when under this
 
@@ -31,17 +32,12 @@ def local_path(source):
 
 
 def open_root(source, storage_options):
-    """The container of the MS at ``source``; the one call that opens a source, kept here
-    so the project's opener can replace it."""
-    from ..fsspec import open_source
-    from ..sources.directory import directory_or_table
-
+    """The container of the MS at ``source``, opened by the one opener as a mount shows it
+    (a local file or directory, ``s3://``/``http(s)://`` objects and prefixes, fsspec URLs)."""
     path = local_path(source)
     if path is not None:
         if not os.path.exists(path):
             raise FileNotFoundError(f"{path} does not exist")
-        if os.path.isdir(path):
-            return directory_or_table(path.rstrip("/") or "/", source=True)
         return open_source(path)
     return open_source(source, target_options=storage_options or None)
 

@@ -59,15 +59,22 @@ class SSMIndex:
 
     def spans(self, start, stop):
         """(bucket number, first row in it, rows from..to) for the buckets of ``start..stop``."""
-        first = np.concatenate([[0], self.last_row[:-1] + 1])
-        i = int(np.searchsorted(self.last_row, start))
-        while start < stop:
-            b_first, b_end = int(first[i]), int(self.last_row[i]) + 1
-            if b_end - b_first > self.rows_per_bucket:
-                raise FormatError(f"bucket {int(self.bucket[i])} holds more rows than fit")
-            end = min(stop, b_end)
-            yield int(self.bucket[i]), b_first, start, end
-            start, i = end, i + 1
+        yield from zip(*(a.tolist() for a in self.span_arrays(start, stop)))
+
+    def span_arrays(self, start, stop):
+        """``spans`` as four arrays (bucket numbers, their first rows, rows from, rows to)."""
+        if start >= stop:
+            return tuple(np.zeros((4, 0), np.int64))
+        lo = int(np.searchsorted(self.last_row, start))
+        hi = int(np.searchsorted(self.last_row, stop - 1)) + 1
+        last = self.last_row[lo:hi]
+        first = np.concatenate([[0], self.last_row[:-1] + 1])[lo:hi]
+        crowded = np.flatnonzero(last + 1 - first > self.rows_per_bucket)
+        if crowded.size:
+            raise FormatError(f"bucket {int(self.bucket[lo + crowded[0]])} holds more rows "
+                              f"than fit")
+        return (self.bucket[lo:hi], first, np.maximum(first, start),
+                np.minimum(last + 1, stop))
 
 
 class SSMReader:
@@ -82,7 +89,9 @@ class SSMReader:
         r.string()
         offsets, groups = r.block("u4"), r.block("u4")
         r.end()
-        if len(offsets) != len(columns) or len(groups) != len(columns):
+        # (casacore removes a column's entries by moving the later ones down, and keeps
+        # the blocks' length: entries past the bound columns are left over)
+        if len(offsets) < len(columns) or len(groups) < len(columns):
             raise FormatError(f"{self.name}: DM info places {len(offsets)} columns, "
                               f"table.dat binds {len(columns)}")
         self.place = {c.name: (int(o), int(g)) for c, o, g in zip(columns, offsets, groups)}
@@ -186,23 +195,33 @@ class SSMReader:
                                pieces]).astype(np.int64) if pieces else np.zeros(0, np.int64)
 
     def _pieces(self, col, start, stop):
-        """(bytes, first bit, rows) of the column's rows ``start..stop`` in each bucket
-        holding them; buckets that follow each other in the file are read at once (up to
-        RUN_BYTES), not one read per bucket."""
-        offset, bits, spans = self._checked_spans(col, start, stop)
-        pieces, i = [], 0
+        """(bytes, first bit, rows) of the column's rows ``start..stop`` in each run of
+        buckets holding them; buckets that follow each other in the file are read at once
+        (up to RUN_BYTES), not one read per bucket, and a column of whole bytes per row
+        comes out of a run in one piece, cut out in one NumPy pass."""
+        offset, bits, index, (numbers, firsts, froms, tos) = \
+            self._checked_spans(col, start, stop)
         per_run = max(1, RUN_BYTES // self.bucket_size)
-        while i < len(spans):
-            j = i + 1
-            while j < len(spans) and j - i < per_run and spans[j][0] == spans[j - 1][0] + 1:
-                j += 1
-            first = spans[i][0]
-            run = memoryview(self.buckets(first, j - i))
-            for bucket, b_first, a, b in spans[i:j]:
-                place, bit, size = self._span_place(offset, bits, bucket, b_first, a, b)
-                at = place - HEADER_SIZE - first * self.bucket_size
-                pieces.append((run[at:at + size], bit, b - a))
-            i = j
+        breaks = np.flatnonzero(np.diff(numbers) != 1) + 1
+        pieces = []
+        for i, j in zip(np.concatenate([[0], breaks]).tolist(),
+                        np.concatenate([breaks, [len(numbers)]]).tolist()):
+            for a in range(i, j, per_run):
+                b = min(j, a + per_run)
+                run = self.buckets(int(numbers[a]), b - a)
+                if bits and bits % 8 == 0:
+                    rows = _run_rows(run, self.bucket_size, offset, bits // 8,
+                                     index.rows_per_bucket, froms[a:b] - firsts[a:b],
+                                     tos[a:b] - firsts[a:b])
+                    pieces.append((rows, 0, int((tos[a:b] - froms[a:b]).sum())))
+                    continue
+                run = memoryview(run)
+                for bucket, b_first, lo, hi in zip(numbers[a:b].tolist(),
+                                                   firsts[a:b].tolist(),
+                                                   froms[a:b].tolist(), tos[a:b].tolist()):
+                    place, bit, size = self._span_place(offset, bits, bucket, b_first, lo, hi)
+                    at = place - HEADER_SIZE - int(numbers[a]) * self.bucket_size
+                    pieces.append((run[at:at + size], bit, hi - lo))
         return pieces
 
     def _span_place(self, offset, bits, bucket, b_first, a, b):
@@ -218,7 +237,7 @@ class SSMReader:
         bits = self._external_size(col)
         if bits * index.rows_per_bucket + 8 * offset > 8 * self.bucket_size:
             raise FormatError(f"{self.name}: the column does not fit its buckets")
-        return offset, bits, list(index.spans(start, stop))
+        return offset, bits, index, index.span_arrays(start, stop)
 
     def places(self, col, start, stop):
         """Where the cells of rows ``start..stop`` lie: [(file, places)], ``places`` of
@@ -231,7 +250,8 @@ class SSMReader:
         if col.is_array and not col.direct:  # arrays in the array file, at offsets kept here
             offsets = self._cell_offsets(col, start, stop)
             return [(self.arrays_name, self._array_file().value_places(offsets, col.data_type))]
-        offset, bits, spans = self._checked_spans(col, start, stop)
+        offset, bits, _, spans = self._checked_spans(col, start, stop)
+        spans = zip(*(a.tolist() for a in spans))
         shape = tuple(col.cell_shape)
         per_row = int(np.prod(shape, dtype=np.int64))
         parts = []
@@ -314,6 +334,15 @@ class SSMReader:
             else:
                 cells.append(heap.shaped_string_array(bucket, offset, length))
         return cells
+
+
+def _run_rows(run, bucket_size, offset, row_bytes, rows_per_bucket, froms, tos):
+    """The bytes of rows ``froms[i]..tos[i]`` (counted in bucket ``i``) of a column at
+    ``offset`` in a run of whole buckets, in order: one mask over every row place."""
+    buckets = np.frombuffer(run, np.uint8).reshape(len(froms), bucket_size)
+    places = buckets[:, offset:offset + rows_per_bucket * row_bytes].view(f"V{row_bytes}")
+    slot = np.arange(rows_per_bucket)
+    return places[(slot >= froms[:, None]) & (slot < tos[:, None])].view(np.uint8)
 
 
 class HeapReader:
