@@ -56,6 +56,8 @@ GROUPS = {2: (1, 4), 3: (3, 8), 4: (1, 2), 6: (3, 4), 8: (1, 1), 10: (5, 4), 12:
 NORMALISATIONS = ("AF", "RF", "Row")
 AF, RF, ROW = 0, 1, 2
 WEIGHT_COLUMN = "WEIGHT_SPECTRUM"  # Dysco tells the weight column by this name
+PAGE = 4096
+ZERO_TAIL = 8  # zero bytes after those read: past a group cut short, and the byte after it
 CHUNK_SYMBOLS = 1 << 18  # symbols decoded at a time: bounds each thread's working arrays
 _WORKING = threading.local()  # each thread's working arrays (see _scratch)
 
@@ -70,23 +72,20 @@ def _scratch(name, count, dtype):
     return held[:count]
 
 
-def unpack_symbols(raw, bits, skip, count):
-    """Symbols ``skip .. skip + count`` of ``raw`` (starting where a group of whole bytes
-    starts), ``bits`` each, packed from the lowest bit up, as ``intp`` (numpy's ``take``
-    converts narrower indices slowly), in this thread's working array ``symbols``. A
-    symbol of the widths Dysco packs lies within the two bytes from the one it starts
-    in: the j-th symbol of every group is cut at once from those bytes read as
-    little-endian words, a group's size apart."""
+def unpack_symbols(padded, bits, skip, count):
+    """Symbols ``skip .. skip + count`` of the ``uint8`` array ``padded`` (starting where a
+    group of whole bytes starts; zeros after the bytes, up to a group and a byte past the
+    last symbol), ``bits`` each, packed from the lowest bit up, as ``intp`` (numpy's
+    ``take`` converts narrower indices slowly), in this thread's working array
+    ``symbols``. A symbol of the widths Dysco packs lies within the two bytes from the
+    one it starts in: the j-th symbol of every group is cut at once from those bytes
+    read as little-endian words, a group's size apart."""
     size, per = GROUPS[bits]
     groups = -(-(skip + count) // per)
     if bits in (8, 16):  # (a symbol a group: nothing to skip)
         symbols = _scratch("symbols", count, np.intp)
-        np.copyto(symbols, np.frombuffer(raw, "<u1" if bits == 8 else "<u2", count))
+        np.copyto(symbols, np.frombuffer(padded, "<u1" if bits == 8 else "<u2", count))
         return symbols
-    padded = _scratch("padded", groups * size + 1, np.uint8)  # (a last group cut short,
-    available = min(len(raw), groups * size)                   # and the byte after it,
-    padded[:available] = np.frombuffer(raw, np.uint8, available)  # read as zeros)
-    padded[available:] = 0
     out = _scratch("symbols", groups * per, np.intp).reshape(groups, per)
     part = _scratch("part", groups, np.uint16)
     mask = np.uint16((1 << bits) - 1)
@@ -331,10 +330,31 @@ class DyscoReader:
     def _block_at(self, part, block):
         return self.header_size + block * self.block_size + part.offset
 
+    def _read(self, name, offset, size, what):
+        """Bytes ``offset .. offset + size`` of the file, then ZERO_TAIL zero bytes, in this
+        thread's working array ``name``; from a source that reads into buffers, placed as
+        the offset within a page (a copy from the page cache is slower otherwise)."""
+        read_into = getattr(self.source, "read_into", None)
+        if read_into is None:
+            data = np.frombuffer(read_exact(self.source, self.name, offset, size, what),
+                                 np.uint8)
+            buffer = _scratch(name, size + ZERO_TAIL, np.uint8)
+            buffer[:size] = data
+        else:
+            held = _scratch(name, size + ZERO_TAIL + PAGE, np.uint8)
+            place = (offset - held.ctypes.data) % PAGE
+            buffer = held[place:place + size + ZERO_TAIL]
+            done = read_into(self.name, offset, buffer[:size])
+            if done != size:
+                raise FormatError(f"{self.name}: {what} (bytes {offset}..{offset + size}) "
+                                  f"lies past the end of the file")
+        buffer[size:] = 0
+        return buffer
+
     def _factors(self, part, block):
-        at = self._block_at(part, block)
-        return np.frombuffer(read_exact(self.source, self.name, at, 4 * part.meta,
-                                        "block factors"), "<f4").astype(np.float64)
+        data = self._read("factors", self._block_at(part, block), 4 * part.meta,
+                          "block factors")
+        return data[:4 * part.meta].view("<f4").astype(np.float64)
 
     def _symbols(self, part, block, first, end):
         """The symbols of rows ``first..end`` of the block (a thread's working array)."""
@@ -345,7 +365,7 @@ class DyscoReader:
         group = first_symbol // per
         begin = group * size
         stop = min(part.symbol_bytes, -(-(first_symbol + count) // per) * size)
-        raw = read_exact(self.source, self.name, at + begin, stop - begin, "block symbols")
+        raw = self._read("raw", at + begin, stop - begin, "block symbols")
         return unpack_symbols(raw, part.bits, first_symbol - group * per, count)
 
     def _chunks(self, part, within):
