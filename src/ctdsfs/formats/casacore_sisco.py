@@ -134,12 +134,16 @@ class _Stream:
                          for key in zip(*columns) for pol in range(self.stored)], np.int64)
 
     def _grow(self, baselines):
-        more = baselines - len(self.count)
+        """Room in the history for ``baselines`` (keys): at least twice the room before,
+        so that a stream meeting new baselines batch after batch copies its history a
+        few times, not once a batch."""
         held = sum(h.dtype.itemsize * h.shape[0] for h in self.history) * self.channels
         if baselines * held > MAX_HISTORY:
             raise FormatError(f"{self.reader.name}: {baselines // 2} baselines and correlations keep "
                               "more history than this reader holds")
-        if more > 0:
+        if baselines > len(self.count):
+            room = max(baselines, min(2 * len(self.count), MAX_HISTORY // max(1, held)))
+            more = room - len(self.count)
             self.history = [np.concatenate([h, np.zeros((h.shape[0], more) + h.shape[2:],
                                                         h.dtype)], axis=1)
                             for h in self.history]
