@@ -26,7 +26,10 @@ rounds (the machine is shared: its load moves every reader) with the best beside
 * Dysco: a MeasurementSet whose DATA (64 channels x 4 correlations) python-casacore
   stores with DyscoStMan (10 bits, TruncatedGaussian, AF normalisation: LOFAR's
   pipelines' choice), written by tests/formats/casacore/dysco_ms.py: ``numpy.load(columns/DATA.npy)``
-  through a fresh mount against ``getcol`` and the floor, as for the local figures.
+  through a fresh mount against ``getcol`` and the floor, as for the local figures;
+* Sisco: the same for a column python-casacore stores with SiscoStMan (prediction
+  level 2, 64 channels x 4 correlations of smooth values with a little noise), written
+  by tests/formats/casacore/altman_tables.py ``sisco_set``.
 """
 
 import os
@@ -35,9 +38,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
+
 from benchmark_common import Mounted, floor_of_files
 
 HERE = Path(__file__).resolve().parent
+TEST_TABLES = HERE.parent / "tests" / "formats" / "casacore"  # the writers of the tables
 ROW_BYTES = 2163  # of the MS's files per row (DATA 2 KiB, FLAG, UVW, scalars, WEIGHT, SIGMA)
 
 GETCOL = """
@@ -205,6 +211,22 @@ def remote_figures(tmp, ms, table, names, rounds):
         server.close()
 
 
+def compressed_line(tmp, ms, name, what, rounds):
+    """The line of one compressed column ``name`` of ``ms`` (see the module docstring)."""
+    table, _ = tiled_columns(ms)
+    stored = (ms / table.manager_files(name)[0]).stat().st_size
+    decoded = table.nrow * table.columns[name].dtype.itemsize * \
+        int(np.prod(table.columns[name].cell_shape))
+    getcol, mounted, floor, (cpu, _) = local_figures(tmp, ms, [name], rounds)
+    return (f"columns: {what} ({decoded / 2 ** 20:.0f} MiB decoded, {stored / 2 ** 20:.0f} "
+            f"MiB stored), {rounds} alternated rounds, page cache warm: python-casacore getcol "
+            f"{summary(getcol)}, numpy.load through a fresh -o columns mount "
+            f"{summary(mounted)}, ratio of medians "
+            f"{statistics.median(getcol) / statistics.median(mounted):.2f} (target >= 1); the "
+            f"pyfuse3 floor {summary(floor)}; the mount's CPU median "
+            f"{statistics.median(cpu):.3f} s")
+
+
 def dysco_figures(tmp, data_mib, rounds):
     """The Dysco line: DATA of about ``data_mib`` MiB decoded (see the module docstring)."""
     import json
@@ -217,18 +239,30 @@ def dysco_figures(tmp, data_mib, rounds):
     settings = {"managers": [{"name": "Dysco", "columns": ["DATA"], "spec": spec}],
                 "antennas": antennas, "times": times, "channels": 64, "pols": 4}
     print(f"columns: a Dysco DATA column of {data_mib} MiB ...", flush=True)
-    subprocess.run([sys.executable, str(HERE.parent / "tests" / "dysco_ms.py"), str(ms),
+    subprocess.run([sys.executable, str(TEST_TABLES / "dysco_ms.py"), str(ms),
                     json.dumps(settings)], check=True, stdout=subprocess.DEVNULL)
-    table, _ = tiled_columns(ms)
-    stored = (ms / table.manager_files("DATA")[0]).stat().st_size
-    getcol, mounted, floor, (cpu, _) = local_figures(tmp, ms, ["DATA"], rounds)
-    return (f"columns: Dysco DATA ({data_mib} MiB decoded, {stored / 2 ** 20:.0f} MiB stored: "
-            f"10 bits, TruncatedGaussian, AF), {rounds} alternated rounds, page cache warm: "
-            f"python-casacore getcol {summary(getcol)}, numpy.load through a fresh -o columns "
-            f"mount {summary(mounted)}, ratio of medians "
-            f"{statistics.median(getcol) / statistics.median(mounted):.2f} (target >= 1); the "
-            f"pyfuse3 floor {summary(floor)}; the mount's CPU median "
-            f"{statistics.median(cpu):.3f} s")
+    return compressed_line(tmp, ms, "DATA", "Dysco DATA (10 bits, TruncatedGaussian, AF)",
+                           rounds)
+
+
+SISCO_MS = """
+import sys
+sys.path.insert(0, sys.argv[1])
+import altman_tables
+altman_tables.sisco_set(sys.argv[2], True, range(28), int(sys.argv[3]), 64, (2,), False)
+"""
+
+
+def sisco_figures(tmp, data_mib, rounds):
+    """The Sisco line: a column of about ``data_mib`` MiB decoded (see the module
+    docstring)."""
+    ms = tmp / "sisco.ms"
+    times = max(2, data_mib * 2 ** 20 // (2048 * 28 * 29 // 2))
+    print(f"columns: a Sisco column of {data_mib} MiB ...", flush=True)
+    subprocess.run([sys.executable, "-c", SISCO_MS, str(TEST_TABLES), str(ms),
+                    str(times)], check=True, stdout=subprocess.DEVNULL)
+    return compressed_line(tmp, ms, "L2", "Sisco L2 (prediction level 2, structured "
+                           "values)", rounds)
 
 
 def columns_figures(tmp, ms_mib, rounds=5):
@@ -237,7 +271,7 @@ def columns_figures(tmp, ms_mib, rounds=5):
     nrow = max(256, ms_mib * 2 ** 20 // ROW_BYTES)
     print(f"columns: a {ms_mib} MiB MeasurementSet ({nrow} rows) as NumPy arrays ...",
           flush=True)
-    subprocess.run([sys.executable, str(HERE.parent / "tests" / "casacore_column_tables.py"),
+    subprocess.run([sys.executable, str(TEST_TABLES / "casacore_column_tables.py"),
                     "ms", str(ms), str(nrow)], check=True)
     table, names = tiled_columns(ms)
     size = sum(f.stat().st_size for f in ms.iterdir() if f.is_file()) / 2 ** 20
@@ -263,4 +297,5 @@ def columns_figures(tmp, ms_mib, rounds=5):
         f"the listing fetched is not fetched again), {moved_small / 1024:.0f} KiB with "
         f"64 KiB chunks; a tile row of DATA is {tile_row / 1024:.0f} KiB",
         dysco_figures(tmp, 200, rounds),
+        sisco_figures(tmp, 50, rounds),
     ]

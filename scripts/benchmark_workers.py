@@ -72,6 +72,7 @@ def _decoded_views(tmp, mib):
     carr.flush()
     ms = tmp / "w_columns.ms"
     subprocess.run([sys.executable, os.path.join(os.path.dirname(__file__), os.pardir, "tests",
+                                                 "formats", "casacore",
                                                  "casacore_column_tables.py"),
                     "ms", str(ms), str(max(256, (mib << 20) // 2163))], check=True)
     return {"TileDB dense/v.npy": (uri, [], "dense/v.npy"),

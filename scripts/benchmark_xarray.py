@@ -72,7 +72,7 @@ def write_ms(ms, nant, ntime, nchan, corrs):
             "ddids": [[0, 0]], "autocorrs": False, "reversed": False, "missing": False,
             "fields": 1, "states": ["OBSERVE_TARGET#ON_SOURCE"], "weight_spectrum": False,
             "corrected": False}
-    subprocess.run([sys.executable, str(ROOT / "tests" / "ms_writer.py"), ms,
+    subprocess.run([sys.executable, str(ROOT / "tests" / "xarray_backend" / "ms_writer.py"), ms,
                     json.dumps(spec)], check=True)
     return sum(f.stat().st_size for f in Path(ms).rglob("*") if f.is_file()) / 2**20
 

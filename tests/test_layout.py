@@ -157,6 +157,20 @@ def test_only_the_registry_loads_modules_by_computed_names():
     assert list(found) == ["src/ctdsfs/formats/__init__.py"], found
 
 
+def test_no_private_name_is_imported_from_another_module():
+    """A name with a leading underscore is its module's own: one another module needs is
+    named as part of an interface."""
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "")
+                                                     .startswith("ctdsfs")):
+                found += [f"{path.relative_to(ROOT)}:{node.lineno} {alias.name}"
+                          for alias in node.names
+                          if alias.name.startswith("_") and not alias.name.startswith("__")]
+    assert found == []
+
+
 def test_the_circle_finder_finds_circles():
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a", "e"}, "e": set()}
     assert circles(graph) == {("a", "b", "c")}

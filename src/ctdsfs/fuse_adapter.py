@@ -353,7 +353,7 @@ def _forget_in_kernel(stale):
             pyfuse3.invalidate_inode(ino)
 
 
-async def _serve(operations, target, on_mounted):
+async def serve_loop(operations, target, on_mounted):
     """Run pyfuse3's loop until unmounted; SIGINT/SIGTERM end it. True if a signal did."""
     import signal
 
@@ -364,7 +364,7 @@ async def _serve(operations, target, on_mounted):
         # killed while answering is never answered, and the kernel waits for it
         # uninterruptibly, so the process, /dev/fuse and the mount would hang for good.
         await operations.initialized.wait()
-        _set_readahead(target, operations.readahead_kb)
+        set_readahead(target, operations.readahead_kb)
         if on_mounted is not None:
             on_mounted()
 
@@ -396,7 +396,7 @@ async def _serve(operations, target, on_mounted):
     return stopped_by_signal
 
 
-def _set_readahead(target, kb):
+def set_readahead(target, kb):
     """Set the readahead of the mount at ``target`` (a resolved path) to ``kb`` KiB (root
     only; best effort).
 
@@ -457,7 +457,7 @@ def serve(operations, mountpoint, fuse_options, on_mounted=None):
     operations.watch_device()
     unmount = True
     try:
-        unmount = trio.run(_serve, operations, target, on_mounted)
+        unmount = trio.run(serve_loop, operations, target, on_mounted)
     finally:
         pyfuse3.close(unmount=unmount)
         operations.fs.close()

@@ -38,7 +38,7 @@ import time
 import pyfuse3
 import trio
 
-from .fuse_adapter import _serve, _set_readahead, mount_session
+from .fuse_adapter import mount_session, serve_loop, set_readahead
 from .vfs.filesystem import ROOT_INO
 from .vfs.shared_inodes import SharedInodes
 
@@ -144,7 +144,7 @@ def _until_init(operations):
 async def _answer_init(operations, target):
     operations.initialized = trio.Event()
     await pyfuse3.main()
-    _set_readahead(target, operations.readahead_kb)
+    set_readahead(target, operations.readahead_kb)
 
 
 def _session_fd():
@@ -170,7 +170,7 @@ def _worker(operations, device_fd, lead_file, table, blocked):
         operations.watch_device(device_fd)
         operations.gate = gate = Gate(device_fd, lead_fd)
         pyfuse3.trio = _TrioWaitingWith(gate.wait_readable)
-        stopped = trio.run(_serve, operations, None, None)
+        stopped = trio.run(serve_loop, operations, None, None)
         status = STOPPED_BY_SIGNAL if stopped else 0
     except BaseException:
         log.exception("worker %d failed", os.getpid())

@@ -23,7 +23,7 @@ from ..container import Container
 from ..errors import CtdsfsError
 from ..io import crc
 from .multifile.container import MultiFile
-from .multifile.header import _assemble_v2
+from .multifile.header import assemble_v2
 
 RUN_BYTES = 16 << 20  # bytes of one read while checking (glibc reuses, not maps, buffers this size)
 
@@ -190,7 +190,7 @@ def _logical_header(container):
     """The header bytes the CRC covers: as stored, with the CRC field zeroed."""
     h = container.header
     store = container.store
-    raw = bytearray(_assemble_v2(store, store.size(), h.block_size, h.header_size, h.cont_first))
+    raw = bytearray(assemble_v2(store, store.size(), h.block_size, h.header_size, h.cont_first))
     raw[28:32] = bytes(4)
     return bytes(raw)
 

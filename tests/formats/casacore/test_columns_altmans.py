@@ -88,6 +88,24 @@ def test_every_column_as_getcol(written, kind, form):
         assert flags.any() and not flags.all() and (ref_flags[..., 0] == ref_flags[..., 3]).all()
 
 
+def test_sisco_reads_that_overlap_the_rows_decoded_carry_on(written):
+    """Reads that start a row or more before the previous one ended, or come a little out
+    of order (as the mount's reads of rows straddling its reads do), carry on the
+    stream from the rows kept: each row is decoded once, not again from the first."""
+    path = written["sisco-large"]["plain"]
+    with table_source(path) as source, ct.table(path, ack=False) as ref:
+        table = open_table(source)
+        expected = ref.getcol("L2")
+        reader = table._reader(table.columns["L2"].seqnr)
+        ranges = [(0, 40), (39, 80), (70, 120), (160, 200), (119, 161), (200, table.nrow)]
+        for start, stop in ranges:
+            same_bits(table.read_column("L2", start, stop), expected[start:stop],
+                      f"L2[{start}:{stop}]")
+            if start == 0:
+                stream = reader._stream
+            assert reader._stream is stream, f"L2[{start}:{stop}] decoded from the first row"
+
+
 @pytest.mark.parametrize("kind", ["stokes", "sisco-structured"])
 @pytest.mark.parametrize("form", ["packed", "multifile"])
 def test_numpy_load_through_a_mount(mount, written, kind, form):

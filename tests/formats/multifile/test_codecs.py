@@ -10,7 +10,7 @@ import pytest
 from ctdsfs.errors import FormatError
 from ctdsfs.formats.casacore.aipsio import AipsReader, AipsWriter
 from ctdsfs.formats.multifile.header import (
-    _assemble_v2,
+    assemble_v2,
     encode_header_v1,
     encode_header_v2,
     pack_index,
@@ -154,7 +154,7 @@ def _logical_v2(path):
     store = FileStore(path)
     try:
         h = read_header(store)
-        return h, _assemble_v2(store, store.size(), h.block_size, h.header_size, h.cont_first)
+        return h, assemble_v2(store, store.size(), h.block_size, h.header_size, h.cont_first)
     finally:
         store.close()
 

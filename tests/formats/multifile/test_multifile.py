@@ -485,7 +485,7 @@ def test_run_and_block_by_block_checks_agree():
             "q", [rng.randrange(-2, 45) for _ in range(rng.randrange(0, 4))])))
             for slot in range(rng.randrange(0, 8))]
         nonempty = [(slot, e) for slot, e in candidates if len(e.blocks)]
-        runs = multifile._entry_runs(e for _, e in nonempty)
+        runs = multifile.entry_block_runs(e for _, e in nonempty)
         by_runs = multifile.MultiFile._bad_blocks(nonempty, runs, limit)
         exact = multifile.MultiFile._bad_blocks_exactly(nonempty, limit) if nonempty else []
         assert by_runs == exact, (candidates, limit)

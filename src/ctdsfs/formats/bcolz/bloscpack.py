@@ -21,6 +21,7 @@ import numpy as np
 from ...errors import BlockError, FormatError
 from ...io.blosc_chunk import BLOSC_HEADER, CHECKSUMS, Chunk
 from ...io.decoded_cache import DecodedCache
+from ...io.lazy_files import json_file
 from ...io.npy import npy_header
 from ...io.store import open_regular
 from .view import (
@@ -33,7 +34,6 @@ from .view import (
     View,
     attrs_line,
     is_int,
-    json_file,
 )
 
 BLOSCPACK_HEADER = struct.Struct("<4sBBBBiiqq")

@@ -17,6 +17,7 @@ from ...io.blosc_chunk import BLOSC_HEADER, Chunk, file_identity
 from ...io.buffers import spare_buffer
 from ...io.decoded_cache import DecodedCache, shared_pool
 from ...io.directory import PlainDirectory
+from ...io.lazy_files import json_file
 from ...io.npy import npy_header
 from ...io.store import DIRECT_ALIGN, preadv_all, read_direct
 from .view import (
@@ -30,7 +31,6 @@ from .view import (
     attrs_line,
     carray_info_lines,
     is_int,
-    json_file,
     parse_dtype,
     read_attrs,
     read_json,

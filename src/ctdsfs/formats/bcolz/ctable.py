@@ -12,6 +12,7 @@ from ...container import name_problem
 from ...errors import FormatError
 from ...io.beneath import kind_beneath
 from ...io.decoded_cache import DecodedCache
+from ...io.lazy_files import json_file
 from ...io.npy import npy_header
 from .carray import Carray
 from .view import (
@@ -19,7 +20,6 @@ from .view import (
     View,
     attrs_line,
     carray_info_lines,
-    json_file,
     read_attrs,
     read_json,
     readahead_for_chunks,

@@ -16,6 +16,7 @@ import numpy as np
 from ...container import READAHEAD_KB, DerivedView, name_problem
 from ...errors import CtdsfsError, FormatError, NotPermitted
 from ...io.beneath import create_exclusive_beneath, parent_fd, read_small_beneath
+from ...io.lazy_files import LazyBytes
 from ...io.store import lock_for_writing, write_all_synced
 
 log = logging.getLogger(__name__)
@@ -96,31 +97,6 @@ def attrs_line(info):
     return f"  attrs            {json.dumps(info.get('attrs', {}))}"
 
 
-class Bytes:
-    """A read-only file whose bytes ``make()`` makes on first use, and again once
-    ``version()`` (what they derive from) has changed."""
-
-    def __init__(self, make, version=lambda: 0):
-        self._make, self._version = make, version
-        self._made = (None, None)
-
-    def data(self):
-        version = self._version()
-        if self._made[0] != version or self._made[1] is None:
-            self._made = (version, self._make())
-        return self._made[1]
-
-    def size(self):
-        return len(self.data())
-
-    def read(self, offset, size):
-        return self.data()[offset:offset + size]
-
-
-def json_file(make, version=lambda: 0):
-    return Bytes(lambda: (json.dumps(make(), indent=2) + "\n").encode(), version)
-
-
 class ChunkFile:
     """``chunks/N``: one chunk decompressed."""
 
@@ -141,7 +117,7 @@ class NpyFile:
 
     def __init__(self, source):
         self.source = source
-        self._header = Bytes(source.npy_header, lambda: source.version)
+        self._header = LazyBytes(source.npy_header, lambda: source.version)
 
     def size(self):
         return len(self._header.data()) + self.source.data_bytes()

@@ -37,6 +37,7 @@ import numpy as np
 
 from ...container import DerivedView
 from ...errors import BlockError, FormatError, NotPermitted, ReadOnlyError
+from ...io.lazy_files import LazyBytes
 from ...io.npy import npy_header
 from .base import TP_BOOL, TP_STRING, TP_UCHAR
 from .cell_write import commits_atomically, why_not_written, write_cells
@@ -46,24 +47,6 @@ BLOCK_BYTES = 1 << 20
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 log = logging.getLogger(__name__)
-
-
-class _Bytes:
-    """A file made whole on first use."""
-
-    def __init__(self, make):
-        self._make, self._data = make, None
-
-    def data(self):
-        if self._data is None:
-            self._data = self._make()
-        return self._data
-
-    def size(self):
-        return len(self.data())
-
-    def read(self, offset, size):
-        return self.data()[offset:offset + size]
 
 
 class _ColumnNpy:
@@ -394,7 +377,7 @@ class ColumnsView(DerivedView):
             try:
                 shown[name] = self._column_entries(files, name, col)
                 for entry in files.values():  # a size only the values tell: decoded now,
-                    if isinstance(entry, _Bytes):  # so a failure leaves out this column,
+                    if isinstance(entry, LazyBytes):  # so a failure leaves out this column,
                         entry.data()  # not the whole listing that asks the sizes
             except (FormatError, BlockError) as exc:
                 shown[name], failed[name] = [], str(exc)
@@ -416,7 +399,7 @@ class ColumnsView(DerivedView):
             return False
         if isinstance(entry, _ColumnNpy):
             return self._decodes_at_once(entry) or entry.held(offset, size)
-        return isinstance(entry, bytes) or (isinstance(entry, _Bytes) and
+        return isinstance(entry, bytes) or (isinstance(entry, LazyBytes) and
                                             entry._data is not None)
 
     def _decodes_at_once(self, entry):
@@ -438,9 +421,9 @@ class ColumnsView(DerivedView):
         if not col.decoded:
             return []
         if col.data_type == TP_STRING and not col.is_array:
-            column = _Bytes(lambda: self._decoded(name, StringColumn))
-            entries[f"{name}.offsets.npy"] = _Bytes(lambda: _npy_bytes(column.data().offsets))
-            entries[f"{name}.data"] = _Bytes(lambda: column.data().data)
+            column = LazyBytes(lambda: self._decoded(name, StringColumn))
+            entries[f"{name}.offsets.npy"] = LazyBytes(lambda: _npy_bytes(column.data().offsets))
+            entries[f"{name}.data"] = LazyBytes(lambda: column.data().data)
             return [f"{name}.offsets.npy", f"{name}.data"]
         if col.data_type != TP_STRING:
             shape = col.cell_shape if col.cell_shape is not None else self._uniform_shape(name)
@@ -448,7 +431,7 @@ class ColumnsView(DerivedView):
                 entries[f"{name}.npy"] = self._single.get(name) or _ColumnNpy(
                     self.table, name, shape, col.dtype, f"{self.label}/{name}.npy")
                 return [f"{name}.npy"]
-        whole = _Bytes(lambda: self._decoded(name, VarShapeColumn))
+        whole = LazyBytes(lambda: self._decoded(name, VarShapeColumn))
         files = {f"{name}.shapes.npy": lambda: _npy_bytes(_shapes(whole.data(), col.ndim)),
                  f"{name}.offsets.npy": lambda: _npy_bytes(whole.data().offsets)}
         if col.data_type == TP_STRING:  # the elements as a String scalar column's files
@@ -456,7 +439,7 @@ class ColumnsView(DerivedView):
             files[f"{name}.values.data"] = lambda: whole.data().values.data
         else:
             files[f"{name}.values.npy"] = lambda: _npy_bytes(whole.data().values)
-        entries.update((key, _Bytes(make)) for key, make in files.items())
+        entries.update((key, LazyBytes(make)) for key, make in files.items())
         return list(files)
 
     def _decoded(self, name, kind):

@@ -38,6 +38,7 @@ import threading
 import numpy as np
 
 from ...errors import FormatError
+from ...io.decoded_cache import DecodedCache, shared_pool
 from . import dysco_tables
 from .base import TP_COMPLEX, TP_FLOAT, read_exact
 
@@ -45,29 +46,48 @@ HEADER_READ = 1 << 16
 MAX_NAME = 4096
 MAX_BLOCK = 1 << 30  # bytes of one block (every column's part)
 ANTENNA_ROWS = 1 << 16  # rows of ANTENNA1/ANTENNA2 read at a time (AF needs each row's)
+# a piece (see DyscoReader.read): a power of two rows, so the mount's reads of a power of
+# two rows fall within one; at least 4 MiB, where numpy asks for huge pages
+PIECE_BYTES = 8 << 20
+PIECES_AHEAD = 2  # pieces decoded ahead of a reader going through a column
 # bits -> (bytes, symbols) of the smallest run of whole bytes holding whole symbols
 GROUPS = {2: (1, 4), 3: (3, 8), 4: (1, 2), 6: (3, 4), 8: (1, 1), 10: (5, 4), 12: (3, 2),
           16: (2, 1)}
 NORMALISATIONS = ("AF", "RF", "Row")
 AF, RF, ROW = 0, 1, 2
 WEIGHT_COLUMN = "WEIGHT_SPECTRUM"  # Dysco tells the weight column by this name
+PAGE = 4096
+ZERO_TAIL = 8  # zero bytes after those read: past a group cut short, and the byte after it
+CHUNK_SYMBOLS = 1 << 18  # symbols decoded at a time: bounds each thread's working arrays
+_WORKING = threading.local()  # each thread's working arrays (see _scratch)
 
 
-def unpack_symbols(raw, bits, skip, count):
-    """Symbols ``skip .. skip + count`` of ``raw`` (starting where a group of whole bytes
-    starts), ``bits`` each, packed from the lowest bit up, as ``intp`` (numpy's ``take``
-    converts narrower indices slowly). A symbol of the widths Dysco packs lies within
-    the two bytes from the one it starts in: the j-th symbol of every group is cut at
-    once from those bytes read as little-endian words, a group's size apart."""
+def _scratch(name, count, dtype):
+    """``count`` items of this thread's working array ``name``, reused from one block to the
+    next: a fresh large array costs a page fault for every 4 KiB written to it."""
+    held = getattr(_WORKING, name, None)
+    if held is None or held.size < count or held.dtype != dtype:
+        held = np.empty(count, dtype)
+        setattr(_WORKING, name, held)
+    return held[:count]
+
+
+def unpack_symbols(padded, bits, skip, count):
+    """Symbols ``skip .. skip + count`` of the ``uint8`` array ``padded`` (starting where a
+    group of whole bytes starts; zeros after the bytes, up to a group and a byte past the
+    last symbol), ``bits`` each, packed from the lowest bit up, as ``intp`` (numpy's
+    ``take`` converts narrower indices slowly), in this thread's working array
+    ``symbols``. A symbol of the widths Dysco packs lies within the two bytes from the
+    one it starts in: the j-th symbol of every group is cut at once from those bytes
+    read as little-endian words, a group's size apart."""
     size, per = GROUPS[bits]
     groups = -(-(skip + count) // per)
     if bits in (8, 16):  # (a symbol a group: nothing to skip)
-        return np.frombuffer(raw, "<u1" if bits == 8 else "<u2", count).astype(np.intp)
-    padded = np.zeros(groups * size + 1, np.uint8)  # (a last group cut short, and the
-    available = min(len(raw), groups * size)       # byte after it, read as zeros)
-    padded[:available] = np.frombuffer(raw, np.uint8, available)
-    out = np.empty((groups, per), np.intp)
-    part = np.empty(groups, np.uint16)
+        symbols = _scratch("symbols", count, np.intp)
+        np.copyto(symbols, np.frombuffer(padded, "<u1" if bits == 8 else "<u2", count))
+        return symbols
+    out = _scratch("symbols", groups * per, np.intp).reshape(groups, per)
+    part = _scratch("part", groups, np.uint16)
     mask = np.uint16((1 << bits) - 1)
     for j in range(per):
         first, shift = divmod(j * bits, 8)
@@ -94,6 +114,9 @@ class _Part:
                          ROW: rows}[header["normalization"]]
         self.symbol_bytes = (rows * self.symbols_per_row * bits + 7) // 8
         self.size = 4 * self.meta + self.symbol_bytes
+        self.dtype = np.dtype(np.float32 if self.weight else np.complex64)
+        row_bytes = self.channels * self.pols * self.dtype.itemsize
+        self.piece_rows = 1 << max(0, (PIECE_BYTES // max(1, row_bytes)).bit_length() - 1)
 
 
 class DyscoReader:
@@ -116,8 +139,8 @@ class DyscoReader:
         if distribution == dysco_tables.TRUNCATED_GAUSSIAN and \
                 not 0 < head["truncation"] < float("inf"):
             raise FormatError(f"{self.name}: TruncatedGaussian at {head['truncation']}")
-        self._table = dysco_tables.decode_table(head["data_bits"], distribution, head["nu"],
-                                                head["truncation"])
+        self._table64 = dysco_tables.decode_table(
+            head["data_bits"], distribution, head["nu"], head["truncation"]).astype(np.float64)
         self.parts, offset = {}, 0
         for col, column_header in zip(columns, head["columns"]):
             part = self._part(col, head, offset)
@@ -137,6 +160,9 @@ class DyscoReader:
         self.blocks = past // offset if self.rows_per_block and past > 0 else 0
         self._antenna_chunks = {}
         self._lock = threading.Lock()
+        self._pieces = DecodedCache((PIECES_AHEAD + 2) * PIECE_BYTES)
+        self._generation = 0  # one more after each write: pieces decoded before are stale
+        self._last_piece = {}  # column -> the last piece its previous read reached
 
     def _parse_header(self, data, ncolumns):
         name = self.name
@@ -196,13 +222,59 @@ class DyscoReader:
         return col.cell_shape
 
     def forget_cached(self):
-        """Drop the antennas kept (the table's files were written)."""
+        """Drop the antennas and pieces kept (the table's files were written)."""
         self._antenna_chunks = {}
+        self._generation += 1
 
     def read(self, col, start, stop):
+        """Rows ``start..stop``: a reader going through the column in order gets them from
+        pieces of about PIECE_BYTES decoded whole (a read within one is a read-only view
+        of it, not a copy), the next pieces decoded ahead in other threads meanwhile
+        (reading the file and numpy's loops release the GIL); other reads decode exactly
+        their rows, as does a read whose piece holds a damaged block."""
         part = self.parts[col.name]
-        out = np.zeros((stop - start, part.channels, part.pols),
-                       np.float32 if part.weight else np.complex64)
+        if stop <= start or not self.rows_per_block:
+            return self._decode(part, start, stop)
+        first, last = start // part.piece_rows, (stop - 1) // part.piece_rows
+        in_order = abs(first - self._last_piece.get(col.name, -1)) <= 1
+        self._last_piece[col.name] = last
+        if not in_order:
+            return self._decode(part, start, stop)
+        try:
+            pieces = [self._piece(part, number) for number in range(first, last + 1)]
+        except FormatError:
+            return self._decode(part, start, stop)
+        self._decode_ahead(part, last)
+        rows = [piece[max(0, start - number * part.piece_rows):stop - number * part.piece_rows]
+                for number, piece in enumerate(pieces, first)]
+        return rows[0] if len(rows) == 1 else np.concatenate(rows)
+
+    def _piece_rows(self, part, number):
+        start = number * part.piece_rows
+        return start, min(self.table.nrow, start + part.piece_rows)
+
+    def _decoded_piece(self, part, number):
+        """Piece ``number`` as read-only bytes (the cache counts what it holds by length)."""
+        data = self._decode(part, *self._piece_rows(part, number)).reshape(-1).view(np.uint8)
+        data.flags.writeable = False
+        return data
+
+    def _piece(self, part, number):
+        data = self._pieces.get_or_load((part.col.name, number), self._generation,
+                                        lambda: self._decoded_piece(part, number))
+        return data.view(part.dtype).reshape(-1, part.channels, part.pols)
+
+    def _decode_ahead(self, part, last):
+        pool = shared_pool("dysco-ahead", PIECES_AHEAD)
+        count = -(-self.table.nrow // part.piece_rows)
+        for number in range(last + 1, min(count, last + 1 + PIECES_AHEAD)):
+            self._pieces.load_ahead((part.col.name, number), self._generation,
+                                    lambda number=number: self._decoded_piece(part, number),
+                                    pool.submit)
+
+    def _decode(self, part, start, stop):
+        """Rows ``start..stop`` decoded into a new array."""
+        out = np.zeros((stop - start, part.channels, part.pols), part.dtype)
         if stop <= start or not self.rows_per_block:
             return out
         rows = self.rows_per_block
@@ -215,12 +287,14 @@ class DyscoReader:
             first, end = max(start, block * rows), min(stop, (block + 1) * rows)
             into = out[first - start:end - start]
             within = (first - block * rows, end - block * rows)
-            if part.weight:
-                self._weights(part, block, within, into)
-            else:
-                pair = None if antennas is None else \
-                    (antennas[0][first - start:end - start], antennas[1][first - start:end - start])
-                self._data(part, block, within, pair, into)
+            with np.errstate(all="ignore"):  # (NaN and infinite values decode as such)
+                if part.weight:
+                    self._weights(part, block, within, into)
+                else:
+                    pair = None if antennas is None else \
+                        (antennas[0][first - start:end - start],
+                         antennas[1][first - start:end - start])
+                    self._data(part, block, within, pair, into)
         return out
 
     def _antenna_rows(self, name, chunk):
@@ -253,46 +327,92 @@ class DyscoReader:
             pair.append(values.astype(np.intp))
         return pair
 
-    def _symbols(self, part, block, within):
-        """(factors, symbols of the rows ``within`` the block)."""
-        at = self.header_size + block * self.block_size + part.offset
-        meta = np.frombuffer(read_exact(self.source, self.name, at, 4 * part.meta,
-                                        "block factors"), "<f4")
+    def _block_at(self, part, block):
+        return self.header_size + block * self.block_size + part.offset
+
+    def _read(self, name, offset, size, what):
+        """Bytes ``offset .. offset + size`` of the file, then ZERO_TAIL zero bytes, in this
+        thread's working array ``name``; from a source that reads into buffers, placed as
+        the offset within a page (a copy from the page cache is slower otherwise)."""
+        read_into = getattr(self.source, "read_into", None)
+        if read_into is None:
+            data = np.frombuffer(read_exact(self.source, self.name, offset, size, what),
+                                 np.uint8)
+            buffer = _scratch(name, size + ZERO_TAIL, np.uint8)
+            buffer[:size] = data
+        else:
+            held = _scratch(name, size + ZERO_TAIL + PAGE, np.uint8)
+            place = (offset - held.ctypes.data) % PAGE
+            buffer = held[place:place + size + ZERO_TAIL]
+            done = read_into(self.name, offset, buffer[:size])
+            if done != size:
+                raise FormatError(f"{self.name}: {what} (bytes {offset}..{offset + size}) "
+                                  f"lies past the end of the file")
+        buffer[size:] = 0
+        return buffer
+
+    def _factors(self, part, block):
+        data = self._read("factors", self._block_at(part, block), 4 * part.meta,
+                          "block factors")
+        return data[:4 * part.meta].view("<f4").astype(np.float64)
+
+    def _symbols(self, part, block, first, end):
+        """The symbols of rows ``first..end`` of the block (a thread's working array)."""
+        at = self._block_at(part, block) + 4 * part.meta
         size, per = GROUPS[part.bits]
-        first_symbol = within[0] * part.symbols_per_row
-        count = (within[1] - within[0]) * part.symbols_per_row
+        first_symbol = first * part.symbols_per_row
+        count = (end - first) * part.symbols_per_row
         group = first_symbol // per
         begin = group * size
-        end = min(part.symbol_bytes, -(-(first_symbol + count) // per) * size)
-        raw = read_exact(self.source, self.name, at + 4 * part.meta + begin, end - begin,
-                         "block symbols")
-        symbols = unpack_symbols(np.frombuffer(raw, np.uint8), part.bits,
-                                 first_symbol - group * per, count)
-        return meta.astype(np.float64), symbols
+        stop = min(part.symbol_bytes, -(-(first_symbol + count) // per) * size)
+        raw = self._read("raw", at + begin, stop - begin, "block symbols")
+        return unpack_symbols(raw, part.bits, first_symbol - group * per, count)
+
+    def _chunks(self, part, within):
+        """The rows ``within`` the block in runs of about CHUNK_SYMBOLS symbols."""
+        step = max(1, CHUNK_SYMBOLS // part.symbols_per_row)
+        return [(first, min(within[1], first + step))
+                for first in range(within[0], within[1], step)]
 
     def _weights(self, part, block, within, into):
-        meta, symbols = self._symbols(part, block, within)
-        scale = meta[0] / np.float64((1 << part.bits) - 1)
-        values = (symbols.astype(np.float64) * scale).astype(np.float32)
-        into[...] = values.reshape(-1, part.channels, 1)
+        scale = self._factors(part, block)[0] / np.float64((1 << part.bits) - 1)
+        for first, end in self._chunks(part, within):
+            symbols = self._symbols(part, block, first, end)
+            values = _scratch("values", symbols.size, np.float64)
+            np.multiply(symbols, scale, out=values)
+            np.copyto(into[first - within[0]:end - within[0]],
+                      values.reshape(-1, part.channels, 1), casting="unsafe")
 
     def _data(self, part, block, within, antennas, into):
-        meta, symbols = self._symbols(part, block, within)
+        """Each value ``float(double(table[symbol]) * factor)``: the symbols looked up in
+        the table (as doubles), multiplied in place by their factors, then rounded into
+        ``into``, a run of rows at a time in this thread's working arrays."""
+        meta = self._factors(part, block)
         channels, pols = part.channels, part.pols
-        nrow = within[1] - within[0]
-        if self.normalization == ROW:
-            factor = meta[within[0]:within[1]].reshape(nrow, 1, 1)
-        else:
-            per_channel = meta[:channels * pols].reshape(1, channels, pols)
-            rest = meta[channels * pols:]
-            if self.normalization == RF:
-                per_row = rest.reshape(-1, pols)[within[0]:within[1]]
+        per_channel, rest = meta[:channels * pols], meta[channels * pols:]
+        for first, end in self._chunks(part, within):
+            symbols = self._symbols(part, block, first, end)
+            nrow = end - first
+            values = _scratch("values", symbols.size, np.float64)
+            np.take(self._table64, symbols, out=values, mode="clip")  # (symbols < 2**bits)
+            if self.normalization == ROW:
+                per_value = values.reshape(nrow, -1)
+                np.multiply(per_value, meta[first:end, None], out=per_value)
             else:
-                per_antenna = rest.reshape(pols, self.antennas).T
-                per_row = per_antenna[antennas[0]] * per_antenna[antennas[1]]
-            factor = per_channel * per_row.reshape(nrow, 1, pols)
-        values = np.take(self._table, symbols).reshape(nrow, channels, pols, 2)
-        out = into.view(np.float32).reshape(values.shape)
-        for part in (0, 1):  # real, imaginary: one factor for both, a double product
-            np.multiply(values[..., part], factor, out=out[..., part], dtype=np.float64,
-                        casting="unsafe")
+                if self.normalization == RF:
+                    per_row = rest.reshape(-1, pols)[first:end]
+                else:
+                    per_antenna = rest.reshape(pols, self.antennas).T
+                    rows = slice(first - within[0], end - within[0])
+                    per_row = per_antenna[antennas[0][rows]] * per_antenna[antennas[1][rows]]
+                factor = _scratch("factor", nrow * channels * pols, np.float64)
+                factor = factor.reshape(nrow, channels, pols)
+                for pol in range(pols):  # (a product a pass: long loops, no repeats)
+                    np.multiply(per_channel[pol::pols], per_row[:, pol, None],
+                                out=factor[:, :, pol])
+                pairs = values.reshape(nrow, channels * pols, 2)
+                factor = factor.reshape(nrow, channels * pols)
+                for half in (0, 1):  # real, imaginary: one factor for both
+                    np.multiply(pairs[:, :, half], factor, out=pairs[:, :, half])
+            np.copyto(into[first - within[0]:end - within[0]].view(np.float32).reshape(-1),
+                      values, casting="unsafe")

@@ -134,12 +134,16 @@ class _Stream:
                          for key in zip(*columns) for pol in range(self.stored)], np.int64)
 
     def _grow(self, baselines):
-        more = baselines - len(self.count)
+        """Room in the history for ``baselines`` (keys): at least twice the room before,
+        so that a stream meeting new baselines batch after batch copies its history a
+        few times, not once a batch."""
         held = sum(h.dtype.itemsize * h.shape[0] for h in self.history) * self.channels
         if baselines * held > MAX_HISTORY:
             raise FormatError(f"{self.reader.name}: {baselines // 2} baselines and correlations keep "
                               "more history than this reader holds")
-        if more > 0:
+        if baselines > len(self.count):
+            room = max(baselines, min(2 * len(self.count), MAX_HISTORY // max(1, held)))
+            more = room - len(self.count)
             self.history = [np.concatenate([h, np.zeros((h.shape[0], more) + h.shape[2:],
                                                         h.dtype)], axis=1)
                             for h in self.history]
@@ -230,13 +234,12 @@ class SiscoReader:
         if stop <= start:
             return out
         with self._lock:
-            if self._recent and self._recent[0][0] <= start and stop <= self._stream.row:
-                self._copy_recent(start, stop, out)
-                return out
             stream = self._stream
-            if stream is None or stream.row > start:
+            kept = self._recent[0][0] if self._recent else None
+            if stream is None or (start < stream.row and (kept is None or start < kept)):
                 stream, self._recent = _Stream(self, col), deque()
                 self._stream = stream
+            self._copy_recent(start, stop, out)  # (rows decoded before: all kept from ``start``)
             try:
                 while stream.row < stop:
                     first = stream.row
@@ -252,8 +255,9 @@ class SiscoReader:
 
     def _keep(self, first, cells):
         """Keep the latest rows decoded (up to RECENT_BYTES): a read that the kernel hands
-        over after the one following it finds its rows here, not by decoding anew from
-        the first row."""
+        over after the one following it, or one that starts a row before the previous one
+        ended (as the mount's reads of rows that straddle them do), finds its rows here,
+        not by decoding anew from the first row."""
         self._recent.append((first, cells))
         while len(self._recent) > 1 and \
                 sum(c.nbytes for _, c in self._recent) > RECENT_BYTES:

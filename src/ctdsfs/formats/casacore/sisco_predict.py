@@ -14,6 +14,12 @@ import numpy as np
 M32 = 0xFFFFFFFF
 
 
+def _clip(values, low, high):
+    """``np.clip`` of integers without its checks of the bounds' types, which cost more
+    than the clipping on the arrays predictions work on."""
+    return np.minimum(np.maximum(values, low), high)
+
+
 def allows(e):
     return (e != -128) & (e != -127)
 
@@ -39,8 +45,8 @@ def _match(p, e):
     """(usable, m, s): ``p`` shifted to exponent ``e``; not usable when it would lose more
     than 7 bits on the left."""
     m, pe, s = p
-    up = np.clip(pe - e, 0, 7)
-    down = np.clip(e - pe, 0, 24)
+    up = _clip(pe - e, 0, 7)
+    down = _clip(e - pe, 0, 24)
     shifted = np.where(pe > e, (m << up) & M32,
                        np.where(e - pe > 24, 0, m >> down))
     return (pe <= e) | (pe - e <= 7), np.where(pe == e, m, shifted), s
@@ -68,7 +74,7 @@ def _choose(cases, default):
 def p1(p, e):
     m, pe, s = p
     up_m, up_s = _threshold((m << 1) & M32, s)
-    shifted = np.where(e - pe > 24, 0, m >> np.clip(e - pe, 0, 24))
+    shifted = np.where(e - pe > 24, 0, m >> _clip(e - pe, 0, 24))
     return _choose([(~allows(pe), lambda: _zero(e)), (pe == e, lambda: (m, s)),
                     ((pe > e) & (pe - e > 1), lambda: _zero(e)), (pe > e, lambda: (up_m, up_s)),
                     (e - pe > 24, lambda: _zero(e))], (shifted, s))
@@ -188,7 +194,7 @@ def float_bits(m, e, s):
     math = ok & (m != 0)
     top = np.frexp(np.where(math, m, 1).astype(np.float64))[1] - 1
     shift = np.where(math, top - 23, 0)
-    m = np.where(shift >= 0, m >> np.clip(shift, 0, 31), (m << np.clip(-shift, 0, 31)) & M32)
+    m = np.where(shift >= 0, m >> _clip(shift, 0, 31), (m << _clip(-shift, 0, 31)) & M32)
     e = np.where(math, (e + shift + 128) % 256 - 128, e)
     sign = np.where(s, 0x80000000, 0)
     bits = np.where(ok & ~math, sign, (m & 0x007FFFFF) | (((e + 127) & 0xFF) << 23) | sign)

@@ -8,7 +8,7 @@ from array import array
 
 from ...errors import BlockError, ContainerFull
 from ...io.store import create_exclusive
-from .blocks import _grown
+from .blocks import zero_padded
 from .header import Header, encode_body_v2, encode_header_v1, encode_header_v2
 
 
@@ -84,7 +84,7 @@ class MultiFileCommitting:
         self.header = new
         self._nblocks = new.nblocks
         if h.use_crc:
-            self._crcs = _grown(array("I", new.crcs), new.nblocks)
+            self._crcs = zero_padded(array("I", new.crcs), new.nblocks)
         self._free = list(new.free_blocks)
         self._pending_free = []
         self._committed = used
@@ -120,7 +120,7 @@ class MultiFileCommitting:
             new.cont_used = tuple(len(chain) if i == target else 0 for i in (0, 1))
             new.cont_first = chain[0] if chain else 0
             if new.use_crc:
-                new.crcs = _grown(self._crcs, nblocks)[:nblocks]  # (a slice: a copy)
+                new.crcs = zero_padded(self._crcs, nblocks)[:nblocks]  # (a slice: a copy)
                 for block in taken:
                     new.crcs[block] = 0  # continuation blocks have no CRC
             raw = encode_header_v2(new, body)

@@ -41,7 +41,7 @@ from ...container import Container, name_problem
 from ...errors import BlockError, CtdsfsError, FormatError
 from ...io.store import VirtualFileStore, open_store
 from ...remote.wire import RemoteError
-from .blocks import _entry_runs, _grown
+from .blocks import entry_block_runs, zero_padded
 from .commit import MultiFileCommitting
 from .header import FIXED_V2, PLAIN, Header, looks_like_multifile, looks_like_v2, read_header
 from .index import open_index, plain_bitmap
@@ -123,7 +123,7 @@ class MultiFile(MultiFileReading, MultiFileWriting, MultiFileCommitting, Contain
         self._pending_free = []  # freed since the last commit, still in the committed state
         self._crcs = array("I", header.crcs)
         if header.use_crc:
-            self._crcs = _grown(self._crcs, self._nblocks)
+            self._crcs = zero_padded(self._crcs, self._nblocks)
         self._buffers = {}  # id(entry) -> [block index, bytearray, entry]: a dirty partial block
         self._nested = {}
         # Names shown as files for another reason than their first bytes (a bad block, a
@@ -140,10 +140,10 @@ class MultiFile(MultiFileReading, MultiFileWriting, MultiFileCommitting, Contain
 
     def _referenced_blocks(self, runs=None):
         """A bitmap (a byte per block) of the blocks that the visible entries (as they are
-        now) use, or that ``runs`` (their ``_block_runs``) cover; validated: all within
+        now) use, or that ``runs`` (their ``block_runs``) cover; validated: all within
         the container."""
         if runs is None:
-            runs = _entry_runs(self._entries.values())
+            runs = entry_block_runs(self._entries.values())
         used = bytearray(max((stop for _, stop in runs), default=0))
         for first, stop in runs:
             used[first:stop] = b"\1" * (stop - first)
@@ -242,7 +242,7 @@ class MultiFile(MultiFileReading, MultiFileWriting, MultiFileCommitting, Contain
             entries[name] = e
             if count:
                 holding.append((slot, e))
-        runs = _entry_runs(e for _, e in holding)
+        runs = entry_block_runs(e for _, e in holding)
         bad = self._bad_blocks(holding, runs, self._nblocks)
         for slot, name, why in bad:
             hidden[slot] = (name, why)

@@ -515,7 +515,7 @@ def _read_header_v1(store, physical, header_size, block_size, counter, hdrext_pa
                   has_hdrext=has_hdrext, fingerprint=_fingerprint(data))
 
 
-def _assemble_v2(store, physical, block_size, header_size, cont_first):
+def assemble_v2(store, physical, block_size, header_size, cont_first):
     """Block 0's part of the header plus the pieces of the continuation chain.
 
     Nothing is read that the file does not hold: a hostile header or block
@@ -555,7 +555,7 @@ def _read_header_v2(store, physical, verify_crc):
     _check_block_count(nblocks)
     if not FIXED_V2.size <= header_size <= max(physical, block_size):
         raise FormatError(f"header size {header_size} is invalid")
-    data = _assemble_v2(store, physical, block_size, header_size, cont_first)
+    data = assemble_v2(store, physical, block_size, header_size, cont_first)
     use_crc = use_crc != 0
     if use_crc and verify_crc:
         actual = crc.crc32_bzip2(data[:28] + b"\0\0\0\0" + data[32:])

@@ -4,7 +4,7 @@ apart in a listing. Part of ``multifile.MultiFile``, which mixes it in."""
 from ...container import Usage
 from ...errors import BlockError
 from ...io import crc
-from .blocks import _spans
+from .blocks import block_spans
 from .header import FIXED_V2, PLAIN, index_runs
 
 # A virtual file named like a container file is one the user stored (a copied
@@ -65,7 +65,7 @@ class MultiFileReading:
             skip = offset - first * bs
             return data[skip:skip + end - offset]
         chunks = []
-        for index, at, want in _spans(blocks, first, bs, offset, end):
+        for index, at, want in block_spans(blocks, first, bs, offset, end):
             data = self.store.view(at, want)
             if len(data) < want:
                 raise self._block_error(name, index, "lies past the end of the container")
@@ -80,7 +80,7 @@ class MultiFileReading:
             return True
         _, first, end, blocks = located
         return all(self.store.cached(at, want)
-                   for _, at, want in _spans(blocks, first, self.block_size, offset, end))
+                   for _, at, want in block_spans(blocks, first, self.block_size, offset, end))
 
     def _block_error(self, name, index, why):
         """The error for one unreadable block; the reader logs it (a mount once per block)."""

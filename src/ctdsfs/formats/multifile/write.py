@@ -9,7 +9,7 @@ from array import array
 
 from ...errors import BlockError, ContainerFull, CtdsfsError, ReadOnlyError, TooLarge
 from ...io import crc
-from .blocks import ZERO_CHUNK, _grown, _zero_block_crc
+from .blocks import ZERO_CHUNK, zero_block_crc, zero_padded
 from .header import Entry
 
 log = logging.getLogger(__name__)
@@ -263,7 +263,7 @@ class MultiFileWriting:
                     self._write_zeros(targets[run], min(k - run, zeros_from - targets[run]))
                 run = k
         if view is None and self.header.use_crc:
-            zero_crc = _zero_block_crc(bs)
+            zero_crc = zero_block_crc(bs)
             for block in targets:
                 self._crcs[block] = zero_crc
         for k, block in enumerate(targets):
@@ -300,7 +300,7 @@ class MultiFileWriting:
         block = self._nblocks
         self._nblocks += 1
         if self.header.use_crc and len(self._crcs) <= block:
-            self._crcs = _grown(self._crcs, block + 1 + block // 4)
+            self._crcs = zero_padded(self._crcs, block + 1 + block // 4)
         return block
 
     def _release(self, blocks):

@@ -12,8 +12,9 @@ import numpy as np
 
 from ...container import name_problem
 from ...errors import BlockError, CtdsfsError, FormatError
+from ...io.lazy_files import PiecedFile
 from ...io.npy import npy_header
-from .fragment import TILES, LazyFile
+from .fragment import TILES
 from .fragment_meta import fields_of, timestamps
 from .schema import MAX_TILE_BYTES
 
@@ -67,7 +68,7 @@ class DenseView:
             return None
 
     def _dense_file(self, attr_index, part, header, size):
-        """The LazyFile of one part: the fragments' decoded tiles one after another when
+        """The PiecedFile of one part: the fragments' decoded tiles one after another when
         ``_dense_bands`` finds them in cell order (no copy, decoded ahead as a
         fragment's file is), else one piece merged in memory."""
         bands = []
@@ -97,7 +98,7 @@ class DenseView:
             source = bands[0][i][0] if bands else None
             return source is not None and source[0].tile_held(
                 source[1], "validity" if part == "validity" else "data", source[2])
-        return LazyFile(layout, load, held)
+        return PiecedFile(layout, load, held)
 
     def _fill_band(self, attr_index, part):
         """A whole band (one tile's cells) of the attribute's fill value."""

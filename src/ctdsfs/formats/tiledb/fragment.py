@@ -8,7 +8,6 @@ next tiles already decoded.
 
 import logging
 import os
-import threading
 from collections import OrderedDict
 
 import numpy as np
@@ -19,6 +18,7 @@ from ...io.beneath import lstat_beneath
 from ...io.buffers import spare_buffer
 from ...io.decoded_cache import DecodedCache, shared_pool
 from ...io.directory import PlainDirectory
+from ...io.lazy_files import PiecedFile
 from ...io.npy import npy_header
 from . import blosc as tiledb_blosc
 from . import filters as tf
@@ -34,7 +34,7 @@ TILES_AHEAD = 3  # a read of tile i has tiles i+1.. decoded ahead, while the cac
 class TileDBDirectory(DerivedView):
     """A read-only translated directory: entries built on first use by ``_build()``.
 
-    An entry is bytes, a ``LazyFile`` file, or a nested container.
+    An entry is bytes, a ``PiecedFile`` file, or a nested container.
     """
 
     format_name = "TileDB"
@@ -42,85 +42,14 @@ class TileDBDirectory(DerivedView):
     read_only_note = " (TileDB arrays are shown read-only)"
 
     def _file_size(self, entry):
-        return entry.size  # (a LazyFile's size is a property)
+        return entry.size  # (a PiecedFile's size is a property)
 
     def cached(self, key, offset, size):
         """Whether the read's tiles are decoded already (then the mount answers it without
         a thread's hop); never builds the entries."""
         entry = (self._built or {}).get(key) if isinstance(key, str) else None
-        return isinstance(entry, bytes) or (isinstance(entry, LazyFile) and
+        return isinstance(entry, bytes) or (isinstance(entry, PiecedFile) and
                                             entry.held(offset, size))
-
-
-class LazyFile:
-    """A file whose bytes are a header followed by the concatenation of pieces.
-
-    ``layout()`` gives the header and every piece's size, worked out when the
-    size or the bytes are first asked for; ``load(i)`` gives piece i (a tile,
-    decoded when a read first touches it), and ``held(i)``, where given, whether
-    piece i is in memory already. A layout that cannot be worked out is EIO for
-    that file.
-    """
-
-    def __init__(self, layout, load, held=None):
-        self._layout = layout
-        self.load = load
-        self._held = held
-        self._ready = None
-        self._lock = threading.Lock()
-
-    def _parts(self):
-        with self._lock:
-            if self._ready is None:
-                try:
-                    header, sizes = self._layout()
-                except BlockError:
-                    raise
-                except CtdsfsError as exc:
-                    raise BlockError(str(exc), str(exc)) from None
-                ends = np.cumsum(np.asarray(sizes, dtype=np.int64)) if len(sizes) \
-                    else np.zeros(0, np.int64)
-                self._ready = header, ends, len(header) + (int(ends[-1]) if len(ends) else 0)
-            return self._ready
-
-    @property
-    def size(self):
-        return self._parts()[2]
-
-    def held(self, offset, size):
-        """Whether ``read(offset, size)`` needs no piece that is not in memory (False while
-        the layout is not worked out)."""
-        ready = self._ready
-        if ready is None or self._held is None:
-            return False
-        header, ends, total = ready
-        pos, stop = max(offset, len(header)) - len(header), min(offset + size, total) - len(header)
-        if pos >= stop:
-            return True
-        first, last = np.searchsorted(ends, [pos, stop - 1], side="right").tolist()
-        return all(self._held(i) for i in range(first, last + 1))
-
-    def read(self, offset, size):
-        header, ends, total = self._parts()
-        end = min(offset + size, total)
-        if end <= len(header):  # small files are all header: bytes, as parsers want
-            return header[offset:end]
-        if offset >= len(header) and offset < end:  # within one piece: one copy
-            pos, stop = offset - len(header), end - len(header)
-            i = int(np.searchsorted(ends, pos, side="right"))
-            start = int(ends[i - 1]) if i else 0
-            if stop <= int(ends[i]):  # handed over without a copy
-                return memoryview(self.load(i)).toreadonly()[pos - start:stop - start]
-        out = bytearray(header[offset:end])
-        pos = max(offset, len(header)) - len(header)
-        stop = end - len(header)
-        while pos < stop:
-            i = int(np.searchsorted(ends, pos, side="right"))
-            start = int(ends[i - 1]) if i else 0
-            piece = self.load(i)
-            out += memoryview(piece)[pos - start:min(stop, int(ends[i])) - start]
-            pos = int(ends[i])
-        return memoryview(out).toreadonly()  # the contract's read-only view: no second copy
 
 
 def _data_file(field, kind):
@@ -168,7 +97,7 @@ class Fragment(TileDBDirectory):
             entries["fragment.json"] = json_bytes({"name": self.name, "problem": str(exc)})
             entries["raw"] = PlainDirectory(self.path)
             return entries
-        entries["fragment.json"] = LazyFile(lambda: (json_bytes(self._describe_fragment()), []),
+        entries["fragment.json"] = PiecedFile(lambda: (json_bytes(self._describe_fragment()), []),
                                          None)
         files = OrderedDict()
         for index, field in enumerate(meta.fields):
@@ -212,15 +141,15 @@ class Fragment(TileDBDirectory):
         return counts
 
     def _field_files(self, index, field):
-        """{file name: LazyFile} of one field (none if it has no tiles or cannot be undone)."""
+        """{file name: PiecedFile} of one field (none if it has no tiles or cannot be undone)."""
         meta = self.meta
         if not meta.stores(field) or tf.pipeline_problem(field.filters):
             return {}
         name = field.name
         if field.var:
-            files = {f"{name}.offsets.npy": LazyFile(lambda: self._offsets_layout(index),
+            files = {f"{name}.offsets.npy": PiecedFile(lambda: self._offsets_layout(index),
                                                   lambda i: self._offsets_piece(index, i)),
-                     f"{name}.data": LazyFile(lambda: (b"", self._var_sizes(index)),
+                     f"{name}.data": PiecedFile(lambda: (b"", self._var_sizes(index)),
                                            lambda i: self._tile(index, "var", i))}
         else:
             def layout():
@@ -228,10 +157,10 @@ class Fragment(TileDBDirectory):
                 dtype, tail = field.user_dtype
                 return (npy_header(dtype.str, (sum(counts),) + tail, False),
                         [c * field.cell_size for c in counts])
-            files = {f"{name}.npy": LazyFile(layout, lambda i: self._tile(index, "data", i),
+            files = {f"{name}.npy": PiecedFile(layout, lambda i: self._tile(index, "data", i),
                                              lambda i: self.tile_held(index, "data", i))}
         if field.nullable:
-            files[f"{name}.validity.npy"] = LazyFile(
+            files[f"{name}.validity.npy"] = PiecedFile(
                 lambda: (npy_header("|u1", (sum(self.cell_counts()),), False),
                          self.cell_counts()),
                 lambda i: self._tile(index, "validity", i),

@@ -22,10 +22,10 @@ import numpy as np
 
 from ...container import name_problem
 from ...errors import BlockError, CtdsfsError, FormatError
+from ...io.lazy_files import PiecedFile
 from ...io.npy import npy_header
 from .deletes import matches, read_deletes
 from .dense import MAX_DENSE_BYTES
-from .fragment import LazyFile
 from .fragment_meta import fields_of, timestamps
 from .hilbert import hilbert_values
 
@@ -57,7 +57,7 @@ class SparseView:
                 files[f"{field.name}.validity.npy"] = "validity"
             for name, part in files.items():
                 if not name_problem(name):
-                    entries[name] = LazyFile(
+                    entries[name] = PiecedFile(
                         lambda f=index, p=part: self._sparse_layout(f, p),
                         lambda i, f=index, p=part: self._sparse_part(f, p))
         return entries
