@@ -28,6 +28,7 @@ Every worker answers alike: inode numbers come from a table they share
 
 import contextlib
 import fcntl
+import inspect
 import logging
 import os
 import select
@@ -41,6 +42,11 @@ import trio
 from .fuse_adapter import mount_session, serve_loop, set_readahead
 from .vfs.filesystem import ROOT_INO
 from .vfs.shared_inodes import SharedInodes
+
+# run_sync's keyword for a wait a cancel may leave behind (trio 0.23 renamed it; the
+# container image installs the newest trio, the Debian host may have an older one)
+ABANDON_ON_CANCEL = "abandon_on_cancel" if "abandon_on_cancel" in inspect.signature(
+    trio.to_thread.run_sync).parameters else "cancellable"
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +94,7 @@ class Gate:
         except BlockingIOError:
             with trio.CancelScope() as self._leading_wait:
                 await trio.to_thread.run_sync(fcntl.flock, self._lead_fd, fcntl.LOCK_EX,
-                                              cancellable=True)
+                                              **{ABANDON_ON_CANCEL: True})
             if self._closed:
                 return
         self._leading = True

@@ -339,7 +339,9 @@ def _misbehaving(container, hostile, mount, monkeypatch, where, mode):
         assert evicted(directory / "first").read_bytes() == contents["first"]
     server.mode = mode
     os.listdir(m.mountpoint)  # (a revalidation starts, in the background)
-    served = "second" if mode in LISTING_MODES | {"no-validators"} else "Input/output error"
+    served = {"second"} if mode in LISTING_MODES | {"no-validators"} else {"Input/output error"}
+    if mode == "etag-flips":  # (readahead may have fetched it before the switch, or not)
+        served = {"second", "Input/output error"}
     problems = []
     for round in ("at once", "after a revalidation"):
         if round != "at once":
@@ -347,7 +349,7 @@ def _misbehaving(container, hostile, mount, monkeypatch, where, mode):
         seen = _as_a_user(directory)
         tail, seconds = seen["tail"]
         tail = "second" if tail == contents["second"][-65536:].hex() else tail
-        if tail != served or seconds > BOUND:
+        if tail not in served or seconds > BOUND:
             problems.append(f"{round}: a read of unfetched bytes: {tail[:40]} in {seconds:.2f} s")
         tail, seconds = seen["again"]
         if tail == "Input/output error" and seconds > FAST:

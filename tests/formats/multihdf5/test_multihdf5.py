@@ -270,7 +270,7 @@ from ctdsfs.blockmap import block_map
 from ctdsfs.formats import open_container
 from ctdsfs.errors import CtdsfsError
 from ctdsfs.formats.check import check_multihdf5
-from tests import hdf5_mutations as mutations
+from tests.formats.multihdf5 import hdf5_mutations as mutations
 
 source, work, seed, cases = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 original = open(source, "rb").read()
