@@ -26,6 +26,28 @@ def _own_cpu_seconds():
     return usage.ru_utime + usage.ru_stime
 
 
+def smooth_values(mib):
+    """``mib`` MiB of float64 that compress as measured data do (a slow wave plus a ramp)."""
+    x = np.arange((mib << 20) // 8, dtype=np.float64)
+    return np.round(np.sin(x * 1e-4) * 1000 + (x % 17), 3)
+
+
+def write_dense_array(uri, values):
+    """A dense TileDB array of ``values`` in one write (one fragment), BYTESHUFFLE then
+    ZSTD as users store float64, tiles of at most 1 Mi cells."""
+    import tiledb
+
+    cells = len(values)
+    schema = tiledb.ArraySchema(
+        domain=tiledb.Domain(tiledb.Dim("i", domain=(0, cells - 1),
+                                        tile=min(cells, 1 << 20), dtype=np.int64)),
+        attrs=[tiledb.Attr("v", dtype=np.float64, filters=tiledb.FilterList(
+            [tiledb.ByteShuffleFilter(), tiledb.ZstdFilter(level=1)]))])
+    tiledb.Array.create(uri, schema)
+    with tiledb.open(uri, "w") as A:
+        A[:] = values
+
+
 def tiledb_figures(tmp, mib, rounds=3, slices=200, width=1000, fragment_count=1000):
     """``rounds`` alternated rounds, page cache dropped before every read and a fresh mount
     for every ctdsfs or floor read: tiledb-py ``A[:]``, ``np.load`` of dense/v.npy, ``np.load``
@@ -39,16 +61,7 @@ def tiledb_figures(tmp, mib, rounds=3, slices=200, width=1000, fragment_count=10
     cells = (mib << 20) // 8
     uri = str(tmp / "big_tiledb")
     print(f"writing a {mib} MiB BYTESHUFFLE+ZSTD float64 dense TileDB array ...", flush=True)
-    schema = tiledb.ArraySchema(
-        domain=tiledb.Domain(tiledb.Dim("i", domain=(0, cells - 1),
-                                        tile=min(cells, 1 << 20), dtype=np.int64)),
-        attrs=[tiledb.Attr("v", dtype=np.float64, filters=tiledb.FilterList(
-            [tiledb.ByteShuffleFilter(), tiledb.ZstdFilter(level=1)]))])
-    tiledb.Array.create(uri, schema)
-    with tiledb.open(uri, "w") as A:  # one write: one fragment
-        x = np.arange(cells, dtype=np.float64)
-        A[:] = np.round(np.sin(x * 1e-4) * 1000 + (x % 17), 3)
-        del x
+    write_dense_array(uri, smooth_values(mib))
     fragment, = os.listdir(os.path.join(uri, "__fragments"))
     mnt = tmp / "mt"
     files = {"dense": mnt / "dense" / "v.npy", "fragment": mnt / "fragments" / fragment / "v.npy"}

@@ -17,11 +17,10 @@ import subprocess
 import sys
 import time
 
-import numpy as np
-
 import pyfuse3_floor  # (beside this script)
 from benchmark_common import Mounted, drop_caches, read_through
 from benchmark_small import _shell_seconds, fio_iops, installed_command, make_small_tree
+from benchmark_tiledb import smooth_values, write_dense_array
 
 JOBS = (1, 4, 16)
 READERS = (1, 2, 4)
@@ -53,20 +52,10 @@ def _parallel_seconds(path, readers):
 def _decoded_views(tmp, mib):
     """{name: (source to mount, options, the view's path in the mount)}."""
     import bcolz
-    import tiledb
 
-    cells = (mib << 20) // 8
-    x = np.arange(cells, dtype=np.float64)
-    values = np.round(np.sin(x * 1e-4) * 1000 + (x % 17), 3)
+    values = smooth_values(mib)
     uri = str(tmp / "w_tiledb")
-    schema = tiledb.ArraySchema(
-        domain=tiledb.Domain(tiledb.Dim("i", domain=(0, cells - 1),
-                                        tile=min(cells, 1 << 20), dtype=np.int64)),
-        attrs=[tiledb.Attr("v", dtype=np.float64, filters=tiledb.FilterList(
-            [tiledb.ByteShuffleFilter(), tiledb.ZstdFilter(level=1)]))])
-    tiledb.Array.create(uri, schema)
-    with tiledb.open(uri, "w") as A:
-        A[:] = values
+    write_dense_array(uri, values)
     carr = bcolz.carray(values, rootdir=str(tmp / "w_bcolz"), mode="w",
                         cparams=bcolz.cparams(clevel=5, cname="lz4", shuffle=1))
     carr.flush()
