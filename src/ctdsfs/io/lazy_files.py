@@ -24,6 +24,11 @@ class LazyBytes:
             self._made = (version, self._make())
         return self._made[1]
 
+    def made(self):
+        """Whether the bytes are made for what they derive from now (a read needs no work)."""
+        made_for, data = self._made
+        return data is not None and made_for == self._version()
+
     def size(self):
         return len(self.data())
 

@@ -399,8 +399,7 @@ class ColumnsView(DerivedView):
             return False
         if isinstance(entry, _ColumnNpy):
             return self._decodes_at_once(entry) or entry.held(offset, size)
-        return isinstance(entry, bytes) or (isinstance(entry, LazyBytes) and
-                                            entry._data is not None)
+        return isinstance(entry, bytes) or (isinstance(entry, LazyBytes) and entry.made())
 
     def _decodes_at_once(self, entry):
         """Whether ``entry`` is a column of a tiled manager in local files (the source reads
