@@ -156,10 +156,9 @@ class CorrelatedVariables:
         attrs = {"integration_time": {"attrs": {"type": "quantity", "units": "s"},
                                       "data": 0.0}}
         extra = []
-        if p.interval.size == 1:
-            attrs["integration_time"]["data"] = p.interval.item()
-        elif np.allclose(p.interval[:, None], p.interval[None, :]):
-            attrs["integration_time"]["data"] = np.mean(p.interval)
+        step = grid_step(p.interval)
+        if step is not None:
+            attrs["integration_time"]["data"] = step
         else:
             warnings.warn(
                 f"Missing/Multiple intervals {p.interval} found in partition {self.key}. "
@@ -193,10 +192,9 @@ class CorrelatedVariables:
             freq_attrs["frequency_group_name"] = group
         widths = np.unique(chan_width[:-1] if len(chan_width) > 1 else chan_width)
         extra = []
-        if widths.size == 1:
-            freq_attrs["channel_width"]["data"] = widths.item()
-        elif np.allclose(widths[:, None], widths[None, :]):
-            freq_attrs["channel_width"]["data"] = np.mean(widths)
+        step = grid_step(widths)
+        if step is not None:
+            freq_attrs["channel_width"]["data"] = step
         else:
             warnings.warn(
                 f"Multiple distinct channel widths {widths} found in partition {self.key}. "
@@ -292,3 +290,13 @@ class CorrelatedVariables:
                 "release_date": datetime.fromtimestamp(release, timezone.utc).isoformat()},
             "processor_info": {"sub_type": proc.column("SUB_TYPE")[p.proc_id],
                                "type": proc.column("TYPE")[p.proc_id]}}
+
+
+def grid_step(values):
+    """The one step of a regular grid (time intervals, channel widths): the value, or the
+    mean of values all close to each other, as xarray-ms takes it; None if irregular."""
+    if values.size == 1:
+        return values.item()
+    if np.allclose(values[:, None], values[None, :]):
+        return np.mean(values)
+    return None
