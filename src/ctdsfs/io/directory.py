@@ -304,3 +304,12 @@ def is_kind(path, test):
         return test(os.lstat(path).st_mode)
     except OSError:
         return False
+
+
+def mark_shown_raw(directory, why):
+    """``directory`` (a directory shown as its files because a format that recognised it
+    could not open it) marked so, with ``why`` among its problems and in the log."""
+    log.warning("%s: shown raw and read-only: %s", directory.path, why)
+    directory.shown_raw = why
+    directory.problems.append(f"shown raw and read-only: {why}")
+    return directory

@@ -45,7 +45,7 @@ from ..errors import (
 )
 from ..formats import directory_format, open_container
 from ..formats.casacore import tabledat
-from ..io.directory import PlainDirectory, UnlinkedFile, is_kind
+from ..io.directory import PlainDirectory, UnlinkedFile, is_kind, mark_shown_raw
 from ..io.store import create_exclusive, read_small
 
 log = logging.getLogger(__name__)
@@ -129,11 +129,8 @@ def directory_or_table(path, *, source=False, **options):
 
 def _raw_directory(path, why, options):
     """The directory as it is, read-only, no translation inside, saying why."""
-    log.warning("%s: shown raw and read-only: %s", path, why)
     raw = DirectorySource(path, **dict(options, writable=False, recurse=False))
-    raw.shown_raw = why
-    raw.problems.append(f"shown raw and read-only: {why}")
-    return raw
+    return mark_shown_raw(raw, why)
 
 
 class TableView(DirectorySource):

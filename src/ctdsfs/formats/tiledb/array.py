@@ -34,7 +34,7 @@ from ...container import name_problem
 from ...errors import CtdsfsError, FormatError
 from ...io.beneath import kind_beneath
 from ...io.byte_reader import Reader
-from ...io.directory import PlainDirectory
+from ...io.directory import PlainDirectory, mark_shown_raw
 from .deletes import consolidated_commits
 from .dense import DenseView
 from .folder import GROUP_MARKER, TileDBFolder, TileDBGroup
@@ -342,8 +342,4 @@ def _open_member(path, timestamp):
             why = f"not shown as a TileDB array: {exc}"
     else:
         why = "not a TileDB array or group"
-    log.warning("%s: shown raw and read-only: %s", path, why)
-    raw = PlainDirectory(path)
-    raw.shown_raw = why
-    raw.problems.append(f"shown raw and read-only: {why}")
-    return raw
+    return mark_shown_raw(PlainDirectory(path), why)
