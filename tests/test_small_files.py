@@ -212,18 +212,19 @@ def cache(tmp_path, monkeypatch):
 
 def test_a_second_mount_lists_a_tree_without_reading_its_files(mount, tmp_path, cache):
     container = varied_tree_container(tmp_path / "tree.mf")
-    m = mount(container, options=["no_index"])
+    # (one process: several workers would each read what they are first asked about)
+    m = mount(container, options=["no_index", "workers=1"])
     tree, cold = tree_and_bytes_read(m)
     m.close()
     assert len(tree) == 4 + 4 * 40 and "d2/" in tree and "d2/f7" in tree
     assert cold > 4 * 40 * 2048  # every file was read
     assert not (cache / "ctdsfs").exists()  # no_index: none kept
-    m = mount(container)
+    m = mount(container, options=["workers=1"])
     first_tree, first = tree_and_bytes_read(m)
     m.close()
     assert first_tree == tree and first > cold * 0.9  # nothing to use yet
     assert len(index_files(cache)) == 1
-    m = mount(container)
+    m = mount(container, options=["workers=1"])
     second_tree, second = tree_and_bytes_read(m)
     assert second_tree == tree
     assert second * 10 < cold  # the four nested headers only
@@ -293,3 +294,20 @@ def test_a_damaged_foreign_or_huge_index_is_ignored_and_rewritten(mount, tmp_pat
         assert m.close() == 0
         assert "Traceback" not in m.log.read_text()
         assert index.read_bytes() == valid  # rewritten
+
+
+def test_processes_that_each_saw_part_of_a_container_keep_what_all_saw(tmp_path, cache,
+                                                                        monkeypatch):
+    """A mount's workers each learn which files are plain from the requests they answer;
+    the index keeps the union (same header), and a record for another header replaces."""
+    container = settled(small_tree_container(tmp_path / "tree.mf", dirs=2, files=5))
+    monkeypatch.setattr(multifile_index, "_directory", str(cache / "ctdsfs" / "index"))
+    fd = os.open(container, os.O_RDONLY)
+    try:
+        first, second = multifile_index.open_index(fd), multifile_index.open_index(fd)
+        first.save({"": ("header", "05"), "d0": ("old", "01")})
+        second.save({"": ("header", "0a"), "d0": ("new", "02")})
+        assert multifile_index.open_index(fd).records == {"": ("header", "0f"),
+                                                          "d0": ("new", "02")}
+    finally:
+        os.close(fd)

@@ -122,8 +122,7 @@ class FuseOperations(pyfuse3.Operations):
         self._device_poll = None  # polls /dev/fuse for waiting requests, once serving
         self._reads_in_flight = 0  # reads in worker threads now
         self._shared_until = float("-inf")  # monotonic time until which reads are shared
-        # One of several worker processes (fuse_workers.Gate): it reads requests only while
-        # it leads, and hands the lead on when another request waits (see read).
+        # One of several worker processes (fuse_workers.Gate): one request at a time.
         self.gate = None
 
     def init(self):
@@ -150,8 +149,8 @@ class FuseOperations(pyfuse3.Operations):
 
     async def watch_for_changes(self):
         """Every WATCH_SECONDS: reload if another process committed, and invalidate. A
-        worker of several looks in a thread: a look that waits for the disk must not
-        stop it reading requests while it leads."""
+        worker of several looks in a thread, so that a look waiting for the disk does not
+        hold up the request it answers."""
         while True:
             await trio.sleep(WATCH_SECONDS)
             try:
@@ -221,15 +220,10 @@ class FuseOperations(pyfuse3.Operations):
 
     @_fuse_errors
     async def read(self, fh, off, size):
-        """A worker of several hands the lead on before a small read if another request
-        waits (so that random readers are answered side by side), never before a large
-        one: a reader's sequential reads, and the kernel's readahead for them, stay with
-        the worker that holds its decoded chunks (and reads them in threads while another
-        request waits, as one process does). Nor before any other request: those are
-        answered from memory, and a release the kernel sends after each close, waiting
-        while ``tar`` opens the next file, would send every file to another worker."""
-        if self.gate is not None and size < THREADED_READ_MIN:
-            self.gate.begin()
+        """A worker of several answers on its loop: it reads no other request meanwhile,
+        and the other workers answer those (fuse_workers.Gate)."""
+        if self.gate is not None:
+            return self.fs.read(fh, off, size)
         if (self.threaded_reads or (size >= THREADED_READ_MIN and not self.fs.writable)) \
                 and not self.fs.read_at_once(fh, off, size):
             self._heavy_reads = True
@@ -353,8 +347,9 @@ def _forget_in_kernel(stale):
             pyfuse3.invalidate_inode(ino)
 
 
-async def serve_loop(operations, target, on_mounted):
-    """Run pyfuse3's loop until unmounted; SIGINT/SIGTERM end it. True if a signal did."""
+async def serve_loop(operations, target, on_mounted, max_tasks=99):
+    """Run pyfuse3's loop until unmounted; SIGINT/SIGTERM end it. True if a signal did.
+    ``max_tasks``: how many requests are answered at once (pyfuse3's tasks)."""
     import signal
 
     async def when_live():
@@ -391,7 +386,7 @@ async def serve_loop(operations, target, on_mounted):
             nursery.start_soon(operations.watch_for_changes)
         if operations.commit_interval:
             nursery.start_soon(operations.commit_periodically)
-        await pyfuse3.main()
+        await pyfuse3.main(max_tasks=max_tasks)
         nursery.cancel_scope.cancel()
     return stopped_by_signal
 

@@ -11,16 +11,13 @@ fail (ECONNABORTED) instead of hanging their readers. The daemon stays as the
 workers' supervisor: it starts another in place of one that died, ends the mount
 (ENOTCONN) if they keep dying, and unmounts on SIGTERM/SIGINT.
 
-The kernel wakes every process that polls /dev/fuse for each request. So only one
-worker polls at a time, the one holding the lead (an ``flock``, freed by the kernel
-if its holder dies); the others wait for the lead in a thread. A worker keeps the
-lead while no other request waits, so a lone reader is answered by one worker. When
-another waits, a worker starting a small read hands the lead on, so that a free
-worker reads it (random readers are answered side by side); one starting a large
-read, or any other request, keeps it, and answers the reads that follow as one process
-does (in threads while another waits), since they are most likely the same reader's
-next ones, and its decoded chunks are in this worker's cache, not the others'
-(``Gate``, ``FuseOperations.read``).
+The kernel wakes every process that polls /dev/fuse for each request, but only
+one of those waiting in ``epoll_wait`` on a descriptor registered with
+``EPOLLEXCLUSIVE``: each worker waits so, on its loop, for one request at a time
+(``Gate``), so a request wakes one idle worker, and a busy worker is never woken.
+The kernel wakes the idle worker that registered first, so a lone reader is answered
+by one worker, as by one process; the readahead the kernel sends beside it, and other
+readers, go to the next idle ones.
 
 Every worker answers alike: inode numbers come from a table they share
 (``vfs.shared_inodes``), and a handle is its inode number.
@@ -28,7 +25,6 @@ Every worker answers alike: inode numbers come from a table they share
 
 import contextlib
 import fcntl
-import inspect
 import logging
 import os
 import select
@@ -43,11 +39,6 @@ from .fuse_adapter import mount_session, serve_loop, set_readahead
 from .vfs.filesystem import ROOT_INO
 from .vfs.shared_inodes import SharedInodes
 
-# run_sync's keyword for a wait a cancel may leave behind (trio 0.23 renamed it; the
-# container image installs the newest trio, the Debian host may have an older one)
-ABANDON_ON_CANCEL = "abandon_on_cancel" if "abandon_on_cancel" in inspect.signature(
-    trio.to_thread.run_sync).parameters else "cancellable"
-
 log = logging.getLogger(__name__)
 
 # _IOR(229, 0, uint32_t): make the new /dev/fuse descriptor one of the given one's session.
@@ -58,64 +49,33 @@ DEATHS_PER_WORKER = 2
 DEATH_WINDOW = 60.0
 STOP_SECONDS = 10.0  # a worker still there this long after SIGTERM is killed
 SUPERVISOR_SIGNALS = {signal.SIGCHLD, signal.SIGTERM, signal.SIGINT}
+IDLE_POLL_SECONDS = 0.1
 
 
 class Gate:
-    """A worker's side of the lead: pyfuse3 waits here before it reads /dev/fuse, and the
-    worker never reads it without the lead (a read finding nothing would block its loop)."""
+    """A worker's wait before pyfuse3 reads /dev/fuse: in ``epoll_wait``, registered
+    exclusively, so that the kernel wakes one idle worker per request. The wait blocks
+    the worker's loop (it answers one request at a time) but not its threads; it wakes
+    every IDLE_POLL_SECONDS so that the loop sees signals and the end of the mount."""
 
-    def __init__(self, device_fd, lead_fd):
+    def __init__(self, device_fd):
         self.device_fd = device_fd
-        self._lead_fd = lead_fd
-        self._leading = False
-        self._leading_wait = None  # the cancel scope of a wait for the lead (close() ends it)
         self._closed = False
-        self._device_poll = select.poll()
-        self._device_poll.register(device_fd, select.POLLIN)
+        self._epoll = select.epoll()
+        self._epoll.register(device_fd, select.EPOLLIN | select.EPOLLEXCLUSIVE)
 
     async def wait_readable(self, fd):
-        """pyfuse3's wait before it reads: lead, then wait for a request."""
         if fd != self.device_fd:
             return await trio.lowlevel.wait_readable(fd)
-        while True:
-            await self._lead()
-            if self._closed:
-                raise trio.ClosedResourceError  # (pyfuse3's loop ends)
-            await trio.lowlevel.wait_readable(fd)
-            if self._leading:
+        while not self._closed:
+            if self._epoll.poll(IDLE_POLL_SECONDS):
                 return
-            # (handed on while waiting: lead again first)
-
-    async def _lead(self):
-        if self._leading:
-            return
-        try:
-            fcntl.flock(self._lead_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            with trio.CancelScope() as self._leading_wait:
-                await trio.to_thread.run_sync(fcntl.flock, self._lead_fd, fcntl.LOCK_EX,
-                                              **{ABANDON_ON_CANCEL: True})
-            if self._closed:
-                return
-        self._leading = True
+            await trio.lowlevel.checkpoint()
+        raise trio.ClosedResourceError  # (pyfuse3's loop ends)
 
     def close(self):
-        """The worker stops (pyfuse3.terminate): a wait for the lead ends too."""
+        """The worker stops (pyfuse3.terminate): its wait ends at its next wake."""
         self._closed = True
-        if self._leading_wait is not None:
-            self._leading_wait.cancel()
-
-    def begin(self):
-        """A small read starts: hand the lead on if another request already waits, so that
-        a free worker reads it."""
-        if self._leading and self._device_poll.poll(0):
-            self.hand_on()
-
-    def hand_on(self):
-        """Let another worker lead (this one is about to be busy for a while)."""
-        if self._leading:
-            fcntl.flock(self._lead_fd, fcntl.LOCK_UN)
-            self._leading = False
 
 
 class _Lowlevel:
@@ -162,7 +122,7 @@ def _session_fd():
     raise OSError("no /dev/fuse descriptor after the mount")
 
 
-def _worker(operations, device_fd, lead_file, table, blocked):
+def _worker(operations, device_fd, table, blocked):
     """A worker's life, in the forked child: a descriptor of its own, then serve."""
     status = 1
     try:
@@ -172,11 +132,9 @@ def _worker(operations, device_fd, lead_file, table, blocked):
         os.dup2(clone, device_fd, inheritable=False)
         os.close(clone)
         table.after_fork()
-        lead_fd = os.open(f"/proc/self/fd/{lead_file}", os.O_RDONLY | os.O_CLOEXEC)
-        operations.watch_device(device_fd)
-        operations.gate = gate = Gate(device_fd, lead_fd)
+        operations.gate = gate = Gate(device_fd)
         pyfuse3.trio = _TrioWaitingWith(gate.wait_readable)
-        stopped = trio.run(serve_loop, operations, None, None)
+        stopped = trio.run(serve_loop, operations, None, None, 1)
         status = STOPPED_BY_SIGNAL if stopped else 0
     except BaseException:
         log.exception("worker %d failed", os.getpid())
@@ -260,7 +218,6 @@ def serve_workers(operations, mountpoint, fuse_options, on_mounted=None, *, coun
     mount_session(operations, mountpoint, fuse_options)
     table = SharedInodes(ROOT_INO + 1)
     operations.fs.share_inodes(table)
-    lead_file = os.memfd_create("ctdsfs-lead", os.MFD_CLOEXEC)
     blocked = signal.pthread_sigmask(signal.SIG_BLOCK, SUPERVISOR_SIGNALS)
     supervisor = None
     try:
@@ -272,7 +229,7 @@ def serve_workers(operations, mountpoint, fuse_options, on_mounted=None, *, coun
         def start():
             pid = os.fork()
             if pid == 0:
-                _worker(operations, device_fd, lead_file, table, blocked)
+                _worker(operations, device_fd, table, blocked)
             return pid
 
         if on_mounted is not None:

@@ -20,6 +20,7 @@ UNCACHED_MIN = 256 << 10  # smaller writes are better absorbed by the page cache
 DIRECT_ALIGN = 4096  # O_DIRECT needs offsets, lengths and memory aligned to this
 DIRECT_BUFFER = 8 << 20  # consecutive bulk writes are gathered up to this size
 DIRECT_BUFFERS = 3
+READ_AROUND = 128 << 10  # a small read of a read-only file brings in its whole window
 
 
 class DirectWriter:
@@ -295,9 +296,12 @@ class FileStore:
             self.fd = open_if_regular(path, flags, follow=True)
         self.writable = writable
         self._direct = None  # a DirectWriter from the first bulk write on; False: none
+        self._windows_read = None  # a bit per READ_AROUND window asked for (read-only)
 
     def pread(self, offset, size):
         self._settle(raise_error=False)
+        if size < READ_AROUND and not self.writable:
+            self._read_around(offset)
         data = os.pread(self.fd, size, offset)
         if len(data) == size or not data:
             return data
@@ -311,6 +315,23 @@ class FileStore:
         return b"".join(parts)
 
     view = pread  # (bytes: os.pread makes them anyway)
+
+    def _read_around(self, offset):
+        """Ask the kernel for the whole aligned window of a small read, once per window, as
+        a compressed file system reads its whole block: random small reads of a cold file
+        then cost one disk read per window instead of one each, and the window's later
+        reads come from the page cache (the kernel's own readahead sees no pattern in
+        them and reads only what is asked)."""
+        window = offset // READ_AROUND
+        if self._windows_read is None:
+            self._windows_read = bytearray(-(-max(self.size(), 1) // READ_AROUND) + 7 >> 3)
+        byte, bit = divmod(window, 8)
+        if byte >= len(self._windows_read) or self._windows_read[byte] >> bit & 1:
+            return
+        self._windows_read[byte] |= 1 << bit
+        with contextlib.suppress(OSError):
+            os.posix_fadvise(self.fd, window * READ_AROUND, READ_AROUND,
+                             os.POSIX_FADV_WILLNEED)
 
     def cached(self, offset, size):
         """Unknown (the page cache may have them or not): a read may wait for the disk."""

@@ -17,8 +17,8 @@ file changed so recently that a further change could keep its timestamps
 file (garbage, too big, wrong types, another file's) makes it ignored and
 rewritten at the next unmount. Files are written whole under a temporary name
 and renamed into place, so two daemons never see half of one, and under a lock,
-each keeping what another wrote meanwhile (a mount's worker processes each write
-what they learned); the directory
+each adding what it learned to what another wrote meanwhile (a mount's worker
+processes each write what they were asked about); the directory
 holds at most ``MAX_FILES`` of them (the oldest go) of at most ``MAX_BYTES``.
 """
 
@@ -152,8 +152,11 @@ class NestedIndex:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX)
             # What another process serving this file wrote meanwhile (the other worker
-            # processes of a mount) stays, unless this one has a newer record
-            self._save_records({**self.records, **self._load(), **visited})
+            # processes of a mount) stays, and adds to what this one found
+            records = {**self.records, **self._load()}
+            for path, (fingerprint, bitmap) in visited.items():
+                records[path] = _joined(records.get(path), fingerprint, bitmap)
+            self._save_records(records)
         except OSError as exc:
             log.debug("%s: index not written (%s)", self.path, exc.strerror)
         finally:
@@ -183,6 +186,18 @@ class NestedIndex:
             os.unlink(temporary)
             raise
         _prune(directory)
+
+
+def _joined(record, fingerprint, bitmap):
+    """The record of a container visited, with the plain files another process found in
+    it (the same header: the same files); each process knows the files it was asked about."""
+    if record is None or record[0] != fingerprint or len(record[1]) != len(bitmap):
+        return fingerprint, bitmap
+    try:
+        return fingerprint, bytes(a | b for a, b in zip(bytes.fromhex(record[1]),
+                                                        bytes.fromhex(bitmap))).hex()
+    except ValueError:
+        return fingerprint, bitmap
 
 
 def _valid_records(data, identity):
