@@ -13,6 +13,7 @@ quadratic one instead of the extrapolating one.
 """
 
 import numpy as np
+from numba.cpython.unsafe.numbers import leading_zeros
 
 from .compiled import helper, kernel
 
@@ -183,10 +184,7 @@ def _float_bits(m, e, s):
     if _allows(e):
         if m == 0:
             return sign
-        top = 31
-        while (m >> top) == 0:
-            top -= 1
-        shift = top - 23
+        shift = 63 - leading_zeros(m) - 23  # (its top bit's place, less 23)
         m = m >> shift if shift >= 0 else (m << -shift) & M32
         e = ((e + shift + 128) & 0xFF) - 128
     return (m & 0x7FFFFF) | (((e + 127) & 0xFF) << 23) | sign
