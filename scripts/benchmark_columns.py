@@ -133,7 +133,7 @@ def local_figures(tmp, ms, names, rounds):
     daemons' CPU seconds meanwhile: (the mount's, the floor's)."""
     mountpoint = tmp / "columns-mnt"
     decoded = tmp / "columns-npy"  # what the floor serves
-    decoded.mkdir()
+    decoded.mkdir(exist_ok=True)  # (one for each line of the part)
     subprocess.run([sys.executable, "-c", SAVE_NPY, ms, decoded, *names], check=True)
     npy_files = {f"{name}.npy": decoded / f"{name}.npy" for name in names}
     ours, theirs, floor, cpu = [], [], [], ([], [])
