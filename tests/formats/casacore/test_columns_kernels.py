@@ -2,18 +2,23 @@
 numba does not, so an array too short, a size that does not fit or a key out of range
 would otherwise read or write past an array's end (garbage or a crash). Each kernel
 refuses (False, nothing written) every size that does not fit; whatever bytes a file
-holds give values, EIO or a one-line refusal through the VFS, never a crash; and a mount
-of a table without those managers does not import numba."""
+holds give values, EIO or a one-line refusal through the VFS, never a crash; a mount
+of a table without those managers does not import numba; and the kernels' cache is
+never a directory another user could write."""
 
+import os
 import shutil
+import stat
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 import casacore.tables as ct
 import numpy as np
 import pytest
 
-from ctdsfs.formats.casacore import dysco_kernels, sisco_predict
+from ctdsfs.formats.casacore import compiled, dysco_kernels, sisco_predict
 from ctdsfs.formats.casacore.sisco import LEVELS
 
 from .test_columns import mutated
@@ -194,3 +199,22 @@ print("numba" in sys.modules)
         done = subprocess.run([sys.executable, "-c", check, str(path)], check=True,
                               capture_output=True, text=True)
         assert done.stdout.strip() == expected, path
+
+
+def test_the_temporary_cache_is_the_users_alone(tmp_path, monkeypatch):
+    """Where neither the package's directory nor the user's cache is writable, the kernels
+    cache in a directory of the temporary directory made for the user alone; one open to
+    others, or a link, or a file, is not used (numba's cache holds pickles)."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    path = compiled._temporary_cache()
+    assert path == str(tmp_path / f"ctdsfs-numba-{os.getuid()}")
+    assert stat.S_IMODE(os.lstat(path).st_mode) == 0o700
+    assert compiled._temporary_cache() == path
+    os.chmod(path, 0o777)
+    assert compiled._temporary_cache() is None
+    os.rmdir(path)
+    os.symlink(tmp_path, path)
+    assert compiled._temporary_cache() is None
+    os.unlink(path)
+    Path(path).write_bytes(b"")
+    assert compiled._temporary_cache() is None
