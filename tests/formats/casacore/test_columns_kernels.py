@@ -218,3 +218,18 @@ def test_the_temporary_cache_is_the_users_alone(tmp_path, monkeypatch):
     os.unlink(path)
     Path(path).write_bytes(b"")
     assert compiled._temporary_cache() is None
+
+
+def test_warming_the_decoders_loads_the_kernels_and_starts_no_thread(small):  # noqa: F811
+    """A mount's daemon warms the decoders and then forks: a thread started by the warm-up
+    would be missing in the children, and what waited for it would wait for good."""
+    import threading
+
+    from ctdsfs.formats.casacore.base import TableDirectory
+    from ctdsfs.formats.casacore.columns import open_table
+
+    table = open_table(TableDirectory(small))
+    threads = threading.active_count()
+    table.warm_decoders()
+    assert threading.active_count() == threads
+    assert table._readers  # (the Dysco reader, made and warmed)

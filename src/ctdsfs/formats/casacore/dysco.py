@@ -201,6 +201,11 @@ class DyscoReader:
         self._antenna_chunks = {}
         self._generation += 1
 
+    def warm(self, col):
+        """Decode a row of ``col`` on this thread (its kernels loaded; no piece kept, no
+        thread started: a process may fork after it)."""
+        self._decode(self.parts[col.name], 0, min(1, self.table.nrow))
+
     def read(self, col, start, stop):
         """Rows ``start..stop``: a reader going through the column in order gets them from
         pieces of about PIECE_BYTES decoded whole (a read within one is a read-only view

@@ -191,6 +191,10 @@ class SiscoReader:
         from . import sisco_predict  # (numba: loaded for the tables that have Sisco columns)
         self.kernels = sisco_predict
 
+    def warm(self, col):
+        """Decode a row of ``col`` (its kernels loaded; no thread started)."""
+        self.read(col, 0, min(1, self.table.nrow))
+
     def read(self, col, start, stop):
         if col.data_type != TP_COMPLEX:
             raise FormatError(f"SiscoStMan stores Complex columns, not {col.type_name}")
