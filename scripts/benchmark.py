@@ -67,7 +67,7 @@ Needs root (drop_caches, mounting). On a VM whose kernel hands freed memory back
 host (free page reporting), that is held off while it runs (see freed_memory_kept).
 Usage:
   python3 scripts/benchmark.py [--size-mib 1024] [--block-size 65536] [--dir DIR] [--quick]
-                               [--parts read,write,many,legacy,toolbox,small,remote,columns,xarray[,bcolz,tiledb,workers]]
+                               [--parts read,write,many,legacy,toolbox,small,remote,columns,xarray[,bcolz,tiledb,workers,compressed]]
 """
 
 import argparse
@@ -80,7 +80,7 @@ import numpy as np
 
 import ctdsfs
 from benchmark_bcolz import bcolz_figures
-from benchmark_columns import columns_figures
+from benchmark_columns import columns_figures, compressed_figures
 from benchmark_common import freed_memory_kept
 from benchmark_legacy import RANDOM_RANGES, legacy_view_ratio
 from benchmark_many import many_files_figures
@@ -105,7 +105,8 @@ def print_rows(rows):
 PARTS = ("read", "write", "many", "legacy", "toolbox", "small", "remote", "columns",
          "xarray")
 
-OPTIONAL_PARTS = ("bcolz", "tiledb", "workers")  # run only when --parts names them
+# run only when --parts names them; "compressed": the columns part's Dysco and Sisco lines
+OPTIONAL_PARTS = ("bcolz", "tiledb", "workers", "compressed")
 
 
 def main():
@@ -190,6 +191,8 @@ def main():
             lines += remote_lines
         if "columns" in parts:
             lines += columns_figures(tmp, args.columns_ms_mib, args.columns_rounds)
+        elif "compressed" in parts:
+            lines += compressed_figures(tmp, args.columns_rounds)
         if "xarray" in parts:
             lines += xarray_figures(tmp, args.xarray_ms_mib, args.rounds)
         if "bcolz" in parts:

@@ -29,7 +29,10 @@ rounds (the machine is shared: its load moves every reader) with the best beside
   through a fresh mount against ``getcol`` and the floor, as for the local figures;
 * Sisco: the same for a column python-casacore stores with SiscoStMan (prediction
   level 2, 64 channels x 4 correlations of smooth values with a little noise), written
-  by tests/formats/casacore/altman_tables.py ``sisco_set``.
+  by tests/formats/casacore/altman_tables.py ``sisco_set``;
+* for both, the CPU seconds of one process: ``getcol`` of the column against the decoder
+  reading it 1 MiB of rows at a time, as the mount's reads ask (the machine's load
+  moves CPU time less than wall time). ``--parts compressed`` runs these two lines only.
 """
 
 import os
@@ -130,7 +133,7 @@ def local_figures(tmp, ms, names, rounds):
     daemons' CPU seconds meanwhile: (the mount's, the floor's)."""
     mountpoint = tmp / "columns-mnt"
     decoded = tmp / "columns-npy"  # what the floor serves
-    decoded.mkdir()
+    decoded.mkdir(exist_ok=True)  # (one for each line of the part)
     subprocess.run([sys.executable, "-c", SAVE_NPY, ms, decoded, *names], check=True)
     npy_files = {f"{name}.npy": decoded / f"{name}.npy" for name in names}
     ours, theirs, floor, cpu = [], [], [], ([], [])
@@ -211,20 +214,46 @@ def remote_figures(tmp, ms, table, names, rounds):
         server.close()
 
 
+GETCOL_CPU = """
+import sys, time, casacore.tables as ct
+start = time.process_time()
+ct.table(sys.argv[1], ack=False).getcol(sys.argv[2])
+print(time.process_time() - start)
+"""
+
+DECODER_CPU = """
+import sys, time
+from ctdsfs.formats.casacore.base import TableDirectory
+from ctdsfs.formats.casacore.columns import open_table
+start = time.process_time()
+table = open_table(TableDirectory(sys.argv[1]))
+step = int(sys.argv[3])
+for first in range(0, table.nrow, step):
+    table.read_column(sys.argv[2], first, first + step)
+print(time.process_time() - start)
+"""
+
+
 def compressed_line(tmp, ms, name, what, rounds):
     """The line of one compressed column ``name`` of ``ms`` (see the module docstring)."""
     table, _ = tiled_columns(ms)
     stored = (ms / table.manager_files(name)[0]).stat().st_size
-    decoded = table.nrow * table.columns[name].dtype.itemsize * \
-        int(np.prod(table.columns[name].cell_shape))
+    row_bytes = table.columns[name].dtype.itemsize * int(np.prod(table.columns[name].cell_shape))
+    decoded = table.nrow * row_bytes
     getcol, mounted, floor, (cpu, _) = local_figures(tmp, ms, [name], rounds)
+    getcol_cpu, decoder_cpu = [], []
+    for _ in range(rounds):
+        getcol_cpu.append(seconds(GETCOL_CPU, ms, name))
+        decoder_cpu.append(seconds(DECODER_CPU, ms, name, max(1, (1 << 20) // row_bytes)))
     return (f"columns: {what} ({decoded / 2 ** 20:.0f} MiB decoded, {stored / 2 ** 20:.0f} "
             f"MiB stored), {rounds} alternated rounds, page cache warm: python-casacore getcol "
             f"{summary(getcol)}, numpy.load through a fresh -o columns mount "
             f"{summary(mounted)}, ratio of medians "
             f"{statistics.median(getcol) / statistics.median(mounted):.2f} (target >= 1); the "
             f"pyfuse3 floor {summary(floor)}; the mount's CPU median "
-            f"{statistics.median(cpu):.3f} s")
+            f"{statistics.median(cpu):.3f} s; in one process, CPU: getcol "
+            f"{summary(getcol_cpu)}, the decoder reading 1 MiB of rows at a time "
+            f"{summary(decoder_cpu)}")
 
 
 def dysco_figures(tmp, data_mib, rounds):
@@ -265,6 +294,11 @@ def sisco_figures(tmp, data_mib, rounds):
                            "values)", rounds)
 
 
+def compressed_figures(tmp, rounds=5):
+    """The Dysco and the Sisco lines (see the module docstring)."""
+    return [dysco_figures(tmp, 200, rounds), sisco_figures(tmp, 50, rounds)]
+
+
 def columns_figures(tmp, ms_mib, rounds=5):
     """The lines of the part (see the module docstring)."""
     ms = tmp / "columns.ms"
@@ -296,6 +330,5 @@ def columns_figures(tmp, ms_mib, rounds=5):
         f"the view listed: {moved / 1024:.0f} KiB fetched with the default chunks (what "
         f"the listing fetched is not fetched again), {moved_small / 1024:.0f} KiB with "
         f"64 KiB chunks; a tile row of DATA is {tile_row / 1024:.0f} KiB",
-        dysco_figures(tmp, 200, rounds),
-        sisco_figures(tmp, 50, rounds),
+        *compressed_figures(tmp, rounds),
     ]

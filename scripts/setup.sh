@@ -6,7 +6,8 @@
 # builds docker/Dockerfile on a debootstrapped base) and util-linux (setpriv, unshare:
 # tests act as another user and hide /dev/fuse in a namespace), nginx (an HTTP source),
 # squashfuse, squashfs-tools and fio (peers and load for the benchmark) from apt, the project with
-# its test extras from PyPI, the mount(8) helper link for 'mount -t fuse.ctdsfs', and the
+# its test extras from PyPI (then numba's kernels compiled once), the mount(8) helper link
+# for 'mount -t fuse.ctdsfs', and the
 # manual pages ctdsfs(1) and mount.ctdsfs(8) in /usr/local/share/man.
 # Safe to run again; skips apt when the packages are already there.
 set -euo pipefail
@@ -34,6 +35,9 @@ echo "setup: installing ctdsfs and its test extras (pip)"
 # PYTHONDONTWRITEBYTECODE is set, each mount would compile ctdsfs anew (about
 # 0.04 s and 2 MB of the daemon). Stale files are recompiled, never trusted.
 "$PYTHON" -m compileall -q src/ctdsfs >/dev/null
+# numba compiles Dysco's and Sisco's decoding kernels at their first use after an
+# install (seconds): here, once, into its cache, not in the first mount or test.
+"$PYTHON" scripts/warm_kernels.py
 
 # mount(8) runs /sbin/mount.fuse.ctdsfs for filesystems of type fuse.ctdsfs; a
 # wrapper (not a link) so that shims which dispatch on their own name still work.

@@ -371,6 +371,8 @@ def mount(source, mountpoint, opts, foreground=False):
         columns=opts.columns, timestamp=opts.timestamp, remote=remote_options,
         hide=frozenset({target})))
     container, source, remote = opened.container, opened.name, opened.remote
+    if opts.columns and not remote:
+        container.warm_decoders()
     # a prefix's root is what is shown now (it may be reopened as a table view)
     source_stat = opened.stat or ((lambda: fs.root.stat()) if remote else None)
     write_cache = opts.writable and container.kernel_write_cache

@@ -71,6 +71,12 @@ class WithColumns:
             return False
         return True
 
+    def warm_decoders(self):
+        """Load the compiled decoders this table's columns need (a mount's daemon, before
+        it forks its workers)."""
+        if self._shows_columns():
+            self._columns_view().warm_decoders()
+
     def _is_view(self, key):
         return key == COLUMNS and self._shows_columns()
 

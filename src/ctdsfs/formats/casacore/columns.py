@@ -311,6 +311,19 @@ class CasacoreTable:
         except FormatError as exc:
             raise FormatError(f"{self.label}: column {name}: {exc}") from None
 
+    def warm_decoders(self):
+        """Decode a row of each column whose decoder runs compiled kernels (its ``warm``),
+        so that numba's start-up and the loading of the kernels are paid now: a mount's
+        daemon does it before it forks its workers, which then share them, instead of
+        each paying it at its first read."""
+        decoders = _decoders()
+        for col in self.columns.values():
+            if col.decoded and hasattr(decoders.get(col.manager), "warm"):
+                try:
+                    self._reader(col.seqnr).warm(col)
+                except FormatError as exc:
+                    raise FormatError(f"{self.label}: column {col.name}: {exc}") from None
+
     def read_column(self, name, start=0, stop=None):
         """Rows ``start..stop`` of column ``name`` (see the module docstring for the forms)."""
         col = self.columns[name]

@@ -330,6 +330,14 @@ class ColumnsView(DerivedView):
             self.table = open_table(self.source, self.table_label)
         return self.table
 
+    def warm_decoders(self):
+        """See :meth:`CasacoreTable.warm_decoders`; a table that does not decode says so
+        when it is listed or read, not here."""
+        try:
+            self._open_table().warm_decoders()
+        except (FormatError, BlockError, OSError) as exc:
+            log.debug("%s: decoders not warmed: %s", self.label, exc)
+
     def _entry(self, key):
         if self._built is None and isinstance(key, str) and key.endswith(".npy"):
             single = self._single_npy(key[:-len(".npy")])

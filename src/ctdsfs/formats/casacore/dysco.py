@@ -50,15 +50,13 @@ ANTENNA_ROWS = 1 << 16  # rows of ANTENNA1/ANTENNA2 read at a time (AF needs eac
 # two rows fall within one; at least 4 MiB, where numpy asks for huge pages
 PIECE_BYTES = 8 << 20
 PIECES_AHEAD = 2  # pieces decoded ahead of a reader going through a column
-# bits -> (bytes, symbols) of the smallest run of whole bytes holding whole symbols
-GROUPS = {2: (1, 4), 3: (3, 8), 4: (1, 2), 6: (3, 4), 8: (1, 1), 10: (5, 4), 12: (3, 2),
-          16: (2, 1)}
+BITS = (2, 3, 4, 6, 8, 10, 12, 16)  # the symbol widths Dysco packs
 NORMALISATIONS = ("AF", "RF", "Row")
 AF, RF, ROW = 0, 1, 2
 WEIGHT_COLUMN = "WEIGHT_SPECTRUM"  # Dysco tells the weight column by this name
 PAGE = 4096
-ZERO_TAIL = 8  # zero bytes after those read: past a group cut short, and the byte after it
-CHUNK_SYMBOLS = 1 << 18  # symbols decoded at a time: bounds each thread's working arrays
+ZERO_TAIL = 8  # zero bytes after those read: the byte after the last symbol's
+CHUNK_SYMBOLS = 1 << 20  # symbols decoded at a time: bounds each thread's working arrays
 _WORKING = threading.local()  # each thread's working arrays (see _scratch)
 
 
@@ -70,31 +68,6 @@ def _scratch(name, count, dtype):
         held = np.empty(count, dtype)
         setattr(_WORKING, name, held)
     return held[:count]
-
-
-def unpack_symbols(padded, bits, skip, count):
-    """Symbols ``skip .. skip + count`` of the ``uint8`` array ``padded`` (starting where a
-    group of whole bytes starts; zeros after the bytes, up to a group and a byte past the
-    last symbol), ``bits`` each, packed from the lowest bit up, as ``intp`` (numpy's
-    ``take`` converts narrower indices slowly), in this thread's working array
-    ``symbols``. A symbol of the widths Dysco packs lies within the two bytes from the
-    one it starts in: the j-th symbol of every group is cut at once from those bytes
-    read as little-endian words, a group's size apart."""
-    size, per = GROUPS[bits]
-    groups = -(-(skip + count) // per)
-    if bits in (8, 16):  # (a symbol a group: nothing to skip)
-        symbols = _scratch("symbols", count, np.intp)
-        np.copyto(symbols, np.frombuffer(padded, "<u1" if bits == 8 else "<u2", count))
-        return symbols
-    out = _scratch("symbols", groups * per, np.intp).reshape(groups, per)
-    part = _scratch("part", groups, np.uint16)
-    mask = np.uint16((1 << bits) - 1)
-    for j in range(per):
-        first, shift = divmod(j * bits, 8)
-        words = np.ndarray((groups,), "<u2", buffer=padded, offset=first, strides=(size,))
-        np.right_shift(words, shift, out=part)
-        np.bitwise_and(part, mask, out=out[:, j])
-    return out.reshape(-1)[skip:skip + count]
 
 
 class _Part:
@@ -163,6 +136,8 @@ class DyscoReader:
         self._pieces = DecodedCache((PIECES_AHEAD + 2) * PIECE_BYTES)
         self._generation = 0  # one more after each write: pieces decoded before are stale
         self._last_piece = {}  # column -> the last piece its previous read reached
+        from . import dysco_kernels  # (numba: loaded for the tables that have Dysco columns)
+        self._kernels = dysco_kernels
 
     def _parse_header(self, data, ncolumns):
         name = self.name
@@ -184,9 +159,9 @@ class DyscoReader:
         if ncol != ncolumns:
             raise FormatError(f"{name}: {ncol} columns in the file, {ncolumns} bound to it")
         for what, bits in (("data", data_bits), ("weight", weight_bits)):
-            if bits not in GROUPS:
+            if bits not in BITS:
                 raise FormatError(f"{name}: {bits} {what} bits per value (Dysco packs "
-                                  f"{', '.join(map(str, GROUPS))})")
+                                  f"{', '.join(map(str, BITS))})")
         if normalization >= len(NORMALISATIONS):
             raise FormatError(f"{name}: normalisation {normalization} is not Dysco's")
         if header_size > self.file_size or column_at > header_size:
@@ -226,11 +201,16 @@ class DyscoReader:
         self._antenna_chunks = {}
         self._generation += 1
 
+    def warm(self, col):
+        """Decode a row of ``col`` on this thread (its kernels loaded; no piece kept, no
+        thread started: a process may fork after it)."""
+        self._decode(self.parts[col.name], 0, min(1, self.table.nrow))
+
     def read(self, col, start, stop):
         """Rows ``start..stop``: a reader going through the column in order gets them from
         pieces of about PIECE_BYTES decoded whole (a read within one is a read-only view
         of it, not a copy), the next pieces decoded ahead in other threads meanwhile
-        (reading the file and numpy's loops release the GIL); other reads decode exactly
+        (reading the file and the kernels release the GIL); other reads decode exactly
         their rows, as does a read whose piece holds a damaged block."""
         part = self.parts[col.name]
         if stop <= start or not self.rows_per_block:
@@ -357,16 +337,12 @@ class DyscoReader:
         return data[:4 * part.meta].view("<f4").astype(np.float64)
 
     def _symbols(self, part, block, first, end):
-        """The symbols of rows ``first..end`` of the block (a thread's working array)."""
+        """(bytes, bit): the bytes holding the symbols of rows ``first..end`` of the block
+        (a thread's working array), the first symbol at that bit of the first byte."""
         at = self._block_at(part, block) + 4 * part.meta
-        size, per = GROUPS[part.bits]
-        first_symbol = first * part.symbols_per_row
-        count = (end - first) * part.symbols_per_row
-        group = first_symbol // per
-        begin = group * size
-        stop = min(part.symbol_bytes, -(-(first_symbol + count) // per) * size)
-        raw = self._read("raw", at + begin, stop - begin, "block symbols")
-        return unpack_symbols(raw, part.bits, first_symbol - group * per, count)
+        begin, bit = divmod(first * part.symbols_per_row * part.bits, 8)
+        stop = min(part.symbol_bytes, -(-end * part.symbols_per_row * part.bits // 8))
+        return self._read("raw", at + begin, stop - begin, "block symbols"), bit
 
     def _chunks(self, part, within):
         """The rows ``within`` the block in runs of about CHUNK_SYMBOLS symbols."""
@@ -374,45 +350,40 @@ class DyscoReader:
         return [(first, min(within[1], first + step))
                 for first in range(within[0], within[1], step)]
 
+    def _decoded(self, done):
+        if not done:  # (the sizes are the reader's own: a kernel refusing them is a bug)
+            raise FormatError(f"{self.name}: a block's sizes do not fit its kernel")
+
     def _weights(self, part, block, within, into):
         scale = self._factors(part, block)[0] / np.float64((1 << part.bits) - 1)
         for first, end in self._chunks(part, within):
-            symbols = self._symbols(part, block, first, end)
-            values = _scratch("values", symbols.size, np.float64)
-            np.multiply(symbols, scale, out=values)
-            np.copyto(into[first - within[0]:end - within[0]],
-                      values.reshape(-1, part.channels, 1), casting="unsafe")
+            raw, bit = self._symbols(part, block, first, end)
+            rows = into[first - within[0]:end - within[0]].reshape(-1)
+            self._decoded(self._kernels.weight_values(raw, bit, part.bits, scale,
+                                                      part.channels, part.pols, rows))
+
+    def _row_factors(self, part, meta, first, end, antennas, within):
+        """Each row's factor per polarisation (doubles, rows ``first..end`` of the block)."""
+        pols = part.pols
+        rest = meta[part.channels * pols:]
+        if self.normalization == ROW:
+            return np.repeat(meta[first:end], pols)
+        if self.normalization == RF:
+            return rest.reshape(-1, pols)[first:end].ravel()
+        per_antenna = rest.reshape(pols, self.antennas).T
+        rows = slice(first - within[0], end - within[0])
+        return (per_antenna[antennas[0][rows]] * per_antenna[antennas[1][rows]]).ravel()
 
     def _data(self, part, block, within, antennas, into):
-        """Each value ``float(double(table[symbol]) * factor)``: the symbols looked up in
-        the table (as doubles), multiplied in place by their factors, then rounded into
-        ``into``, a run of rows at a time in this thread's working arrays."""
+        """Each value ``float(double(table[symbol]) * factor)`` (see the module), a run of
+        rows at a time."""
         meta = self._factors(part, block)
-        channels, pols = part.channels, part.pols
-        per_channel, rest = meta[:channels * pols], meta[channels * pols:]
+        channel_factors = np.ones(part.channels * part.pols) if self.normalization == ROW \
+            else meta[:part.channels * part.pols]
         for first, end in self._chunks(part, within):
-            symbols = self._symbols(part, block, first, end)
-            nrow = end - first
-            values = _scratch("values", symbols.size, np.float64)
-            np.take(self._table64, symbols, out=values, mode="clip")  # (symbols < 2**bits)
-            if self.normalization == ROW:
-                per_value = values.reshape(nrow, -1)
-                np.multiply(per_value, meta[first:end, None], out=per_value)
-            else:
-                if self.normalization == RF:
-                    per_row = rest.reshape(-1, pols)[first:end]
-                else:
-                    per_antenna = rest.reshape(pols, self.antennas).T
-                    rows = slice(first - within[0], end - within[0])
-                    per_row = per_antenna[antennas[0][rows]] * per_antenna[antennas[1][rows]]
-                factor = _scratch("factor", nrow * channels * pols, np.float64)
-                factor = factor.reshape(nrow, channels, pols)
-                for pol in range(pols):  # (a product a pass: long loops, no repeats)
-                    np.multiply(per_channel[pol::pols], per_row[:, pol, None],
-                                out=factor[:, :, pol])
-                pairs = values.reshape(nrow, channels * pols, 2)
-                factor = factor.reshape(nrow, channels * pols)
-                for half in (0, 1):  # real, imaginary: one factor for both
-                    np.multiply(pairs[:, :, half], factor, out=pairs[:, :, half])
-            np.copyto(into[first - within[0]:end - within[0]].view(np.float32).reshape(-1),
-                      values, casting="unsafe")
+            raw, bit = self._symbols(part, block, first, end)
+            rows = into[first - within[0]:end - within[0]].view(np.float32).reshape(-1)
+            self._decoded(self._kernels.data_values(
+                raw, bit, part.bits, self._table64, channel_factors,
+                self._row_factors(part, meta, first, end, antennas, within),
+                part.channels, part.pols, rows))

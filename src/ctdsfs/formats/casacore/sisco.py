@@ -35,12 +35,19 @@ import numpy as np
 from ...errors import FormatError
 from .altmans import scalar_ints
 from .base import TP_COMPLEX, read_exact
-from .sisco_predict import LEVELS, along_channels, float_bits, predicted
 
 HEADER = 21
 VERSION_MAJOR = 2
 MODES = {0: "all", 0x4000: "diagonal", 0x8000: "stokes_i"}
 STORED = {"diagonal": 2, "stokes_i": 1}
+# prediction level -> (earlier values taken, whether the deepest predictor smooths) along
+# the channels and along time: 1, 2, 3 or 4 values extrapolated (levels 0 to 3; 10 to
+# 12 average, fit a line or a parabola with the deepest); 21 predicts along the channels
+# as level 2 and along time as level 1; -1 stores the values themselves
+LEVELS = {0: (1, False), 10: (2, True), 1: (2, False), 11: (3, True), 2: (3, False),
+          12: (4, True), 3: (4, False)}
+LEVELS = {**{level: (p, p) for level, p in LEVELS.items()},
+          21: (LEVELS[2], LEVELS[1]), -1: ((0, False), (0, False))}
 MAX_CHUNK = 64 << 20  # decompressed bytes of one chunk (casacore writes about 10 MiB)
 BATCH_VALUES = 1 << 18  # values decoded together
 MAX_HISTORY = 1 << 30  # bytes of the baselines' last items
@@ -54,7 +61,7 @@ class _Chunks:
         self.source, self.name, self.level = source, name, level
         self.size = source.entry_size(name)
         self.at, self.values, self.used = HEADER, 0, 0
-        self.mantissas = self.exponents = None
+        self.planes = None
 
     def _next_chunk(self):
         if self.at + 16 > self.size:
@@ -75,22 +82,14 @@ class _Chunks:
             raise FormatError(f"{self.name}: chunk does not inflate ({exc})") from None
         if len(plain) != full or not inflate.eof:
             raise FormatError(f"{self.name}: chunk inflates to {len(plain)} bytes, not {full}")
-        n = full // width
-        planes = np.frombuffer(plain, np.uint8)
-        if self.level == -1:
-            third = planes[2 * n:3 * n].astype(np.uint32)
-            mantissas = (planes[:n].astype(np.uint32) | planes[n:2 * n].astype(np.uint32) << 8
-                         | (third | 0x80) << 16 | (third & 0x80) << 24)
-        else:
-            mantissas = planes[:4 * n].reshape(4, n).T.copy().view("<u4").ravel()
-        self.mantissas, self.exponents = mantissas, planes[(width - 1) * n:].view(np.int8)
-        self.values, self.used = n, 0
+        self.planes = np.frombuffer(plain, np.uint8)
+        self.values, self.used = full // width, 0
 
     def take(self, count, channels):
-        """The next ``count`` items of ``channels`` channels: mantissas (uint32) and
-        exponents (int8), each (count, 2, channels): real parts, then imaginary."""
+        """The next ``count`` items of ``channels`` channels (two parts each: real,
+        imaginary), as runs within one chunk: (its byte planes, its values, the first
+        value of the run, the run's items)."""
         width = 2 * channels
-        mantissas, exponents = [], []
         while count:
             if self.used >= self.values:
                 self._next_chunk()
@@ -98,19 +97,14 @@ class _Chunks:
             if fit == 0:
                 raise FormatError(f"{self.name}: an item of {channels} channels passes its "
                                   "chunk's end")
-            span = slice(self.used, self.used + fit * width)
-            mantissas.append(self.mantissas[span].reshape(fit, 2, channels))
-            exponents.append(self.exponents[span].reshape(fit, 2, channels))
+            yield self.planes, self.values, self.used, fit
             self.used += fit * width
             count -= fit
-        return np.concatenate(mantissas), np.concatenate(exponents)
 
 
 class _Stream:
-    """The column's cells decoded from the first row on, some rows at a time: each item's
-    channels along the channels for all items at once, then along time in waves (the
-    n-th item of each baseline in the batch together), keeping each baseline's last
-    few items."""
+    """The column's cells decoded from the first row on, some rows at a time, each item
+    after the one before it, keeping each baseline's last few items."""
 
     def __init__(self, reader, col):
         self.reader, self.row = reader, 0
@@ -119,10 +113,9 @@ class _Stream:
         self.channels, self.correlations = col.cell_shape
         self.stored = STORED.get(reader.mode, self.correlations)
         self.along_channels, self.along_time = LEVELS[reader.level]
-        depth = len(self.along_time)
-        self.history = [np.zeros((depth, 0, self.channels), kind) for kind in
-                        (np.int64, np.int64, bool)]  # m, e, s of each baseline's last items
-        self.count = np.zeros(0, np.int64)  # items in each baseline's history
+        # each key's (baseline and part's) last items, newest first: m, e, s of each channel
+        self.history = np.zeros((0, self.along_time[0], 3, self.channels), np.int64)
+        self.held = np.zeros(0, np.int64)  # items in each key's history
         self.batch = max(1, BATCH_VALUES // max(1, 2 * self.stored * self.channels))
 
     def _baselines(self, count):
@@ -133,48 +126,20 @@ class _Stream:
         return np.array([self.ids.setdefault(key + (pol,), len(self.ids))
                          for key in zip(*columns) for pol in range(self.stored)], np.int64)
 
-    def _grow(self, baselines):
-        """Room in the history for ``baselines`` (keys): at least twice the room before,
-        so that a stream meeting new baselines batch after batch copies its history a
-        few times, not once a batch."""
-        held = sum(h.dtype.itemsize * h.shape[0] for h in self.history) * self.channels
-        if baselines * held > MAX_HISTORY:
-            raise FormatError(f"{self.reader.name}: {baselines // 2} baselines and correlations keep "
-                              "more history than this reader holds")
-        if baselines > len(self.count):
-            room = max(baselines, min(2 * len(self.count), MAX_HISTORY // max(1, held)))
-            more = room - len(self.count)
-            self.history = [np.concatenate([h, np.zeros((h.shape[0], more) + h.shape[2:],
-                                                        h.dtype)], axis=1)
-                            for h in self.history]
-            self.count = np.concatenate([self.count, np.zeros(more, np.int64)])
-
-    def _along_time(self, m, e, s, keys):
-        """Each item plus the prediction from its baseline's earlier items (``keys``: its
-        baseline and part, one per row of m, e, s)."""
-        self._grow(int(keys.max()) + 1)
-        order = np.argsort(keys, kind="stable")
-        first = np.r_[0, np.flatnonzero(np.diff(keys[order])) + 1]
-        rank = np.empty(len(keys), np.int64)
-        rank[order] = np.arange(len(keys)) - np.repeat(first, np.diff(np.r_[first, len(keys)]))
-        hm, he, hs = self.history
-        depth = hm.shape[0]
-        for wave in range(int(rank.max()) + 1):
-            items = np.flatnonzero(rank == wave)
-            keys_now = keys[items]
-            held = np.minimum(self.count[keys_now], depth)
-            for k in range(1, depth + 1):
-                which = held == k
-                if not which.any():
-                    continue
-                rows, at = items[which], keys_now[which]
-                earlier = [(hm[j, at], he[j, at], hs[j, at]) for j in reversed(range(k))]
-                m[rows], _, s[rows] = predicted((m[rows], e[rows], s[rows]), earlier,
-                                                self.along_time)
-            for h, values in ((hm, m), (he, e), (hs, s)):
-                h[1:, keys_now] = h[:-1, keys_now]
-                h[0, keys_now] = values[items]
-            self.count[keys_now] = np.minimum(self.count[keys_now] + 1, depth)
+    def _grow(self, keys):
+        """Room in the history for ``keys``: at least twice the room before, so that a
+        stream meeting new baselines batch after batch copies its history a few times,
+        not once a batch."""
+        held = self.history.itemsize * int(np.prod(self.history.shape[1:]))  # a key's
+        if keys * held > MAX_HISTORY:
+            raise FormatError(f"{self.reader.name}: {keys // 2} baselines and correlations "
+                              "keep more history than this reader holds")
+        if keys > len(self.held):
+            room = max(keys, min(2 * len(self.held), MAX_HISTORY // max(1, held)))
+            more = room - len(self.held)
+            self.history = np.concatenate(
+                [self.history, np.zeros((more,) + self.history.shape[1:], np.int64)])
+            self.held = np.concatenate([self.held, np.zeros(more, np.int64)])
 
     def rows(self, count):
         """The next ``count`` rows' cells (count, channels, correlations) as complex64."""
@@ -183,16 +148,20 @@ class _Stream:
         self.row += count
         if not self.channels:
             return cells
-        mantissas, exponents = self.chunks.take(len(baselines), self.channels)
-        mantissas = mantissas.reshape(-1, self.channels).astype(np.int64)
-        m, s = mantissas & 0x7FFFFFFF, mantissas > 0x7FFFFFFF
-        e = exponents.reshape(-1, self.channels).astype(np.int64)
-        if self.reader.level != -1:
-            m, e, s = along_channels(m, e, s, self.along_channels)
-            self._along_time(m, e, s, np.repeat(baselines * 2, 2) + np.tile([0, 1],
-                                                                            len(baselines)))
-        values = float_bits(m, e, s).view(np.float32).reshape(count, self.stored, 2,
-                                                              self.channels)
+        keys = (baselines[:, None] * 2 + np.arange(2)).ravel()
+        self._grow(int(keys.max()) + 1)
+        bits = np.empty(len(keys) * self.channels, np.uint32)
+        done = 0
+        for planes, values, used, fit in self.chunks.take(len(baselines), self.channels):
+            span = slice(2 * done, 2 * (done + fit))
+            if not self.reader.kernels.decode_items(
+                    planes, values, used, fit, self.channels, keys[span], self.history,
+                    self.held, self.along_channels, self.along_time,
+                    bits[span.start * self.channels:span.stop * self.channels]):
+                raise FormatError(f"{self.reader.name}: a run of items does not fit its "
+                                  "kernel")
+            done += fit
+        values = bits.view(np.float32).reshape(count, self.stored, 2, self.channels)
         if self.reader.mode == "all":
             cells.real, cells.imag = (values[:, :, part].transpose(0, 2, 1) for part in (0, 1))
         else:  # Stokes I as [I, 0, 0, I], the diagonal as [XX, 0, 0, YY]
@@ -219,6 +188,12 @@ class SiscoReader:
         if self.level not in LEVELS:
             raise FormatError(f"{self.name}: unknown Sisco prediction level {self.level}")
         self._stream, self._recent, self._lock = None, deque(), threading.Lock()
+        from . import sisco_predict  # (numba: loaded for the tables that have Sisco columns)
+        self.kernels = sisco_predict
+
+    def warm(self, col):
+        """Decode a row of ``col`` (its kernels loaded; no thread started)."""
+        self.read(col, 0, min(1, self.table.nrow))
 
     def read(self, col, start, stop):
         if col.data_type != TP_COMPLEX:
