@@ -17,8 +17,8 @@ from .ms_writer import COMPRESSED
 from .test_xarray_ms import assert_same_tree, write_ms
 
 # one DATA_DESCRIPTION (fixed cell shapes); every time the same baselines for DyscoStMan
-# (casacore cannot read a Dysco column whose time steps lack rows), UvwStMan, and
-# AntennaPairStMan's repeating pattern
+# (casacore writes but cannot read back a Dysco column whose time steps lack rows), UvwStMan,
+# and AntennaPairStMan's repeating pattern
 SPECS = {"dysco": {"missing": False}, "sisco": {},
          "stokes": {"reversed": False, "missing": False}}
 
