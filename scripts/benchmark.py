@@ -43,7 +43,8 @@ the targets of the read-only milestone:
   xarray: a ~250 MB MeasurementSet (--xarray-ms-mib, DATA and FLAG in TiledShapeStMan)
     opened as a DataTree and VISIBILITY and FLAG loaded, cold, in a fresh process: the
     ctdsfs engine / xarray-ms 0.5 on the same files <= 1 (medians of --rounds alternated
-    rounds); beside it opening an MS of 1M rows with both
+    rounds); beside it opening an MS of 1M rows with both, and the MS packed on SeaweedFS
+    through s3:// on 2 Dask workers against xarray-ms on the local MS (the ratio)
   optional part "bcolz" (only when named in --parts): a float64 carray (lz4, shuffle,
     --bcolz-mib) by np.load of array.npy through a fresh mount, cache dropped / bcolz.open()[:]
     >= 1, and random 1000-item slices through numpy.load(mmap_mode="r") within 1.5x of

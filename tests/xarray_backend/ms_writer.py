@@ -14,7 +14,12 @@ import casacore.tables as ct
 import numpy as np
 
 SPEC = {
-    "layout": "tiled",  # "tiled" (TiledShapeStMan DATA/FLAG...) or "ssm" (StandardStMan only)
+    "layout": "tiled",  # "tiled" (TiledShapeStMan DATA/FLAG...), "ssm" (StandardStMan
+    # only), or the tiled one with casacore 3.8's compressing managers (one DATA_DESCRIPTION:
+    # fixed cell shapes): "dysco" (DATA and WEIGHT_SPECTRUM in DyscoStMan), "sisco" (DATA in
+    # SiscoStMan), "stokes" (DATA and WEIGHT_SPECTRUM in StokesIStMan, cells [I, 0, 0, I];
+    # ANTENNA1/2 in AntennaPairStMan, UVW in UvwStMan); Dysco, AntennaPairStMan and
+    # UvwStMan need every time step to hold the same baselines ("missing": False)
     "nant": 4,
     "ntime": 5,
     "spws": [8, 4],  # channels per spectral window
@@ -54,13 +59,37 @@ def _values(rng, shape, dtype):
     return rng.random(shape).astype(dtype)
 
 
+# the compressing layouts: {layout: {storage manager: its columns}}, and the managers' specs
+COMPRESSED = {
+    "dysco": {"DyscoStMan": ["DATA", "WEIGHT_SPECTRUM"]},
+    "sisco": {"SiscoStMan": ["DATA"]},
+    "stokes": {"StokesIStMan": ["DATA", "WEIGHT_SPECTRUM"],
+               "AntennaPairStMan": ["ANTENNA1", "ANTENNA2"], "UvwStMan": ["UVW"]},
+}
+MANAGER_SPECS = {"DyscoStMan": {"dataBitCount": 10, "weightBitCount": 12,
+                                "distribution": "TruncatedGaussian", "normalization": "AF",
+                                "studentTNu": 0.0, "distributionTruncation": 2.5}}
+
+
+def _compressed(spec):
+    """{column: storage manager} of the layout's compressing managers."""
+    return {column: manager for manager, columns in COMPRESSED.get(spec["layout"], {}).items()
+            for column in columns}
+
+
 def _main_desc(spec):
-    cols = [ct.makearrcoldesc("DATA", 0j, ndim=2, valuetype="complex")]
+    spw, pol = spec["ddids"][0]
+    fixed = {"shape": [spec["spws"][spw], len(spec["pols"][pol])], "options": 5}
+
+    def cell(name, value, valuetype):  # (the compressing managers: fixed shapes)
+        return ct.makearrcoldesc(name, value, valuetype=valuetype,
+                                 **(fixed if name in _compressed(spec) else {"ndim": 2}))
+
+    cols = [cell("DATA", 0j, "complex")]
     if spec["weight_spectrum"]:
-        cols.append(ct.makearrcoldesc("WEIGHT_SPECTRUM", 0.0, ndim=2, valuetype="float"))
+        cols.append(cell("WEIGHT_SPECTRUM", 0.0, "float"))
     if spec["corrected"]:
-        cols += [ct.makearrcoldesc(n, 0j, ndim=2, valuetype="complex")
-                 for n in ("CORRECTED_DATA", "MODEL_DATA")]
+        cols += [cell(n, 0j, "complex") for n in ("CORRECTED_DATA", "MODEL_DATA")]
     desc = ct.maketabdesc(cols)
     desc["DATA"]["keywords"] = {"UNIT": "Jy"}
     return desc
@@ -71,13 +100,19 @@ def _dminfo(spec, desc):
         return {"*1": {"TYPE": "StandardStMan", "NAME": "SSM", "SPEC": {"BUCKETSIZE": 8192},
                        "COLUMNS": sorted(desc) + ["FLAG", "UVW", "WEIGHT", "SIGMA",
                                                   "FLAG_CATEGORY"]}}
+    compressed = _compressed(spec)
     info = {}
     for i, name in enumerate(sorted(desc) + ["FLAG"]):
-        info[f"*{i + 1}"] = {"TYPE": "TiledShapeStMan", "NAME": f"Tiled{name}",
-                             "COLUMNS": [name],
-                             "SPEC": {"DEFAULTTILESHAPE": np.array([4, 8, 16], np.int32)}}
-    info["*uvw"] = {"TYPE": "TiledColumnStMan", "NAME": "TiledUVW", "COLUMNS": ["UVW"],
-                    "SPEC": {"DEFAULTTILESHAPE": np.array([3, 64], np.int32)}}
+        if name not in compressed:
+            info[f"*{i + 1}"] = {"TYPE": "TiledShapeStMan", "NAME": f"Tiled{name}",
+                                 "COLUMNS": [name],
+                                 "SPEC": {"DEFAULTTILESHAPE": np.array([4, 8, 16], np.int32)}}
+    if "UVW" not in compressed:
+        info["*uvw"] = {"TYPE": "TiledColumnStMan", "NAME": "TiledUVW", "COLUMNS": ["UVW"],
+                        "SPEC": {"DEFAULTTILESHAPE": np.array([3, 64], np.int32)}}
+    for manager, columns in COMPRESSED.get(spec["layout"], {}).items():
+        info[f"*{manager}"] = {"TYPE": manager, "NAME": manager, "COLUMNS": columns,
+                               "SPEC": MANAGER_SPECS.get(manager, {})}
     return info
 
 
@@ -117,8 +152,12 @@ def write(path, spec):
     t.putcol("EXPOSURE", np.array(cols[1]) * 0.9)
     for name, i in (("ANTENNA1", 2), ("ANTENNA2", 3), ("DATA_DESC_ID", 4), ("FIELD_ID", 5),
                     ("STATE_ID", 6), ("OBSERVATION_ID", 7), ("SCAN_NUMBER", 8)):
-        t.putcol(name, np.array(cols[i], np.int32))
-    t.putcol("UVW", _values(rng, (len(rows), 3), np.float64))
+        if name not in _compressed(spec):
+            t.putcol(name, np.array(cols[i], np.int32))
+    if spec["layout"] == "stokes":
+        _put_pairs_and_uvw(t, spec, rng, cols)
+    else:
+        t.putcol("UVW", _values(rng, (len(rows), 3), np.float64))
     if len(spec["ddids"]) == 1:  # one cell shape: whole columns at once (large MSes)
         _put_cells(t, spec, rng, len(rows))
     for row, ddid in enumerate(cols[4] if len(spec["ddids"]) > 1 else ()):
@@ -149,9 +188,23 @@ def _put_cells(t, spec, rng, nrow):
     for name, dtype in names:
         for start in range(0, nrow, 8192):
             count = min(8192, nrow - start)
-            t.putcol(name, _values(rng, (count,) + shape[1:], dtype), start, count)
+            values = _values(rng, (count,) + shape[1:], dtype)
+            if _compressed(spec).get(name) == "StokesIStMan":
+                values[..., 1:3], values[..., 3] = 0, values[..., 0]
+            t.putcol(name, values, start, count)
     for name in ("WEIGHT", "SIGMA"):
         t.putcol(name, _values(rng, (nrow, shape[2]), np.float32))
+
+
+def _put_pairs_and_uvw(t, spec, rng, cols):
+    """ANTENNA1/2 a row at a time (AntennaPairStMan needs each row's pair whole before the
+    next), UVW as differences of per-antenna positions at each time (as UvwStMan stores)."""
+    for row, (a1, a2) in enumerate(zip(cols[2], cols[3])):
+        t.putcell("ANTENNA1", row, a1)
+        t.putcell("ANTENNA2", row, a2)
+    _, step = np.unique(np.array(cols[0]), return_inverse=True)
+    positions = rng.normal(size=(step.max() + 1, spec["nant"], 3)) * 3000
+    t.putcol("UVW", positions[step, np.array(cols[3])] - positions[step, np.array(cols[2])])
 
 
 def _put(path, nrow, **columns):
