@@ -14,8 +14,13 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+
+from ctdsfs.toolbox import pack
+
+from .servers import CREDENTIALS, Nginx, Seaweed, stop
 
 DATA = Path(__file__).parent / "data"
 SCRIPTS = Path(__file__).parent.parent / "scripts"
@@ -174,6 +179,71 @@ def small_disk(tmp_path):
         if not is_mounted(disk):
             break
         subprocess.run(args + [str(disk)], stderr=subprocess.DEVNULL)
+
+# ---------------------------------------------------------------- the session's servers
+# Here, not in a test module, so that every file using them shares one of each per worker
+# (a fixture imported into a module is that module's own: each would start its own
+# SeaweedFS, about ten seconds each).
+BUCKET = "ctdsfs-test"
+FIXTURES = ["casacore_test_v1.mf", "casacore_test_v1.mf_hdrext", "mf2_nested.mf", "mf2_crc.mf",
+            "mh5_basic.mfh5"]
+
+
+@pytest.fixture(scope="session")
+def objects(tmp_path_factory):
+    """The files every server holds: casacore-written fixtures and a pycauset matrix."""
+    import numpy as np
+    import pycauset
+
+    directory = tmp_path_factory.mktemp("objects")
+    for name in FIXTURES:
+        shutil.copy(DATA / name, directory / name)
+    cwd = os.getcwd()
+    os.chdir(directory)  # pycauset makes a scratch folder in the cwd
+    try:
+        pycauset.save(pycauset.matrix(np.arange(12.0).reshape(3, 4)), str(directory / "m.pycauset"))
+        pycauset.save(pycauset.matrix(np.arange(6.0).reshape(2, 3)), str(directory / "m2.pycauset"))
+    finally:
+        os.chdir(cwd)
+    shutil.rmtree(directory / ".pycauset", ignore_errors=True)
+    tree = directory / "two"
+    tree.mkdir()
+    for name, fill in (("first", 1), ("second", 2)):
+        (tree / name).write_bytes(bytes([fill]) * 65536)
+    pack(str(tree), str(directory / "two.mf"), block_size=4096, quiet=True)
+    pack(str(tree), str(directory / "two.mfh5"), format="hdf5", block_size=4096, quiet=True)
+    return directory
+
+
+@pytest.fixture(scope="session")
+def seaweed(tmp_path_factory, objects):
+    """A SeaweedFS S3 endpoint on loopback holding ``objects`` in BUCKET."""
+    server = Seaweed(tmp_path_factory.mktemp("seaweed"))  # (no weed: an error, never a skip)
+    saved = {k: os.environ.get(k) for k in CREDENTIALS}
+    os.environ.update(CREDENTIALS)  # for the mounts and commands the tests start
+    try:
+        client = server.make_bucket(BUCKET)
+        for path in objects.iterdir():
+            if path.is_file():
+                client.put_object(Bucket=BUCKET, Key=path.name, Body=path.read_bytes())
+        yield SimpleNamespace(endpoint=server.endpoint, client=client, proc=server.proc,
+                              url=lambda name: f"s3://{BUCKET}/{name}",
+                              options=f"endpoint_url={server.endpoint}")
+    finally:
+        server.close()
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+@pytest.fixture(scope="session")
+def web(tmp_path_factory, objects):
+    assert shutil.which("nginx"), "nginx is not installed: run scripts/setup.sh"
+    server = Nginx(objects, tmp_path_factory.mktemp("nginx"))
+    yield server
+    stop(server.proc)
 
 
 def run_on_terminal(cmd, columns=100):

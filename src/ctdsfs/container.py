@@ -15,6 +15,7 @@ from typing import Any, Callable, NamedTuple, Optional, Union
 from .errors import CtdsfsError, ReadOnlyError
 
 MAX_NAME_BYTES = 255
+MAX_NESTING = 32  # containers in containers, at most (a file that nests itself ends there)
 # The kernel caps FUSE readahead at 128 KiB, so a sequential reader costs one round trip
 # per 128 KiB; 1 MiB requests let CRC-checked reads run ~60% faster.
 READAHEAD_KB = 1024

@@ -17,7 +17,6 @@ import tempfile
 import threading
 
 import numpy as np
-from tqdm import tqdm
 
 from .errors import CtdsfsError
 from .formats import create_container, open_container, refuse_existing
@@ -33,10 +32,28 @@ CHOSEN_BLOCK_SIZES = tuple(1 << k for k in range(22, 8, -1))  # 4 MiB down to 51
 PACKED_GROWTH_MAX = 1.05
 
 
+class SilentBar:
+    """What a progress bar is off a terminal: nothing (tqdm, a tenth of a second of a
+    command's start, is imported only for a bar shown)."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def update(self, n=1):
+        pass
+
+
 def progress_bar(total, quiet, what):
     """A tqdm bar with throughput and ETA on a terminal; silent off one or with ``quiet``."""
+    if quiet or not sys.stderr.isatty():
+        return SilentBar()
+    from tqdm import tqdm
+
     return tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc=what,
-                disable=quiet or not sys.stderr.isatty(), leave=False)
+                leave=False)
 
 
 def _tree_sizes(path):

@@ -7,13 +7,11 @@ and stopped by PID, SIGKILL after a short grace); the fault tests stop
 
 import errno
 import os
-import shutil
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
@@ -21,15 +19,12 @@ from ctdsfs.formats import open_container
 from ctdsfs.remote.store import FAILED_SECONDS, RemoteError, RemoteOptions, RemoteStore
 from ctdsfs.toolbox import pack
 
-from ..conftest import DATA, evicted, make_casacore_table
+from ..conftest import BUCKET, DATA, evicted, make_casacore_table
 from ..formats.multifile.test_write import snapshot
-from ..servers import CREDENTIALS, Nginx, Seaweed, stop, wait_until
+from ..servers import CREDENTIALS, wait_until
 from ..test_toolbox import dump_values
 
-BUCKET = "ctdsfs-test"
 FLOOR = Path(__file__).resolve().parents[2] / "scripts" / "pyfuse3_floor.py"
-FIXTURES = ["casacore_test_v1.mf", "casacore_test_v1.mf_hdrext", "mf2_nested.mf", "mf2_crc.mf",
-            "mh5_basic.mfh5"]
 CONTAINERS = ["casacore_test_v1.mf", "mf2_nested.mf", "mf2_crc.mf", "mh5_basic.mfh5",
               "m.pycauset"]
 FAST_FAILURE = "timeout=1,retries=1,chunk_size=4096,readahead=1"  # faults fail in seconds
@@ -37,63 +32,6 @@ FAST_FAILURE = "timeout=1,retries=1,chunk_size=4096,readahead=1"  # faults fail 
 # ((retries + 1) x timeout and about a second, with a margin for a loaded machine), and
 # what one of a chunk that failed a moment ago may take (less than one attempt's timeout)
 BOUND, FAST = 2 * 1 + 1.5, 1.0
-
-
-@pytest.fixture(scope="session")
-def objects(tmp_path_factory):
-    """The files every server holds: casacore-written fixtures and a pycauset matrix."""
-    import numpy as np
-    import pycauset
-
-    directory = tmp_path_factory.mktemp("objects")
-    for name in FIXTURES:
-        shutil.copy(DATA / name, directory / name)
-    cwd = os.getcwd()
-    os.chdir(directory)  # pycauset makes a scratch folder in the cwd
-    try:
-        pycauset.save(pycauset.matrix(np.arange(12.0).reshape(3, 4)), str(directory / "m.pycauset"))
-        pycauset.save(pycauset.matrix(np.arange(6.0).reshape(2, 3)), str(directory / "m2.pycauset"))
-    finally:
-        os.chdir(cwd)
-    shutil.rmtree(directory / ".pycauset", ignore_errors=True)
-    tree = directory / "two"
-    tree.mkdir()
-    for name, fill in (("first", 1), ("second", 2)):
-        (tree / name).write_bytes(bytes([fill]) * 65536)
-    pack(str(tree), str(directory / "two.mf"), block_size=4096, quiet=True)
-    pack(str(tree), str(directory / "two.mfh5"), format="hdf5", block_size=4096, quiet=True)
-    return directory
-
-
-@pytest.fixture(scope="session")
-def seaweed(tmp_path_factory, objects):
-    """A SeaweedFS S3 endpoint on loopback holding ``objects`` in BUCKET."""
-    server = Seaweed(tmp_path_factory.mktemp("seaweed"))  # (no weed: an error, never a skip)
-    saved = {k: os.environ.get(k) for k in CREDENTIALS}
-    os.environ.update(CREDENTIALS)  # for the mounts and commands the tests start
-    try:
-        client = server.make_bucket(BUCKET)
-        for path in objects.iterdir():
-            if path.is_file():
-                client.put_object(Bucket=BUCKET, Key=path.name, Body=path.read_bytes())
-        yield SimpleNamespace(endpoint=server.endpoint, client=client, proc=server.proc,
-                              url=lambda name: f"s3://{BUCKET}/{name}",
-                              options=f"endpoint_url={server.endpoint}")
-    finally:
-        server.close()
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-
-
-@pytest.fixture(scope="session")
-def web(tmp_path_factory, objects):
-    assert shutil.which("nginx"), "nginx is not installed: run scripts/setup.sh"
-    server = Nginx(objects, tmp_path_factory.mktemp("nginx"))
-    yield server
-    stop(server.proc)
 
 
 def tree(root):

@@ -10,14 +10,14 @@ import pytest
 from ctdsfs.remote import store as remote
 from ctdsfs.remote.store import RemoteError, RemoteOptions, RemoteStore
 
-from .test_remote import BUCKET, objects, seaweed  # noqa: F401 (the session's servers)
+from ..conftest import BUCKET
 
 CHUNK = RemoteOptions.chunk_size
 READ = 128 << 10  # what the kernel asks for at a time from a mount
 
 
 @pytest.fixture
-def object_and_gets(seaweed, monkeypatch):  # noqa: F811 (the fixture)
+def object_and_gets(seaweed, monkeypatch):
     """A 20 MiB object (two chunks and a half) on SeaweedFS, and every GET a store makes."""
     data = os.urandom(2 * CHUNK + (4 << 20))
     seaweed.client.put_object(Bucket=BUCKET, Key="exact.bin", Body=data)
@@ -94,7 +94,7 @@ def test_a_reader_dense_in_a_chunk_gets_it_whole(object_and_gets):
         store.close()
 
 
-def test_a_get_of_its_own_bytes_is_pinned_to_the_version(seaweed, object_and_gets):  # noqa: F811
+def test_a_get_of_its_own_bytes_is_pinned_to_the_version(seaweed, object_and_gets):
     data, gets, store = object_and_gets
     store = store()
     try:

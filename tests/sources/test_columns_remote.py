@@ -17,8 +17,8 @@ import pytest
 from ctdsfs.remote import store as remote
 from ctdsfs.toolbox import pack
 
+from ..conftest import BUCKET
 from ..formats.casacore.test_columns import write_table
-from ..remote.test_remote import BUCKET, objects, seaweed, web  # noqa: F401 (the session's servers)
 from ..servers import CREDENTIALS
 
 NROW = 2048  # DATA: 64 channels x 4 correlations, tiles of 64 rows x 16 channels (32 KiB)
@@ -27,7 +27,7 @@ LARGE_NROW = 8192  # an MS whose DATA lies past the first 8 MiB (the default chu
 
 
 @pytest.fixture(scope="module")
-def store(seaweed, web, objects, tmp_path_factory):  # noqa: F811 (the fixtures)
+def store(seaweed, web, objects, tmp_path_factory):
     """The session's SeaweedFS (tests/remote/test_remote.py) also holding an MS packed by ``ctdsfs
     pack`` (``columns/obs.mf``) and the same MS in separate files (``columns/plain.ms/``),
     and a LocalCluster of two worker processes for the module."""

@@ -24,8 +24,9 @@ from ctdsfs.io.store import VirtualFileStore
 from ctdsfs.sources.opener import open_source
 from ctdsfs.toolbox import pack
 
+from ..conftest import BUCKET
 from ..formats.casacore.test_columns import write_table
-from ..remote.test_remote import BUCKET, objects, run, seaweed, tree, web  # noqa: F401 (the servers)
+from ..remote.test_remote import run, tree
 from ..servers import CREDENTIALS
 
 pytestmark = [pytest.mark.fuse, pytest.mark.tools]
@@ -163,7 +164,7 @@ def test_fsspec_shows_what_the_mount_shows(mount, ms, source):
 
 
 @pytest.fixture(scope="module")
-def prefix(seaweed, ms):  # noqa: F811 (the fixture)
+def prefix(seaweed, ms):
     """The MS directory under ``opener/mf.ms/`` in the session's SeaweedFS."""
     for path in ms.directory.rglob("*"):
         if path.is_file():
@@ -185,7 +186,7 @@ def test_fsspec_on_an_s3_prefix_shows_what_the_mount_shows(mount, prefix):
     assert fsspec_tree(fs) == shown
 
 
-def test_commands_take_every_source_the_mount_takes(ms, prefix, web, tmp_path):  # noqa: F811
+def test_commands_take_every_source_the_mount_takes(ms, prefix, web, tmp_path):
     shutil.copy(ms.where / "obs.mf", web.root / "opener-obs.mf")
     env = {"AWS_ENDPOINT_URL": prefix.endpoint}
     sources = {"file": ms.where / "obs.mf", "directory": ms.directory, "s3 object": prefix.packed,

@@ -13,7 +13,7 @@ import xarray as xr
 
 from ctdsfs.toolbox import pack
 
-from ..remote.test_remote import BUCKET, objects, seaweed, web  # noqa: F401 (the session's servers)
+from ..conftest import BUCKET
 from ..servers import CREDENTIALS
 from .test_xarray_ms import ENGINE, assert_same_tree, write_ms
 

@@ -82,7 +82,6 @@ from .wire import (
 
 log = logging.getLogger(__name__)
 
-SPEC_ENV = "CTDSFS_REMOTE_SPEC"  # how an HDF5 probe child gets the same pinned object
 LIST_PAGE_BYTES = 1 << 20  # what a page of a listing may take as long as (its deadline;
 # it may bring remote_wire.LIST_PAGE_MOST bytes)
 LIST_IDLE_PAGES = 3  # pages in a row that bring no new name: the listing goes in circles

@@ -37,7 +37,7 @@ import threading
 from array import array
 from collections import OrderedDict
 
-from ...container import Container, name_problem
+from ...container import MAX_NESTING, Container, name_problem
 from ...errors import BlockError, CtdsfsError, FormatError
 from ...io.store import VirtualFileStore, open_store
 from ...remote.wire import RemoteError
@@ -50,7 +50,6 @@ from .write import MultiFileWriting
 
 log = logging.getLogger(__name__)
 
-MAX_NESTING = 32
 VERIFIED_CACHE_BYTES = 32 << 20
 
 

@@ -31,6 +31,7 @@ import subprocess
 import sys
 
 from ...errors import FormatError
+from ...remote.schemes import SPEC_ENV
 
 TIME_LIMIT_ENV = "CTDSFS_HDF5_PROBE_SECONDS"
 DEFAULT_SECONDS = 60.0
@@ -61,9 +62,7 @@ def probe(path):
     """Refuse ``path`` (FormatError) if reading it crashes or hangs HDF5; else its problems.
 
     ``path`` may be a remote store: the child then reads the same version of the object
-    (``remote.SPEC_ENV``)."""
-    from ...remote.store import SPEC_ENV
-
+    (``remote.schemes.SPEC_ENV``)."""
     seconds, cpu_seconds = time_limit(), cpu_limit()
     package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     inherited = os.environ.get("PYTHONPATH")

@@ -13,7 +13,7 @@ import sys
 import time
 
 from ...errors import CtdsfsError
-from ...remote.store import SPEC_ENV, from_spec
+from ...remote.schemes import SPEC_ENV
 from .container import HDF5_ERRORS, MultiHDF5
 from .probe import MEMORY_LIMIT, cpu_limit
 
@@ -63,7 +63,11 @@ def _touch(container, problems, budget):
 
 
 def main(path):
-    source = from_spec(os.environ[SPEC_ENV]) if SPEC_ENV in os.environ else path
+    source = path
+    if SPEC_ENV in os.environ:  # a remote object (the HTTP stack is imported for it alone)
+        from ...remote.store import from_spec
+
+        source = from_spec(os.environ[SPEC_ENV])
     # (set once the trusted imports are done: the bound is for what the file makes HDF5 do)
     resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT, MEMORY_LIMIT))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # (a crash is reported, not dumped)
