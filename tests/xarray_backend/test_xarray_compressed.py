@@ -11,7 +11,7 @@ import pytest
 
 from ctdsfs.toolbox import pack
 
-from ..remote.test_remote import BUCKET, objects, seaweed  # noqa: F401 (the session's servers)
+from ..conftest import BUCKET
 from ..servers import CREDENTIALS
 from .ms_writer import COMPRESSED
 from .test_xarray_ms import assert_same_tree, write_ms
@@ -50,7 +50,7 @@ def test_compressed_ms_same_tree(compressed, layout):
     assert shown.size > 1 and np.isin(shown, decoded).all()  # (casacore's decoded values)
 
 
-def test_dysco_ms_packed_through_s3_same_tree(compressed, seaweed, tmp_path):  # noqa: F811
+def test_dysco_ms_packed_through_s3_same_tree(compressed, seaweed, tmp_path):
     ms = compressed["dysco"]
     pack(ms, str(tmp_path / "dysco.mf"), quiet=True)
     seaweed.client.put_object(Bucket=BUCKET, Key="xarray/dysco.mf",

@@ -37,7 +37,7 @@ def test_packed_container_same_tree(packed, tmp_path, form):
     assert_same_tree(container, ms)
 
 
-def test_https_same_tree(packed, web, objects, monkeypatch):  # noqa: F811 (the fixtures)
+def test_https_same_tree(packed, web, objects, monkeypatch):
     ms, container = packed
     (objects / "xarray").mkdir(exist_ok=True)
     shutil.copy(container, objects / "xarray" / "rich.mf")
@@ -45,7 +45,7 @@ def test_https_same_tree(packed, web, objects, monkeypatch):  # noqa: F811 (the 
     assert_same_tree(web.tls_url("xarray/rich.mf"), ms)
 
 
-def test_s3_ms_directory_same_tree(packed, seaweed):  # noqa: F811 (the fixture)
+def test_s3_ms_directory_same_tree(packed, seaweed):
     ms = packed[0]
     for path in Path(ms).rglob("*"):
         if path.is_file():
@@ -56,7 +56,7 @@ def test_s3_ms_directory_same_tree(packed, seaweed):  # noqa: F811 (the fixture)
     assert_same_tree(seaweed.url("xarray/dir/rich.ms/"), ms, storage_options=options)
 
 
-def test_s3_same_tree_and_dask_workers(packed, seaweed):  # noqa: F811 (the fixture)
+def test_s3_same_tree_and_dask_workers(packed, seaweed):
     from distributed import Client, LocalCluster
 
     ms, container = packed
