@@ -13,7 +13,7 @@ import sys
 import time
 
 from ...errors import CtdsfsError
-from ...remote.store import SPEC_ENV, from_spec
+from ...remote.store import SPEC_ENV, RemoteError, from_spec
 from .container import HDF5_ERRORS, MultiHDF5
 from .probe import MEMORY_LIMIT, cpu_limit
 
@@ -76,10 +76,14 @@ def main(path):
         finally:
             budget.step()  # (closing a file of thousands of entries takes a while too)
             container.abandon()
+    except RemoteError as exc:
+        verdict = {"unanswered": str(exc)}
     except CtdsfsError as exc:
         verdict = {"refused": str(exc)}
     except HDF5_ERRORS + (MemoryError,) as exc:
         verdict = {"refused": f"{path}: damaged MultiHDF5 structure ({exc})"}
+    if "refused" in verdict and getattr(source, "failure", None) is not None:
+        verdict = {"unanswered": str(source.failure)}  # (the server's, not the file's)
     print(json.dumps(verdict))
     return 0
 
