@@ -1,6 +1,8 @@
 """Kernel requests to ContainerFS calls (with fuse_workers.py, the only pyfuse3 and trio code).
 
-Metadata operations are cheap and run on the trio loop. Reads of a
+Metadata operations are cheap and run on the trio loop, except a remote source's
+first look at an entry and its listings (``ContainerFS.looks_up_at_once``): those may
+wait for a server, so they run in worker threads too. Reads of a
 CRC-protected container, and large reads (THREADED_READ_MIN) of a read-only
 mount, run in worker threads: a read that waits for the disk must not hold up
 every other request (while one reader of a local disk is alone, they run on the
@@ -38,7 +40,7 @@ import trio
 
 from .container import READAHEAD_KB
 from .errors import CtdsfsError
-from .vfs import FSError
+from .vfs import FSError, UnknownAttr
 
 log = logging.getLogger(__name__)
 
@@ -132,7 +134,7 @@ class FuseOperations(pyfuse3.Operations):
             self.initialized.set()
 
     def _entry(self, attr):
-        return _entry(attr, self.fs.kernel_cache_seconds)
+        return _entry(attr, 0 if isinstance(attr, UnknownAttr) else self.fs.kernel_cache_seconds)
 
     async def _invalidate_stale(self, wait):
         """Make the kernel forget what it cached before a reload. A request holding the
@@ -164,7 +166,12 @@ class FuseOperations(pyfuse3.Operations):
 
     @_fuse_errors
     async def lookup(self, parent_inode, name, ctx=None):
-        entry = self._entry(self.fs.lookup(parent_inode, os.fsdecode(name)))
+        name = os.fsdecode(name)
+        if self.fs.looks_up_at_once(parent_inode, name):
+            attr = self.fs.lookup(parent_inode, name)
+        else:  # (it may wait for a server: in a thread, so the loop answers others)
+            attr = await trio.to_thread.run_sync(self.fs.lookup, parent_inode, name)
+        entry = self._entry(attr)
         await self._invalidate_stale(wait=False)
         return entry
 
@@ -188,6 +195,8 @@ class FuseOperations(pyfuse3.Operations):
 
     @_fuse_errors
     async def readdir(self, fh, start_id, token):
+        if start_id == 0 and self.fs.asks_servers:  # (as lookup's)
+            await trio.to_thread.run_sync(self.fs.prepare_listing, fh)
         self._reply_entries(fh, start_id, token)
         await self._invalidate_stale(wait=False)
 

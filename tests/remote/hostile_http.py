@@ -18,6 +18,7 @@ import re
 import socket
 import struct
 import threading
+import urllib.parse
 import zlib
 
 ETAG = '"hostile-1"'
@@ -56,9 +57,14 @@ class HostileServer:
     """``data`` at ``url()``, misbehaving as ``mode`` says (MODES), except to GETs of a
     range starting below ``honest_below`` (where a container's header lies)."""
 
-    def __init__(self, data, mode, other_port=None, honest_below=0, everything=False):
+    def __init__(self, data, mode, other_port=None, honest_below=0, everything=False,
+                 keys=("object.mf",), misbehaving=None):
         assert mode in MODES, mode
         self.data, self.mode, self.other_port = data, mode, other_port
+        self.keys = keys  # the bucket's objects (each one holds ``data``), as S3 lists them
+        # the requests that misbehave: those whose target holds one of these strings (an
+        # object's path, "prefix=sub" for a sub-prefix's listing; None: all of them)
+        self.misbehaving = misbehaving
         self.everything = everything  # HEADs and listings misbehave too
         self.honest_below = honest_below  # GETs starting below it are answered well
         self.requests = []  # (method, {header: value}) of each request seen
@@ -113,11 +119,11 @@ class HostileServer:
                     buffer += more
                 head, _, buffer = buffer.partition(b"\r\n\r\n")
                 lines = head.decode("latin-1").split("\r\n")
-                method = lines[0].split(" ")[0]
+                method, target = (lines[0].split(" ") + [""])[:2]
                 headers = {k.strip().lower(): v.strip() for k, _, v in
                            (line.partition(":") for line in lines[1:])}
                 self.requests.append((method, headers))
-                if not self._answer(conn, method, headers):
+                if not self._answer(conn, method, headers, target):
                     return
         except OSError:
             pass
@@ -131,11 +137,12 @@ class HostileServer:
     def _hold(self, seconds=60):
         self._closing.wait(seconds)
 
-    def _answer(self, conn, method, headers):
+    def _answer(self, conn, method, headers, target):
         """Answer one request; False: the connection is done with."""
         mode, data, size = self.mode, self.data, len(self.data)
         match = re.fullmatch(r"bytes=(\d+)-(\d+)", headers.get("range", ""))
-        if match and int(match[1]) < self.honest_below:
+        if match and int(match[1]) < self.honest_below or self.misbehaving is not None \
+                and not any(part in target for part in self.misbehaving):
             mode = "honest"
         if self.everything and mode != "honest" and (method == "HEAD" or not match) \
                 and mode not in HEAD_MODES | ERROR_MODES | LISTING_MODES:
@@ -177,8 +184,7 @@ class HostileServer:
                                         ("Accept-Ranges", "bytes")] + validators)
             return True
         if method == "GET" and not match:
-            body = (LISTING_HEAD + LISTING_ENTRY.replace(b"<Size>1<", b"<Size>%d<" % size)
-                    + b"<IsTruncated>false</IsTruncated></ListBucketResult>")
+            body = self._listed(target, size)
             self._send(conn, "200 OK", [("Content-Length", str(len(body)))], body)
             return True
         if method != "GET":
@@ -252,6 +258,21 @@ class HostileServer:
             self._hold()
             return False
         return True
+
+    def _listed(self, target, size):
+        """The listing of the prefix a LIST names: the keys under it, one level deep (S3's
+        "/" delimiter), deeper ones as common prefixes."""
+        prefix = urllib.parse.parse_qs(urllib.parse.urlsplit(target).query).get(
+            "prefix", [""])[0]
+        below = [key[len(prefix):] for key in self.keys if key.startswith(prefix)]
+        folders = sorted({name.split("/")[0] for name in below if "/" in name})
+        return (LISTING_HEAD.replace(b"<Prefix></Prefix>", b"<Prefix>%s</Prefix>" % prefix.encode())
+                + b"".join(LISTING_ENTRY.replace(b"object.mf", (prefix + name).encode())
+                           .replace(b"<Size>1<", b"<Size>%d<" % size)
+                           for name in below if "/" not in name)
+                + b"".join(b"<CommonPrefixes><Prefix>%s/</Prefix></CommonPrefixes>"
+                           % (prefix + folder).encode() for folder in folders)
+                + b"<IsTruncated>false</IsTruncated></ListBucketResult>")
 
     def _error_body(self, conn, mode):
         """A 500 whose body is HUGE bytes long, endless, or whose chunk-size line is."""

@@ -231,12 +231,32 @@ def test_listing_never_waits_for_a_get(container, hostile, mount):
 
 
 @pytest.mark.fuse
-@pytest.mark.parametrize("where", ["http", "s3-prefix"])
+@pytest.mark.parametrize("where", ["http", "s3-prefix", "s3-prefix-mfh5"])
 def test_nested_container_that_failed_on_the_network_is_a_directory_again(hostile, mount,
                                                                          monkeypatch, where):
     """A subtable (or a container object under a prefix) whose first GET failed gives
     EIO, not a plain file for the rest of the mount: once the server answers it is a
-    directory again."""
+    directory again. So does a MultiHDF5 object whose header came but whose check (the
+    HDF5 probe child's reads) met a server that did not answer."""
+    if where.endswith("mfh5"):
+        data = (DATA / "mh5_basic.mfh5").read_bytes()
+        server = hostile(data, "stall-after-headers", honest_below=4096)
+        monkeypatch.setenv("AWS_ACCESS_KEY_ID", "hostile")
+        monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "hostile")
+        # (a budget of 6.2 s: the probe child's start fits in it on a loaded machine)
+        m = mount("s3://bucket/", ["timeout=3,retries=1,chunk_size=4096,readahead=1",
+                                   f"endpoint_url=http://127.0.0.1:{server.port}"])
+        for _ in range(2):  # (each within the request's bound, the probe child's reads too)
+            began = time.monotonic()
+            with pytest.raises(OSError) as failed:
+                os.listdir(m.mountpoint / "object.mf")
+            assert failed.value.errno == errno.EIO and time.monotonic() - began < 6.2 + 1.5
+        server.mode = "honest"
+        time.sleep(FAILED_SECONDS)
+        assert sorted(os.listdir(m.mountpoint / "object.mf")) == \
+            sorted(open_container(DATA / "mh5_basic.mfh5").names())
+        assert "shown as a file" not in m.log_text()
+        return
     data = (DATA / "mf2_nested.mf").read_bytes()
     # (over HTTP the header and table.dat, blocks 0-1, are served well; under a prefix
     # only the listing)
@@ -318,21 +338,21 @@ def _as_a_user(directory):
     return json.loads(done.stdout)
 
 
-def _misbehaving(container, hostile, mount, monkeypatch, where, mode):
+def _misbehaving(container, hostile, mount, monkeypatch, where, mode, workers=1):
     """Mount ``where`` ("http", "s3" an object, "s3-prefix" the bucket holding it) from an
-    honest server, list it and read "first" whole; then let the server misbehave as
-    ``mode`` in everything it answers (revalidations and listings too), and read as a
-    user would, twice: at once, and once the revalidation had time to fail. Returns the
-    problems found (none: every bound and outcome held)."""
+    honest server, served by ``workers`` processes, list it and read "first" whole; then
+    let the server misbehave as ``mode`` in everything it answers (revalidations and
+    listings too), and read as a user would, twice: at once, and once the revalidation
+    had time to fail. Returns the problems found (none: every bound and outcome held)."""
     data, contents = container
     server = hostile(data, "honest", everything=True)
-    options = [OPTIONS, "revalidate=1"]
+    options = [OPTIONS, "revalidate=1", f"workers={workers}"]
     source, inside = server.url(), ""
     if where != "http":
         options.append(f"endpoint_url=http://127.0.0.1:{server.port}")
         source = "s3://bucket/" + ("" if where == "s3-prefix" else "object.mf")
         inside = "object.mf" if where == "s3-prefix" else ""
-    m = mount(source, options, name=f"{where}-{mode}")
+    m = mount(source, options, name=f"{where}-{mode}-{workers}")
     directory = m.mountpoint / inside
     assert sorted(os.listdir(directory)) == ["first", "second"]
     for _ in range(2):  # (the second time its last chunk comes whole, into the cache)
@@ -387,9 +407,10 @@ def test_a_server_stalling_in_any_phase_costs_a_read_its_bound_and_no_more(
         + [("s3", mode) for mode in ("stall-before-status", "stall-after-headers",
                                      "trickled-body")] \
         + [("s3-prefix", mode) for mode in ("slow-headers", "half-body-held",
-                                            "stall-between-chunks")]
-    assert _each(cases, lambda where, mode: _misbehaving(
-        container, hostile, mount, monkeypatch, where, mode)) == {}
+                                            "stall-between-chunks")] \
+        + [("http", "stall-after-headers", 2), ("s3-prefix", "trickled-body", 2)]
+    assert _each(cases, lambda where, mode, workers=1: _misbehaving(
+        container, hostile, mount, monkeypatch, where, mode, workers)) == {}
 
 
 @pytest.mark.fuse
@@ -403,6 +424,80 @@ def test_a_failing_revalidation_keeps_the_listing_and_the_fetched_bytes_served(
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "hostile")
     cases = [("http", mode) for mode in sorted(MODES - STALL_MODES - {"honest"})] \
         + [("s3", mode) for mode in ("wrong-range", "gzip-bomb", "endless-body", "503")] \
-        + [("s3-prefix", mode) for mode in ("etag-flips", "reset", "redirect-self")]
-    assert _each(cases, lambda where, mode: _misbehaving(
-        container, hostile, mount, monkeypatch, where, mode)) == {}
+        + [("s3-prefix", mode) for mode in ("etag-flips", "reset", "redirect-self")] \
+        + [("http", "503", 2), ("s3-prefix", "gzip-bomb", 2)]
+    assert _each(cases, lambda where, mode, workers=1: _misbehaving(
+        container, hostile, mount, monkeypatch, where, mode, workers)) == {}
+
+
+# Requests of several users at once, through a mount, in a child (a hang ends there): each
+# step starts after its delay and gives its answer (a stat's st_size, a listing, or the
+# error's text) and how long it took.
+CONCURRENT = """
+import json, os, sys, threading, time
+root, steps = sys.argv[1], json.loads(sys.argv[2])
+results = {}
+def run(label, delay, kind, path):
+    time.sleep(delay)
+    began = time.monotonic()
+    try:
+        path = os.path.join(root, path)
+        value = os.stat(path).st_size if kind == "stat" else sorted(os.listdir(path))
+    except OSError as exc:
+        value = os.strerror(exc.errno)
+    results[label] = [value, time.monotonic() - began]
+threads = [threading.Thread(target=run, args=step) for step in steps]
+for thread in threads:
+    thread.start()
+for thread in threads:
+    thread.join()
+print(json.dumps(results))
+"""
+
+
+def concurrent_users(root, steps):
+    """``{label: [answer, seconds]}`` of ``steps`` (``(label, delay, "stat" or "list",
+    path)``), run at once through the mount at ``root``."""
+    done = subprocess.run([sys.executable, "-c", CONCURRENT, str(root), json.dumps(steps)],
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout)
+
+
+@pytest.mark.fuse
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_first_look_that_stalls_keeps_no_other_request_waiting(container, hostile, mount,
+                                                                  monkeypatch, workers):
+    """Under a prefix, the first look at an object (the header GET that tells whether it
+    is a container) or at a sub-prefix (its LIST) waits for the server in its own request
+    only: while one stalls, a stat of the mount and a read of a container looked at
+    before answer at once, and a first look elsewhere that stalls too ends within its
+    own bound, not after the other's."""
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "hostile")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "hostile")
+    data, contents = container
+    server = hostile(data, "honest", everything=True,
+                     keys=("slow.mf", "fast.mf", "deep/slow.mf", "more/inner/x.mf"),
+                     misbehaving=("/slow.mf", "prefix=more%2Finner"))
+    timeout = 2  # (a budget of 4.2 s: a request waiting for another's is plain to see)
+    bound, at_once = 2 * timeout + 0.2 + 1.5, 2.0
+    m = mount("s3://bucket/", [f"timeout={timeout},retries=1,chunk_size={CHUNK}",
+                               f"endpoint_url=http://127.0.0.1:{server.port}",
+                               f"workers={workers}"])
+    for name in ("deep", "more"):  # (listed, nothing in them opened; the kernel answers a
+        assert os.stat(m.mountpoint / name).st_nlink == 1  # directory's lookups in turn)
+    assert (m.mountpoint / "fast.mf" / "first").read_bytes() == contents["first"]
+    server.mode = "stall-after-headers"
+    # (a worker of several answers one request at a time: with two, one may stall)
+    stalling = [("deep", 0.5, "stat", "deep/slow.mf"), ("inner", 0.5, "stat", "more/inner")]
+    seen = concurrent_users(m.mountpoint, [
+        ("slow", 0, "stat", "slow.mf"), ("mount", 0.5, "stat", ""),
+        ("fast", 0.5, "stat", "fast.mf/second")] + (stalling if workers == 1 else []))
+    assert {label: value for label, (value, _) in seen.items()} == {
+        "slow": "Input/output error", "mount": 0, "fast": FILE_SIZE,
+        **({"deep": "Input/output error", "inner": "Input/output error"}
+           if workers == 1 else {})}
+    late = {label: seconds for label, (_, seconds) in seen.items()
+            if seconds > (at_once if label in ("mount", "fast") else bound)}
+    assert late == {}
+    assert "Traceback" not in m.log_text()

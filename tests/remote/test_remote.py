@@ -23,6 +23,7 @@ from ..conftest import BUCKET, DATA, evicted, make_casacore_table
 from ..formats.multifile.test_write import snapshot
 from ..servers import CREDENTIALS, wait_until
 from ..test_toolbox import dump_values
+from .test_hostile_http import concurrent_users
 
 FLOOR = Path(__file__).resolve().parents[2] / "scripts" / "pyfuse3_floor.py"
 CONTAINERS = ["casacore_test_v1.mf", "mf2_nested.mf", "mf2_crc.mf", "mh5_basic.mfh5",
@@ -354,6 +355,31 @@ def test_stopped_s3_server_under_a_prefix_costs_one_eio_and_the_mount_recovers(s
     m = mount(f"s3://{BUCKET}/", [seaweed.options, FAST_FAILURE])
     fault_check(m, lambda: os.kill(seaweed.proc.pid, signal.SIGSTOP),
                 lambda: os.kill(seaweed.proc.pid, signal.SIGCONT), inside="two.mf")
+
+
+@pytest.mark.fuse
+def test_first_looks_under_a_stopped_s3_prefix_each_end_within_their_bound(seaweed, objects,
+                                                                          mount):
+    """While the server is stopped, a first look at a container object (its header GET)
+    and one in another directory at a sub-prefix (its LIST), asked at once, each end in
+    EIO within its own bound, and a stat of the mount answers at once (before, the LIST
+    waited for the GET, and then for the server itself: twice the bound)."""
+    for key in ("firstlook/two.mf", "firstlook/sub/inner/two.mf"):
+        seaweed.client.put_object(Bucket=BUCKET, Key=key, Body=(objects / "two.mf").read_bytes())
+    m = mount(f"s3://{BUCKET}/firstlook/", [seaweed.options, FAST_FAILURE])
+    assert os.listdir(m.mountpoint / "sub") == ["inner"]
+    os.kill(seaweed.proc.pid, signal.SIGSTOP)
+    try:
+        seen = concurrent_users(m.mountpoint, [("object", 0, "list", "two.mf"),
+                                               ("inner", 0.3, "list", "sub/inner"),
+                                               ("mount", 0.3, "stat", "")])
+    finally:
+        os.kill(seaweed.proc.pid, signal.SIGCONT)
+    assert seen["object"][0] == seen["inner"][0] == "Input/output error", seen
+    assert max(seen["object"][1], seen["inner"][1]) <= BOUND and seen["mount"][1] <= FAST, seen
+    time.sleep(FAILED_SECONDS)
+    assert sorted(os.listdir(m.mountpoint / "two.mf")) == ["first", "second"]
+    assert os.listdir(m.mountpoint / "sub" / "inner") == ["two.mf"]
 
 
 @pytest.mark.fuse

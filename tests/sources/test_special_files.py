@@ -92,10 +92,11 @@ def tree(made, tmp_path_factory):  # noqa: F811
 
 
 class _mounted:
-    def __init__(self, source, where):
+    def __init__(self, source, where, workers=None):
         self.mountpoint = where / "mnt"
         self.mountpoint.mkdir()
-        self.mount = Mount(source, self.mountpoint, ["columns"])
+        self.mount = Mount(source, self.mountpoint,
+                           ["columns"] + ([f"workers={workers}"] if workers else []))
 
     def __enter__(self):
         return self.mountpoint, self.mount
@@ -124,10 +125,12 @@ def _fragment(array):
     return sorted(os.listdir(array / "__fragments"))[0]
 
 
-@pytest.mark.parametrize("kind", KINDS)
-def test_special_files_in_every_kind_of_source(tree, tmp_path, kind):
+@pytest.mark.parametrize("kind,workers", [("fifo", 1), ("fifo", 2), ("socket", 2),
+                                          ("device", 2)])
+def test_special_files_in_every_kind_of_source(tree, tmp_path, kind, workers):
     """Before, a FIFO in place of table.f1 hung the daemon (and every later request) at
-    its first listing of columns/, and the others were shown as empty regular files."""
+    its first listing of columns/, and the others were shown as empty regular files. With
+    one process and with several."""
     reference, shown = tree
     root = tmp_path / "tree"
     shutil.copytree(reference, root, symlinks=True)
@@ -140,7 +143,7 @@ def test_special_files_in_every_kind_of_source(tree, tmp_path, kind):
                 path.unlink()
             os.mknod(path, 0o644 | KINDS[kind], os.makedev(1, 3) if kind == "device" else 0)
             planted.append(path)
-    with _mounted(root, tmp_path) as (mountpoint, mount):
+    with _mounted(root, tmp_path, workers) as (mountpoint, mount):
         found = _walk(mountpoint, mount)
         log = mount.log_text()
     assert mount.proc.returncode == 0  # unmounted, and the daemon ended by itself

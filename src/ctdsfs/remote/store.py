@@ -320,6 +320,9 @@ class RemoteStore:
         self._pending = {}  # (etag, chunk index) -> Future of a GET in flight
         self._pool = self._ahead_pool = None
         self._failed = OrderedDict()  # (etag, chunk index) -> (monotonic time, RemoteError)
+        # the last RemoteError a read met: an HDF5 probe child reports it as the network's
+        # failure, not the file's (h5py hands it on as a damaged file's error)
+        self.failure = None
         self._revalidation = self._new_revalidation()
         self._stale = False  # a GET found another version: check at once
         self._next_chunk = None  # where a sequential reader goes on
@@ -443,6 +446,7 @@ class RemoteStore:
     def _remember_failure(self, version, first, last, failure):
         """Chunks ``first..last`` failed: asked for again within FAILED_SECONDS, they fail
         at once with the same error (unless the server was not even asked)."""
+        self.failure = failure
         if isinstance(failure, OutOfTime):
             return
         now = time.monotonic()
@@ -550,6 +554,7 @@ class RemoteStore:
                 failure = (version.etag, i) not in self._cache \
                     and self._recent_failure(version, i)
                 if failure:
+                    self.failure = failure
                     raise RemoteError(str(failure), failure.detail)
             carries_on = offset in self._ends
             self._ends.append(end)
@@ -696,6 +701,10 @@ class RemoteStore:
         """What an HDF5 probe child needs to read the same version (``from_spec``)."""
         return json.dumps({"url": self.url, "etag": self.version().etag,
                            "options": dataclasses.asdict(self.options)})
+
+    def time_left(self):
+        """Seconds the current user's request may still wait for this object."""
+        return request_deadline(self.options) - time.monotonic()
 
     def close(self):
         for pool in (self._pool, self._ahead_pool):

@@ -13,6 +13,8 @@ replaced), so a lookup never waits for the server. A listing names each
 object's version (ETag and size): files are RemoteStores pinned to it, sharing
 one S3 client; an object listed with another version gets a new store (and its
 container is reopened), so a read serves one version whole or fails (EIO).
+What an entry holds is found out (a container's header GET, a sub-prefix's LIST)
+outside the directory's lock, so that no other request waits for that server.
 """
 
 import dataclasses
@@ -22,6 +24,7 @@ import time
 from ..container import Usage, name_problem
 from ..errors import CtdsfsError
 from ..formats import open_from_store
+from ..remote.retry import request_deadline
 from ..remote.store import RemoteError, RemoteStore, Revalidation, retried, s3_backend, source_stat
 from .directory import CONTAINER_SUFFIXES, TABLE_CONTAINERS, DirectorySource, TableView
 
@@ -34,7 +37,8 @@ MAX_PROBLEMS = 1000  # problems one directory keeps for ``formats.check`` (each 
 
 def _listing(backend, prefix, options, label):
     """``({file name: version}, {directory names}, [problems])`` of one prefix."""
-    objects, prefixes, cut = retried(label, options, "LIST", backend.list, prefix, MAX_LISTING)
+    objects, prefixes, cut = retried(label, options, "LIST", backend.list, prefix, MAX_LISTING,
+                                     until=request_deadline(options))
     problems = [f"more than {MAX_LISTING} entries: the rest are not shown"] if cut else []
     dirs = set()
     for name in prefixes:
@@ -124,21 +128,53 @@ class RemotePrefix(DirectorySource):
     def symlink_target(self, name):
         return None
 
-    def _open_nested(self, name):
-        if name in self._dirs:
-            return remote_directory_or_table(self.backend, f"{self.prefix}{name}/", self.options,
-                                             recurse=self.recurse, verify_crc=self.verify_crc)
-        if not (self.recurse and name in self._files and name.endswith(CONTAINER_SUFFIXES)):
+    def nested(self, name):
+        """``Container.nested``, opened outside this directory's lock (a LIST or a header
+        GET may wait for the server as long as a request may): the first opened is kept,
+        one opened meanwhile by another request is closed."""
+        with self._lock:
+            if name in self._nested:
+                return self._nested[name]
+            listed = self._listed_as(name)
+        if listed is None:
             return None
-        store = self._container_stores[name] = self._new_store(name)
+        child, store = self._open_entry(name)
+        with self._lock:
+            if name not in self._nested and self._listed_as(name) == listed:
+                self._nested[name] = child
+                if store is not None:
+                    self._container_stores[name] = store
+            kept, known = self._nested.get(name), name in self._nested
+        if child is not None and kept is not child:
+            child.close()
+        if not known:  # (listed again meanwhile, as another version, or gone)
+            raise RemoteError(f"{self.label}{name}: replaced on the server while being "
+                              "opened (opened anew at the next access)",
+                              "replaced on the server while being opened")
+        return kept
+
+    def _listed_as(self, name):
+        """What the listing says ``name`` is: a directory, a version, or absent."""
+        return "directory" if name in self._dirs else self._files.get(name)
+
+    def _open_entry(self, name):
+        """``(what name holds, the store it reads)``: a sub-prefix, a container (with its
+        store), or ``(None, None)`` for a plain file."""
+        if name in self._dirs:
+            return remote_directory_or_table(self.backend, f"{self.prefix}{name}/",
+                                             self.options, recurse=self.recurse,
+                                             verify_crc=self.verify_crc), None
+        if not (self.recurse and name in self._files and name.endswith(CONTAINER_SUFFIXES)):
+            return None, None
+        store = self._new_store(name)
         try:
-            return open_from_store(store, verify_crc=self.verify_crc)
+            return open_from_store(store, verify_crc=self.verify_crc), store
         except RemoteError:
             raise  # a failed GET tells nothing of the object: EIO now, tried again next time
         except CtdsfsError as exc:
             self.problems.append(f"{name!r} shown as a file: {exc}")
             log.warning("%s: %r shown as a file: %s", self.label, name, exc)
-            return None
+            return None, None
 
     def stat(self):
         """What a mount shows as this directory's owner, modes and times."""

@@ -57,6 +57,7 @@ from ..errors import (
     TooLarge,
 )
 from ..remote.retry import user_request
+from .nodes import Node, NodeTable
 
 log = logging.getLogger(__name__)
 
@@ -89,67 +90,17 @@ class Attr(NamedTuple):
     ctime_ns: int
 
 
-@dataclass(slots=True)
-class _Node:
-    ino: int
-    parent: int
-    owner: object  # the container holding this entry (None for the root)
-    key: object  # entry name in ``owner``, or the entry itself once unlinked while open
-    directory: object  # the container this node shows as a directory, or None
-    generation: int = -1  # the tree generation whose content the kernel may have cached
+class UnknownAttr(Attr):
+    """What a listing shows of a file whose attributes fail with EIO (its size needs a
+    damaged part, as a view's may): the entry is listed all the same, and the kernel keeps
+    nothing of it, so a stat or an open asks again and gets the EIO."""
 
-
-class _NodeTable:
-    """Nodes by inode number, numbers handed out in order: a list slot per number (8
-    bytes; a dict entry took 32, 0.6 MB for a tree of 20,000 files). An unknown or
-    dropped number raises KeyError, as a dict would."""
-
-    def __init__(self, root):
-        self._slots = [None] * root.ino + [root]
-
-    def new(self, parent, owner, key, directory, ino=None):
-        """A node with inode number ``ino`` (one from SharedInodes), or the next one."""
-        ino = len(self._slots) if ino is None else ino
-        self._slots.extend([None] * (ino + 1 - len(self._slots)))
-        node = self._slots[ino] = _Node(ino, parent, owner, key, directory)
-        return node
-
-    def get(self, ino, default=None):
-        node = self._slots[ino] if 0 <= ino < len(self._slots) else None
-        return default if node is None else node
-
-    def __getitem__(self, ino):
-        node = self.get(ino)
-        if node is None:
-            raise KeyError(ino)
-        return node
-
-    def __contains__(self, ino):
-        return self.get(ino) is not None
-
-    def __len__(self):
-        return len(self._slots) - self._slots.count(None)
-
-    def pop(self, ino, default=None):
-        node = self.get(ino)
-        if node is None:
-            return default
-        self._slots[ino] = None
-        return node
-
-    def values(self):
-        return [node for node in self._slots if node is not None]
-
-    def keep_only(self, inos):
-        """Drop every node whose number is not in ``inos``."""
-        for ino, node in enumerate(self._slots):
-            if node is not None and ino not in inos:
-                self.pop(ino)
+    __slots__ = ()
 
 
 @dataclass(slots=True)
 class _Handle:
-    node: _Node
+    node: Node
     writable: bool
     append: bool
 
@@ -187,7 +138,7 @@ class ContainerFS:
         # With the kernel's writeback cache the kernel places O_APPEND writes itself.
         self.kernel_appends = kernel_appends
         self._lock = threading.RLock()
-        self._nodes = _NodeTable(_Node(ROOT_INO, ROOT_INO, None, "", root))
+        self._nodes = NodeTable(Node(ROOT_INO, ROOT_INO, None, "", root))
         # id(container) -> {entry name -> ino}: one small dict per directory, keyed by
         # the names the header already holds (a (container, name) tuple per file cost
         # ~100 bytes more for each of the 20,000 inodes of a small-files tree)
@@ -443,8 +394,46 @@ class ContainerFS:
 
     # ------------------------------------------------------------ reading
 
+    @property
+    def asks_servers(self):
+        """Whether a first look at an entry may wait for a server (a remote source)."""
+        return not self.stat_reads
+
+    def looks_up_at_once(self, parent_ino, name):
+        """Whether ``lookup(parent_ino, name)`` is answered from memory: a remote
+        source's entry once it was looked at (a first look may wait for the server)."""
+        node = self._nodes.get(parent_ino)
+        return self.stat_reads or (node is not None and node.directory is not None
+                                   and name in self._inos.get(id(node.directory), ()))
+
+    def _look_first(self, ino, names=None):
+        """Before the lock: what a lookup or a listing of ``names`` (None: all) in
+        directory ``ino`` will ask a remote source for and may wait for the server for
+        (which entries are containers or prefixes, a table view's table.dat), so that
+        no other request waits for that server behind the lock: the locked part finds
+        it kept. A local source answers those at once (nothing done here)."""
+        if self.stat_reads:
+            return
+        directory = self._node(ino).directory  # (numbered by another worker: found here)
+        if directory is None:
+            return
+        names = [n for n in (directory.names() if names is None else names)
+                 if directory.contains(n)]
+        nested = self._call(directory.classify, names)
+        try:
+            directory.entry_stats([n for n, d in zip(names, nested) if d is None])
+        except (CtdsfsError, OSError):
+            pass  # (the locked part says which entry it costs: ``_listed_attrs``)
+
+    @_one_request
+    def prepare_listing(self, ino):
+        """``_look_first`` of a whole directory (the adapter runs it in a thread)."""
+        self._look_first(ino)
+
     @_one_request
     def lookup(self, parent_ino, name):
+        if name not in (".", ".."):
+            self._look_first(parent_ino, [name])
         with self._lock:
             self._refresh()
             parent = self._directory(parent_ino)
@@ -502,16 +491,31 @@ class ContainerFS:
 
     def _listed_attrs(self, directory, nodes, st, blksize):
         """``_attr`` of each of ``nodes`` (entries of ``directory``), a plain file's without
-        a call per attribute: a listing builds one for every entry it returns."""
-        if directory.holds_links:
-            return [self._attr(node, st, blksize) for node in nodes]
+        a call per attribute: a listing builds one for every entry it returns. An entry
+        whose attributes are EIO is an UnknownAttr: it costs that entry, not the listing."""
         perms = st.st_mode & (0o666 if self.writable else 0o444)
         mode, uid, gid = stat.S_IFREG | perms, st.st_uid, st.st_gid
         atime, mtime, ctime = st.st_atime_ns, st.st_mtime_ns, st.st_ctime_ns
-        stats = self._call(directory.entry_stats, [node.key for node in nodes])
-        return [Attr(node.ino, mode, 1, size, nblocks * blksize // 512, blksize, uid, gid,
-                     atime, mtime, ctime) if node.directory is None
-                else self._attr(node, st, blksize) for node, (size, nblocks) in zip(nodes, stats)]
+        if not directory.holds_links:
+            try:
+                stats = self._call(directory.entry_stats, [node.key for node in nodes])
+                return [Attr(node.ino, mode, 1, size, nblocks * blksize // 512, blksize, uid,
+                             gid, atime, mtime, ctime) if node.directory is None
+                        else self._attr(node, st, blksize)
+                        for node, (size, nblocks) in zip(nodes, stats)]
+            except FSError as exc:
+                if exc.errno != errno.EIO:
+                    raise
+        out = []
+        for node in nodes:  # (one by one: which of them is EIO)
+            try:
+                out.append(self._attr(node, st, blksize))
+            except FSError as exc:
+                if exc.errno != errno.EIO:
+                    raise
+                out.append(UnknownAttr(node.ino, mode, 1, 0, 0, blksize, uid, gid, atime,
+                                       mtime, ctime))
+        return out
 
     @_one_request
     def readlink(self, ino):

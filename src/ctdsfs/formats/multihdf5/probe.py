@@ -32,6 +32,7 @@ import sys
 
 from ...errors import FormatError
 from ...remote.schemes import SPEC_ENV
+from ...remote.wire import RemoteError
 
 TIME_LIMIT_ENV = "CTDSFS_HDF5_PROBE_SECONDS"
 DEFAULT_SECONDS = 60.0
@@ -62,15 +63,20 @@ def probe(path):
     """Refuse ``path`` (FormatError) if reading it crashes or hangs HDF5; else its problems.
 
     ``path`` may be a remote store: the child then reads the same version of the object
-    (``remote.schemes.SPEC_ENV``)."""
+    (``remote.schemes.SPEC_ENV``), within the time the request that opens it has left,
+    and a server that does not answer it is the server's failure (RemoteError: tried
+    again at the next look), not the file's."""
     seconds, cpu_seconds = time_limit(), cpu_limit()
+    remote = hasattr(path, "child_spec")
+    if remote:
+        seconds = max(0.1, min(seconds, path.time_left()))
     package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     inherited = os.environ.get("PYTHONPATH")
     env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1",  # a lighter start
                PYTHONPATH=os.pathsep.join(filter(None, [package_root, inherited])))
     env.pop(SPEC_ENV, None)
     env[CPU_LIMIT_ENV] = repr(cpu_seconds)  # (the child and this message use the same)
-    if hasattr(path, "child_spec"):
+    if remote:
         env[SPEC_ENV] = path.child_spec()
         path = path.label
     path = os.fspath(path)
@@ -78,6 +84,9 @@ def probe(path):
         child = subprocess.run([sys.executable, "-m", CHILD_MODULE, path], env=env,
                                capture_output=True, timeout=seconds, stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired:  # (subprocess.run has killed the child)
+        if remote:
+            raise RemoteError(f"{path}: not read whole within the request's {seconds:.1f} s "
+                              "left while it was checked", "not read whole in time") from None
         raise FormatError(f"{path}: HDF5 did not finish reading it within {seconds:g} s: "
                           "damaged file") from None
     if child.returncode == -signal.SIGXCPU:
@@ -93,6 +102,8 @@ def probe(path):
         last = (child.stderr.decode("utf-8", "replace").strip().splitlines() or ["no output"])[-1]
         raise FormatError(f"{path}: the HDF5 check process failed ({last[:200]}): "
                           "damaged file") from None
+    if "unanswered" in verdict:
+        raise RemoteError(verdict["unanswered"], "the server did not answer its check")
     if "refused" in verdict:
         raise FormatError(verdict["refused"])
     return verdict["problems"]

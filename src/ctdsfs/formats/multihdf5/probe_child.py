@@ -14,6 +14,7 @@ import time
 
 from ...errors import CtdsfsError
 from ...remote.schemes import SPEC_ENV
+from ...remote.wire import RemoteError
 from .container import HDF5_ERRORS, MultiHDF5
 from .probe import MEMORY_LIMIT, cpu_limit
 
@@ -80,10 +81,14 @@ def main(path):
         finally:
             budget.step()  # (closing a file of thousands of entries takes a while too)
             container.abandon()
+    except RemoteError as exc:
+        verdict = {"unanswered": str(exc)}
     except CtdsfsError as exc:
         verdict = {"refused": str(exc)}
     except HDF5_ERRORS + (MemoryError,) as exc:
         verdict = {"refused": f"{path}: damaged MultiHDF5 structure ({exc})"}
+    if "refused" in verdict and getattr(source, "failure", None) is not None:
+        verdict = {"unanswered": str(source.failure)}  # (the server's, not the file's)
     print(json.dumps(verdict))
     return 0
 
