@@ -108,6 +108,21 @@ def test_parallel_walkers_see_the_same_inodes_and_bytes(tree, mount):
     assert {path: digest for path, (_, digest) in first[0].items() if digest} == digests
     inos = [ino for ino, _ in first[0].values()]
     assert len(set(inos)) == len(inos)
+    assert not _blocked_in_a_read(_workers(m, 4))
+
+
+def _blocked_in_a_read(pids, samples=20):
+    """The workers whose loop sits in read(2) (of /dev/fuse, with nothing there: woken
+    for a request another read first) in any of ``samples`` looks; an idle worker waits
+    in epoll_wait, and a read with the GIL held would stall its threads."""
+    stuck = set()
+    for _ in range(samples):
+        for pid in pids:
+            with open(f"/proc/{pid}/syscall") as f:
+                if f.read().split()[0] == "0":  # (x86-64: read)
+                    stuck.add(pid)
+        time.sleep(0.025)
+    return stuck
 
 
 @pytest.mark.fuse

@@ -66,9 +66,11 @@ def _fuse_errors(method):
     """Translate FSError (and unexpected failures, logged once) into FUSEError."""
 
     @functools.wraps(method)
-    async def wrapper(*args, **kwargs):
+    async def wrapper(operations, *args, **kwargs):
+        if operations.gate is not None:
+            operations.gate.read_done()
         try:
-            return await method(*args, **kwargs)
+            return await method(operations, *args, **kwargs)
         except FSError as exc:
             raise pyfuse3.FUSEError(exc.errno) from None
         except pyfuse3.FUSEError:

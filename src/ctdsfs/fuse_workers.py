@@ -56,22 +56,44 @@ class Gate:
     """A worker's wait before pyfuse3 reads /dev/fuse: in ``epoll_wait``, registered
     exclusively, so that the kernel wakes one idle worker per request. The wait blocks
     the worker's loop (it answers one request at a time) but not its threads; it wakes
-    every IDLE_POLL_SECONDS so that the loop sees signals and the end of the mount."""
+    every IDLE_POLL_SECONDS so that the loop sees signals and the end of the mount.
 
-    def __init__(self, device_fd):
+    The kernel may still wake two workers for one request (a worker coming back to wait
+    finds a request another was woken for). The descriptor blocks, and pyfuse3 reads it
+    holding the GIL, so a worker that read nothing would stall its own threads until the
+    next request: a woken worker claims the read (an ``flock`` the workers share, held
+    from its check that a request waits until the request is read) and reads only if
+    one still waits."""
+
+    def __init__(self, device_fd, claim_fd):
         self.device_fd = device_fd
+        self._claim_fd = claim_fd
+        self._claimed = False
         self._closed = False
         self._epoll = select.epoll()
         self._epoll.register(device_fd, select.EPOLLIN | select.EPOLLEXCLUSIVE)
+        self._waiting = select.poll()
+        self._waiting.register(device_fd, select.POLLIN)
 
     async def wait_readable(self, fd):
         if fd != self.device_fd:
             return await trio.lowlevel.wait_readable(fd)
+        self.read_done()
         while not self._closed:
             if self._epoll.poll(IDLE_POLL_SECONDS):
-                return
+                fcntl.flock(self._claim_fd, fcntl.LOCK_EX)
+                if self._waiting.poll(0):
+                    self._claimed = True
+                    return
+                fcntl.flock(self._claim_fd, fcntl.LOCK_UN)
             await trio.lowlevel.checkpoint()
         raise trio.ClosedResourceError  # (pyfuse3's loop ends)
+
+    def read_done(self):
+        """The request claimed is read (its answer starts): another worker may read."""
+        if self._claimed:
+            self._claimed = False
+            fcntl.flock(self._claim_fd, fcntl.LOCK_UN)
 
     def close(self):
         """The worker stops (pyfuse3.terminate): its wait ends at its next wake."""
@@ -122,7 +144,7 @@ def _session_fd():
     raise OSError("no /dev/fuse descriptor after the mount")
 
 
-def _worker(operations, device_fd, table, blocked):
+def _worker(operations, device_fd, claim_file, table, blocked):
     """A worker's life, in the forked child: a descriptor of its own, then serve."""
     status = 1
     try:
@@ -132,7 +154,8 @@ def _worker(operations, device_fd, table, blocked):
         os.dup2(clone, device_fd, inheritable=False)
         os.close(clone)
         table.after_fork()
-        operations.gate = gate = Gate(device_fd)
+        claim_fd = os.open(f"/proc/self/fd/{claim_file}", os.O_RDONLY | os.O_CLOEXEC)
+        operations.gate = gate = Gate(device_fd, claim_fd)
         pyfuse3.trio = _TrioWaitingWith(gate.wait_readable)
         stopped = trio.run(serve_loop, operations, None, None, 1)
         status = STOPPED_BY_SIGNAL if stopped else 0
@@ -218,6 +241,7 @@ def serve_workers(operations, mountpoint, fuse_options, on_mounted=None, *, coun
     mount_session(operations, mountpoint, fuse_options)
     table = SharedInodes(ROOT_INO + 1)
     operations.fs.share_inodes(table)
+    claim_file = os.memfd_create("ctdsfs-claim", os.MFD_CLOEXEC)
     blocked = signal.pthread_sigmask(signal.SIG_BLOCK, SUPERVISOR_SIGNALS)
     supervisor = None
     try:
@@ -229,7 +253,7 @@ def serve_workers(operations, mountpoint, fuse_options, on_mounted=None, *, coun
         def start():
             pid = os.fork()
             if pid == 0:
-                _worker(operations, device_fd, table, blocked)
+                _worker(operations, device_fd, claim_file, table, blocked)
             return pid
 
         if on_mounted is not None:
