@@ -16,7 +16,6 @@ from ctdsfs import mount as mount_module
 from ctdsfs.toolbox import pack
 
 from .conftest import is_mounted, unmount
-from .remote.hostile_http import HostileServer
 
 WALKER = r"""
 import hashlib, json, os, random, sys
@@ -155,39 +154,37 @@ def test_inodes_and_handles_outlive_the_workers_that_made_them(tree, mount):
 
 @pytest.mark.fuse
 def test_a_worker_killed_mid_read_fails_only_that_read(tmp_path, mount):
-    """A remote read the server holds for a minute is under way in a worker; every worker
-    is killed (and the server mends): the read ends at once, not after the request's
-    timeout (the kernel's request failed with ECONNABORTED; the page the reader waits
-    for is then asked for again, of the workers started in their place), the log says
-    why, and the mount carries on."""
+    """A read is held under way in a worker (its source is a directory of another mount,
+    whose daemon is stopped); every worker is killed (and the other daemon carries on):
+    the read ends at once (the kernel's request failed with ECONNABORTED; the page the
+    reader waits for is then asked for again, of the workers started in their place),
+    the log says why, and the mount carries on."""
     tree = tmp_path / "tree"
     tree.mkdir()
     (tree / "first").write_bytes(bytes(range(256)) * 256)
     (tree / "second").write_bytes(bytes(reversed(range(256))) * 256)
-    pack(str(tree), str(tmp_path / "two.mf"), block_size=4096, quiet=True)
-    server = HostileServer((tmp_path / "two.mf").read_bytes(), "half-body-held",
-                           honest_below=5 * 16384)  # (the first bytes of both)
+    held = mount(tree, ["workers=1"])
+    m = mount(held.mountpoint, ["workers=2"])
+    workers = _workers(m, 2)
+    os.kill(held.proc.pid, signal.SIGSTOP)
     try:
-        m = mount(server.url(), ["workers=2", "timeout=30", "retries=1", "chunk_size=16384"])
-        workers = _workers(m, 2)
         reader = subprocess.Popen(["tail", "-c", "4096", str(m.mountpoint / "second")],
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        time.sleep(0.5)  # (the read is under way, held by the server)
+        time.sleep(0.5)  # (the read is under way, held by the stopped daemon)
         assert reader.poll() is None
         killed = time.monotonic()
         for pid in workers:
             os.kill(pid, signal.SIGKILL)
-        server.mode = "honest"
-        out, err = reader.communicate(timeout=10)
-        assert time.monotonic() - killed < 5
-        assert (reader.returncode, out) == (0, bytes(reversed(range(256))) * 16) \
-            or (reader.returncode != 0 and out == b"")
-        _wait_for(lambda: len(_children(m.proc.pid) - workers) == 2)
-        assert sorted(os.listdir(m.mountpoint)) == ["first", "second"]
-        assert m.proc.poll() is None
-        assert "died (signal SIGKILL), the requests it was answering failed" in m.log_text()
     finally:
-        server.close()
+        os.kill(held.proc.pid, signal.SIGCONT)
+    out, err = reader.communicate(timeout=10)
+    assert time.monotonic() - killed < 5
+    assert (reader.returncode, out) == (0, bytes(reversed(range(256))) * 16) \
+        or (reader.returncode != 0 and out == b"")
+    _wait_for(lambda: len(_children(m.proc.pid) - workers) == 2)
+    assert sorted(os.listdir(m.mountpoint)) == ["first", "second"]
+    assert m.proc.poll() is None
+    assert "died (signal SIGKILL), the requests it was answering failed" in m.log_text()
 
 
 @pytest.mark.fuse
@@ -271,3 +268,16 @@ def test_a_read_write_mount_has_one_process(tmp_path):
                              str(mountpoint)], capture_output=True, text=True, timeout=60)
     assert result.returncode != 0 and "'workers' is for read-only mounts" in result.stderr
     assert not source.exists() and not is_mounted(mountpoint)
+
+
+@pytest.mark.parametrize("source", ["https://127.0.0.1:9/obs.mf", "s3://bucket/obs.mf",
+                                    "s3://bucket/"])
+def test_a_remote_source_has_one_process(tmp_path, source):
+    """Each worker would know only what it fetched itself: what one fetched would not stay
+    served by the others while the server fails. Refused in one line, before any request."""
+    mountpoint = tmp_path / "m"
+    mountpoint.mkdir()
+    result = subprocess.run(["mount.ctdsfs", "-f", "-o", "workers=2", source, str(mountpoint)],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode != 0 and "'workers' is for local sources" in result.stderr
+    assert result.stderr.count("\n") == 1 and not is_mounted(mountpoint)

@@ -314,24 +314,18 @@ def _collect_garbage_seldom():
 
 def default_workers(remote):
     """Worker processes of a read-only mount when ``workers`` is not given: two per core
-    the process may run on, capped; one for a remote source, whose chunk cache and
-    readahead would be split among them (each worker would GET the same chunks)."""
+    the process may run on, capped; one for a remote source (``mount`` says why)."""
     if remote:
         return 1
     return min(2 * len(os.sched_getaffinity(0)), DEFAULT_WORKERS_MAX)
 
 
-def _share_memory(opts, remote, workers):
+def _share_memory(workers):
     """Split the memory caches' bounds among ``workers`` processes, so that the mount's
     whole stays within them."""
     from .io import decoded_cache
 
     decoded_cache.share_among(workers)
-    if remote:
-        from .remote.store import RemoteOptions
-
-        opts.remote["cache_size"] = max(1, opts.remote.get("cache_size",
-                                                           RemoteOptions.cache_size) // workers)
 
 
 def mount(source, mountpoint, opts, foreground=False):
@@ -344,12 +338,16 @@ def mount(source, mountpoint, opts, foreground=False):
         raise UsageError(f"mount options {', '.join(sorted(opts.remote))} are for an s3:// or "
                          "http(s):// source only")
     remote = source.startswith(REMOTE_SCHEMES)
+    if remote and (opts.workers or 1) > 1:
+        raise UsageError("mount option 'workers' is for local sources: a remote one is served "
+                         "by one process (each worker would fetch for itself, and what one "
+                         "fetched would not stay served by the others while the server fails)")
     if opts.writable and (opts.workers or 1) > 1:
         raise UsageError("mount option 'workers' is for read-only mounts (a read-write mount's "
                          "commits need one process)")
     workers = 1 if opts.writable else opts.workers or default_workers(remote)
     if workers > 1:
-        _share_memory(opts, remote, workers)
+        _share_memory(workers)
     target = os.path.realpath(mountpoint)
     if os.path.isdir(source):
         real_source = os.path.realpath(source)

@@ -338,21 +338,21 @@ def _as_a_user(directory):
     return json.loads(done.stdout)
 
 
-def _misbehaving(container, hostile, mount, monkeypatch, where, mode, workers=1):
+def _misbehaving(container, hostile, mount, monkeypatch, where, mode):
     """Mount ``where`` ("http", "s3" an object, "s3-prefix" the bucket holding it) from an
-    honest server, served by ``workers`` processes, list it and read "first" whole; then
+    honest server, list it and read "first" whole; then
     let the server misbehave as ``mode`` in everything it answers (revalidations and
     listings too), and read as a user would, twice: at once, and once the revalidation
     had time to fail. Returns the problems found (none: every bound and outcome held)."""
     data, contents = container
     server = hostile(data, "honest", everything=True)
-    options = [OPTIONS, "revalidate=1", f"workers={workers}"]
+    options = [OPTIONS, "revalidate=1"]
     source, inside = server.url(), ""
     if where != "http":
         options.append(f"endpoint_url=http://127.0.0.1:{server.port}")
         source = "s3://bucket/" + ("" if where == "s3-prefix" else "object.mf")
         inside = "object.mf" if where == "s3-prefix" else ""
-    m = mount(source, options, name=f"{where}-{mode}-{workers}")
+    m = mount(source, options, name=f"{where}-{mode}")
     directory = m.mountpoint / inside
     assert sorted(os.listdir(directory)) == ["first", "second"]
     for _ in range(2):  # (the second time its last chunk comes whole, into the cache)
@@ -407,10 +407,9 @@ def test_a_server_stalling_in_any_phase_costs_a_read_its_bound_and_no_more(
         + [("s3", mode) for mode in ("stall-before-status", "stall-after-headers",
                                      "trickled-body")] \
         + [("s3-prefix", mode) for mode in ("slow-headers", "half-body-held",
-                                            "stall-between-chunks")] \
-        + [("http", "stall-after-headers", 2), ("s3-prefix", "trickled-body", 2)]
-    assert _each(cases, lambda where, mode, workers=1: _misbehaving(
-        container, hostile, mount, monkeypatch, where, mode, workers)) == {}
+                                            "stall-between-chunks")]
+    assert _each(cases, lambda where, mode: _misbehaving(
+        container, hostile, mount, monkeypatch, where, mode)) == {}
 
 
 @pytest.mark.fuse
@@ -424,10 +423,9 @@ def test_a_failing_revalidation_keeps_the_listing_and_the_fetched_bytes_served(
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "hostile")
     cases = [("http", mode) for mode in sorted(MODES - STALL_MODES - {"honest"})] \
         + [("s3", mode) for mode in ("wrong-range", "gzip-bomb", "endless-body", "503")] \
-        + [("s3-prefix", mode) for mode in ("etag-flips", "reset", "redirect-self")] \
-        + [("http", "503", 2), ("s3-prefix", "gzip-bomb", 2)]
-    assert _each(cases, lambda where, mode, workers=1: _misbehaving(
-        container, hostile, mount, monkeypatch, where, mode, workers)) == {}
+        + [("s3-prefix", mode) for mode in ("etag-flips", "reset", "redirect-self")]
+    assert _each(cases, lambda where, mode: _misbehaving(
+        container, hostile, mount, monkeypatch, where, mode)) == {}
 
 
 # Requests of several users at once, through a mount, in a child (a hang ends there): each
@@ -465,9 +463,8 @@ def concurrent_users(root, steps):
 
 
 @pytest.mark.fuse
-@pytest.mark.parametrize("workers", [1, 2])
 def test_a_first_look_that_stalls_keeps_no_other_request_waiting(container, hostile, mount,
-                                                                  monkeypatch, workers):
+                                                                  monkeypatch):
     """Under a prefix, the first look at an object (the header GET that tells whether it
     is a container) or at a sub-prefix (its LIST) waits for the server in its own request
     only: while one stalls, a stat of the mount and a read of a container looked at
@@ -482,21 +479,18 @@ def test_a_first_look_that_stalls_keeps_no_other_request_waiting(container, host
     timeout = 2  # (a budget of 4.2 s: a request waiting for another's is plain to see)
     bound, at_once = 2 * timeout + 0.2 + 1.5, 2.0
     m = mount("s3://bucket/", [f"timeout={timeout},retries=1,chunk_size={CHUNK}",
-                               f"endpoint_url=http://127.0.0.1:{server.port}",
-                               f"workers={workers}"])
+                               f"endpoint_url=http://127.0.0.1:{server.port}"])
     for name in ("deep", "more"):  # (listed, nothing in them opened; the kernel answers a
         assert os.stat(m.mountpoint / name).st_nlink == 1  # directory's lookups in turn)
     assert (m.mountpoint / "fast.mf" / "first").read_bytes() == contents["first"]
     server.mode = "stall-after-headers"
-    # (a worker of several answers one request at a time: with two, one may stall)
-    stalling = [("deep", 0.5, "stat", "deep/slow.mf"), ("inner", 0.5, "stat", "more/inner")]
     seen = concurrent_users(m.mountpoint, [
         ("slow", 0, "stat", "slow.mf"), ("mount", 0.5, "stat", ""),
-        ("fast", 0.5, "stat", "fast.mf/second")] + (stalling if workers == 1 else []))
+        ("fast", 0.5, "stat", "fast.mf/second"), ("deep", 0.5, "stat", "deep/slow.mf"),
+        ("inner", 0.5, "stat", "more/inner")])
     assert {label: value for label, (value, _) in seen.items()} == {
         "slow": "Input/output error", "mount": 0, "fast": FILE_SIZE,
-        **({"deep": "Input/output error", "inner": "Input/output error"}
-           if workers == 1 else {})}
+        "deep": "Input/output error", "inner": "Input/output error"}
     late = {label: seconds for label, (_, seconds) in seen.items()
             if seconds > (at_once if label in ("mount", "fast") else bound)}
     assert late == {}
