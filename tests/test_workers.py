@@ -258,7 +258,28 @@ def test_the_workers_option():
         with pytest.raises(mount_module.UsageError, match=why):
             mount_module.parse_options(text)
     assert mount_module.default_workers(remote=True) == 1
+    assert mount_module.default_workers(remote=False, decoded=True) == 1
     assert 2 <= mount_module.default_workers(remote=False) <= mount_module.DEFAULT_WORKERS_MAX
+
+
+@pytest.mark.fuse
+@pytest.mark.parametrize("options", [[], ["workers=2"]])
+def test_a_tiledb_array_has_one_process_unless_asked(tmp_path, mount, options):
+    """Its files are decoded views: several workers would each decode the same tiles."""
+    import numpy as np
+    import tiledb
+
+    uri = str(tmp_path / "array")
+    schema = tiledb.ArraySchema(domain=tiledb.Domain(tiledb.Dim(name="i", domain=(0, 99), tile=10,
+                                                                      dtype=np.int64)),
+                                attrs=[tiledb.Attr("v", np.float64)])
+    tiledb.Array.create(uri, schema)
+    with tiledb.open(uri, "w") as a:
+        a[:] = np.arange(100.0)
+    m = mount(uri, options)
+    assert np.array_equal(np.load(m.mountpoint / "dense" / "v.npy"), np.arange(100.0))
+    time.sleep(0.3)
+    assert len(_children(m.proc.pid)) == (2 if options else 0)
 
 
 def test_a_read_write_mount_has_one_process(tmp_path):

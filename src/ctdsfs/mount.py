@@ -17,7 +17,7 @@ import sys
 from dataclasses import dataclass, field
 
 from .errors import CtdsfsError, PrintableFormatter, printable
-from .formats import REMOTE_SCHEMES
+from .formats import REMOTE_SCHEMES, directory_format
 from .formats.multifile import index as multifile_index
 from .sources.opener import DEFAULT_BLOCK_SIZE, OpenOptions, open_source
 
@@ -312,10 +312,13 @@ def _collect_garbage_seldom():
     gc.set_threshold(GC_YOUNG_ALLOCATIONS, middle, old)
 
 
-def default_workers(remote):
+def default_workers(remote, decoded=False):
     """Worker processes of a read-only mount when ``workers`` is not given: two per core
-    the process may run on, capped; one for a remote source (``mount`` says why)."""
-    if remote:
+    the process may run on, capped; one for a remote source (``mount`` says why), and one
+    where the files shown are ``decoded`` views (``-o columns``, a TileDB array, a bcolz
+    rootdir): each worker would decode the same pieces for itself, so one reader would
+    be slower with several."""
+    if remote or decoded:
         return 1
     return min(2 * len(os.sched_getaffinity(0)), DEFAULT_WORKERS_MAX)
 
@@ -345,7 +348,9 @@ def mount(source, mountpoint, opts, foreground=False):
     if opts.writable and (opts.workers or 1) > 1:
         raise UsageError("mount option 'workers' is for read-only mounts (a read-write mount's "
                          "commits need one process)")
-    workers = 1 if opts.writable else opts.workers or default_workers(remote)
+    decoded = opts.columns or (os.path.isdir(source) and not os.path.islink(source) and getattr(
+        directory_format(source), "decoded", False))
+    workers = 1 if opts.writable else opts.workers or default_workers(remote, decoded)
     if workers > 1:
         _share_memory(workers)
     target = os.path.realpath(mountpoint)

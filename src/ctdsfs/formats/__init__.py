@@ -36,6 +36,7 @@ class Format:
     writes: tuple = ()  # the variants ``create_container(format=...)`` makes of it
     markers: tuple = ()  # a directory format: entries one of which each of its directories holds
     travels_in_time: bool = False  # its open_file takes ``timestamp`` (start, end): as at then
+    decoded: bool = False  # its files are views decoded from chunks or tiles
 
     def implementation(self):
         return importlib.import_module(f"{__name__}.{self.module}")
@@ -65,11 +66,11 @@ FORMATS = (  # in the order files are tried
     Format("MultiHDF5", "multihdf5.container", magic=b"\x89HDF\r\n\x1a\n", writes=("hdf5",)),
     Format(".pycauset", "pycauset", magic=b"PYCAUSET"),
     Format("casacore MultiFile", "multifile.container", writes=("mf2", "mf1")),
-    Format("bcolz rootdir", "bcolz.rootdir", markers=("__attrs__",)),
-    Format("bloscpack", "bcolz.rootdir", magic=b"blpk"),
+    Format("bcolz rootdir", "bcolz.rootdir", markers=("__attrs__",), decoded=True),
+    Format("bloscpack", "bcolz.rootdir", magic=b"blpk", decoded=True),
     Format("TileDB array", "tiledb.array",
            markers=("__schema", "__array_schema.tdb", "__tiledb_group.tdb"),  # (< v10; group)
-           travels_in_time=True),
+           travels_in_time=True, decoded=True),
 )
 WRITTEN_FORMATS = tuple(v for f in FORMATS for v in f.writes)
 
