@@ -65,36 +65,34 @@ DATA_MISFITS = {"raw one byte short": ("raw", shorter), "bit 8": ("bit", lambda 
                 ("out", lambda o: np.zeros(o.size + 1, np.float32))}
 
 
-@pytest.mark.parametrize("misfit", DATA_MISFITS)
-def test_dysco_data_kernel_refuses_every_size_that_does_not_fit(misfit):
-    args = dysco_arrays()
-    assert data_call(args) and args["out"].any()
-    key, change = DATA_MISFITS[misfit]
-    args = dysco_arrays()
-    args[key] = change(args[key])
-    assert not data_call(args)
-    assert not args["out"].any()
-
-
 WEIGHT_MISFITS = {"raw too short": ("raw", lambda r: r[:(3 + ROWS * CHANNELS * BITS) // 8]),
                   "bit 8": ("bit", lambda b: 8), "no channels": ("channels", lambda c: 0),
                   "more channels": ("channels", lambda c: c + 7), "no pols": ("pols", lambda p: 0),
                   "out not whole rows": ("out", shorter)}
 
 
-@pytest.mark.parametrize("misfit", WEIGHT_MISFITS)
-def test_dysco_weight_kernel_refuses_every_size_that_does_not_fit(misfit):
-    def arrays():
-        args = dysco_arrays()
-        args.update(scale=0.5, out=np.zeros(ROWS * CHANNELS * POLS, np.float32))
-        return args
 
+
+def weight_arrays():
+    args = dysco_arrays()
+    args.update(scale=0.5, out=np.zeros(ROWS * CHANNELS * POLS, np.float32))
+    return args
+
+
+KERNELS = {"data": (dysco_arrays, data_call, DATA_MISFITS),
+           "weight": (weight_arrays, weight_call, WEIGHT_MISFITS)}
+
+
+@pytest.mark.parametrize("kernel, misfit", [(k, m) for k, (_, _, misfits) in KERNELS.items()
+                                            for m in misfits])
+def test_dysco_kernels_refuse_every_size_that_does_not_fit(kernel, misfit):
+    arrays, call, misfits = KERNELS[kernel]
     args = arrays()
-    assert weight_call(args) and args["out"].any()
-    key, change = WEIGHT_MISFITS[misfit]
+    assert call(args) and args["out"].any()
+    key, change = misfits[misfit]
     args = arrays()
     args[key] = change(args[key])
-    assert not weight_call(args)
+    assert not call(args)
     assert not args["out"].any()
 
 
