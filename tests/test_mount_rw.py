@@ -14,7 +14,7 @@ import pytest
 from ctdsfs.formats import open_container
 
 from .conftest import SCRIPTS, Mount, make_casacore_table, require_fuse, unmount
-from .formats.multifile.test_write import check_crcs, snapshot
+from .formats.multifile.test_write import check_crcs, snapshot, snapshot_file
 
 pytestmark = pytest.mark.fuse
 
@@ -187,7 +187,7 @@ def test_sizes_past_the_disk_or_the_format_through_a_mount(mount, tmp_path):
     (m.mountpoint / "g").write_bytes(b"more")
     assert m.close() == 0
     validate(container)
-    assert snapshot(open_container(container)) == {"f": b"data", "g": b"more"}
+    assert snapshot_file(container) == {"f": b"data", "g": b"more"}
 
 
 @pytest.mark.parametrize("name", ["full.mf", "full.mfh5"])
@@ -223,7 +223,7 @@ def test_full_disk_through_a_mount(mount, small_disk, name):
     assert "Traceback" not in m.log_text() and "read-only" not in m.log_text()
     assert m.close() == 0
     validate(container)
-    assert snapshot(open_container(container)) == {"kept": kept, "after": after}
+    assert snapshot_file(container) == {"kept": kept, "after": after}
 
 
 @pytest.mark.parametrize("name", ["l.mf", "l.mfh5"])
@@ -253,7 +253,7 @@ def test_create_option_and_daemon_commit_on_unmount(tmp_path):
     deadline = time.monotonic() + 20
     while True:  # the daemon commits after the unmount, then exits
         try:
-            state = snapshot(open_container(container))
+            state = snapshot_file(container)
             if state.get("sub/g") == b"g":
                 break
         except Exception:
@@ -289,7 +289,7 @@ def test_change_under_a_read_write_mount(mount, tmp_path):
         (m.mountpoint / "h").write_bytes(b"three")
     assert exc.value.errno == errno.EROFS
     assert "switched to read-only" in m.log_text()
-    assert snapshot(open_container(container)) == {"f": b"one", "g": b"two"}
+    assert snapshot_file(container) == {"f": b"one", "g": b"two"}
 
 
 def random_tree_ops(rng, roots, steps):

@@ -12,7 +12,7 @@ from ctdsfs.formats import open_container
 from ctdsfs.sources.checking import check_path
 
 from .conftest import DATA, SCRIPTS, make_casacore_table, run_on_terminal
-from .formats.multifile.test_write import snapshot
+from .formats.multifile.test_write import snapshot_file
 
 pytestmark = pytest.mark.tools
 
@@ -142,11 +142,11 @@ def test_convert_round_trip_keeps_everything(tmp_path):
     ctdsfs("convert", tmp_path / "v2.mf", tmp_path / "v1.mf", "--format", "mf1")
     ctdsfs("convert", DATA / "mf2_nested.mf", tmp_path / "n.mf", "--format", "mf2",
            "--block-size", 512)
-    original = snapshot(open_container(DATA / "casacore_test_v1.mf"))
-    assert snapshot(open_container(tmp_path / "v2.mf")) == original
-    assert snapshot(open_container(tmp_path / "v1.mf")) == original
+    original = snapshot_file(DATA / "casacore_test_v1.mf")
+    assert snapshot_file(tmp_path / "v2.mf") == original
+    assert snapshot_file(tmp_path / "v1.mf") == original
     assert open_container(tmp_path / "v2.mf").header.use_crc
-    assert snapshot(open_container(tmp_path / "n.mf")) == snapshot(open_container(DATA / "mf2_nested.mf"))
+    assert snapshot_file(tmp_path / "n.mf") == snapshot_file(DATA / "mf2_nested.mf")
     nested = ctdsfs("convert", DATA / "mf2_nested.mf", tmp_path / "x.mf", "--format", "mf1", ok=False)
     assert nested.returncode == 1 and "cannot nest" in nested.stderr
     assert not (tmp_path / "x.mf").exists()
@@ -158,18 +158,18 @@ def test_convert_v1_v2_hdf5_v2_round_trip_is_identical(tmp_path):
     for name, fmt in steps:
         ctdsfs("convert", source, tmp_path / name, "--format", fmt)
         source = tmp_path / name
-    original = snapshot(open_container(DATA / "casacore_test_v1.mf"))
+    original = snapshot_file(DATA / "casacore_test_v1.mf")
     assert original  # the fixture has files
     for name, _ in steps:
-        assert snapshot(open_container(tmp_path / name)) == original, name
+        assert snapshot_file(tmp_path / name) == original, name
     assert open_container(tmp_path / "h.mfh5").format_name == "MultiHDF5"
     # Nesting survives the trip through MultiHDF5 too.
     ctdsfs("convert", DATA / "mf2_nested.mf", tmp_path / "n.mfh5", "--format", "hdf5")
     ctdsfs("convert", tmp_path / "n.mfh5", tmp_path / "n.mf", "--format", "mf2")
-    nested = snapshot(open_container(DATA / "mf2_nested.mf"))
+    nested = snapshot_file(DATA / "mf2_nested.mf")
     assert "SUB/" in nested
-    assert snapshot(open_container(tmp_path / "n.mfh5")) == nested
-    assert snapshot(open_container(tmp_path / "n.mf")) == nested
+    assert snapshot_file(tmp_path / "n.mfh5") == nested
+    assert snapshot_file(tmp_path / "n.mf") == nested
     crc = ctdsfs("convert", DATA / "mf2_basic.mf", tmp_path / "c.mfh5", "--format", "hdf5",
                  "--crc", ok=False)
     assert crc.returncode == 1 and "no CRCs" in crc.stderr and not (tmp_path / "c.mfh5").exists()

@@ -17,6 +17,15 @@ from ctdsfs.io.store import FileStore
 from ...conftest import DATA
 
 
+def snapshot_file(path):
+    """:func:`snapshot` of the container file at ``path`` (closed again)."""
+    container = open_container(path)
+    try:
+        return snapshot(container)
+    finally:
+        container.close()
+
+
 def snapshot(container):
     """Every file of a container tree: {'dir/name': bytes}."""
     out = {}
@@ -79,7 +88,7 @@ def test_holes_and_truncate_up_read_as_zeros(tmp_path):
     c.write("f", 1000, b"end")
     assert c.read("f", 0, 2000) == b"x" * 10 + bytes(990) + b"end"
     c.close()
-    assert snapshot(open_container(tmp_path / "h.mf"))["f"] == b"x" * 10 + bytes(990) + b"end"
+    assert snapshot_file(tmp_path / "h.mf")["f"] == b"x" * 10 + bytes(990) + b"end"
 
 
 def test_deleted_slot_reused_and_trailing_blocks_trimmed(tmp_path):
@@ -115,9 +124,9 @@ def test_committed_blocks_are_never_overwritten(tmp_path):
     crashed = tmp_path / "crashed.mf"  # the disk as a crash before the commit leaves it
     crashed.write_bytes(path.read_bytes())
     assert crashed.read_bytes()[:128 * 5] == committed[:128 * 5]
-    assert snapshot(open_container(crashed)) == {"f": b"old!" * 100}
+    assert snapshot_file(crashed) == {"f": b"old!" * 100}
     c.close()
-    assert snapshot(open_container(path))["f"][50:140] == b"NEW" * 30
+    assert snapshot_file(path)["f"][50:140] == b"NEW" * 30
 
 
 def test_nested_containers(tmp_path):
@@ -304,17 +313,17 @@ def test_commit_replay_every_prefix_is_readable(tmp_path, use_crc):
     crashed = tmp_path / "crashed.mf"
     for round_ in range(12):
         shutil.copyfile(path, crashed)  # the file as the last commit left it
-        old_state = snapshot(open_container(path))
+        old_state = snapshot_file(path)
         store.log.clear()
         random_changes(c, rng, names)
         random_changes(sub, rng, ["x", "y"])
         c.commit()
-        new_state = snapshot(open_container(path))
+        new_state = snapshot_file(path)
         fd = os.open(crashed, os.O_RDWR)
         try:
             for op in store.log:
                 apply(fd, op)  # the file as a crash right after this change leaves it
-                state = snapshot(open_container(crashed))
+                state = snapshot_file(crashed)
                 assert state in (old_state, new_state), f"round {round_}, after {op[:2]}"
                 checked += 1
         finally:
@@ -439,6 +448,6 @@ def test_random_operations_against_a_shadow(tmp_path, fmt):
         if step % 500 == 0:
             assert snapshot(c) == shadow
     c.close()
-    assert snapshot(open_container(path)) == shadow
+    assert snapshot_file(path) == shadow
     if fmt == "mf2":
         check_crcs(path)
