@@ -141,12 +141,12 @@ class FuseOperations(pyfuse3.Operations):
     async def _invalidate_stale(self, wait):
         """Make the kernel forget what it cached before a reload. A request holding the
         kernel's lock on a directory (lookup, readdir) cannot ``wait``: the
-        invalidation would wait for it. Nor does a worker of several: the request the
-        invalidation waits for may need another worker, itself waiting."""
+        invalidation would wait for it. (A worker of several waits too: the idle workers
+        answer what the invalidation waits for.)"""
         stale = self.fs.take_stale()
         if not stale:
             return
-        if (wait and self.gate is None) or self.nursery is None:
+        if wait or self.nursery is None:
             await trio.to_thread.run_sync(_forget_in_kernel, stale)
         else:
             self.nursery.start_soon(trio.to_thread.run_sync, _forget_in_kernel, stale)
