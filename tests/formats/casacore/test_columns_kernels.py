@@ -100,13 +100,17 @@ SISCO_CHANNELS, ITEMS, KEYS = 5, 6, 4
 
 
 def sisco_arrays(level=2, width=5, planes=None):
-    """ITEMS items (two parts each) from value 2 of a chunk of random bytes."""
+    """ITEMS items (two parts each) from value 2 of a chunk of random bytes, in the types
+    the reader passes (read-only planes, contiguous arrays): another type would compile
+    the kernel anew."""
     values = 2 + ITEMS * 2 * SISCO_CHANNELS + 3
     along_channels, along_time = LEVELS[level]
     rng = np.random.default_rng(level + 100)
     keys = rng.integers(0, KEYS, 2 * ITEMS).astype(np.int64)
-    return {"plain": rng.integers(0, 256, width * values, dtype=np.uint8)
-            if planes is None else planes, "values": values, "used": 2, "count": ITEMS,
+    if planes is None:
+        planes = rng.integers(0, 256, width * values, dtype=np.uint8)
+        planes.flags.writeable = False
+    return {"plain": planes, "values": values, "used": 2, "count": ITEMS,
             "channels": SISCO_CHANNELS, "keys": keys,
             "history": np.zeros((KEYS, along_time[0], 3, SISCO_CHANNELS), np.int64),
             "held": np.zeros(KEYS, np.int64), "along_channels": along_channels,
@@ -129,7 +133,7 @@ SISCO_MISFITS = {
     "a key past the history": ("keys", lambda k: k + 1),
     "keys short": ("keys", shorter), "out short": ("out", shorter),
     "history of other keys": ("history", lambda h: h[1:]),
-    "history of other channels": ("history", lambda h: h[..., 1:]),
+    "history of other channels": ("history", lambda h: np.zeros(h.shape[:3] + (SISCO_CHANNELS - 1,), np.int64)),
     "history of another depth": ("history", lambda h: np.zeros((KEYS, 4, 3, SISCO_CHANNELS),
                                                                np.int64)),
     "5 values along the channels": ("along_channels", lambda a: (5, False)),
