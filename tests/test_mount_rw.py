@@ -357,8 +357,8 @@ def test_random_operations_match_a_shadow_directory(mount, tmp_path, name, crc):
 
 # kill points per run (each a mount, a kill and a check: seconds each, an HDF5 mount's
 # probe the most); raise them for a longer campaign
-CRASH_POINTS = int(os.environ.get("CTDSFS_CRASH_POINTS", "50"))
-HDF5_CRASH_POINTS = int(os.environ.get("CTDSFS_HDF5_CRASH_POINTS", "30"))
+CRASH_POINTS = int(os.environ.get("CTDSFS_CRASH_POINTS", "35"))
+HDF5_CRASH_POINTS = int(os.environ.get("CTDSFS_HDF5_CRASH_POINTS", "20"))
 
 
 @pytest.mark.parametrize("name,points,block_size", [
