@@ -430,21 +430,34 @@ def test_a_failing_revalidation_keeps_the_listing_and_the_fetched_bytes_served(
 
 # Requests of several users at once, through a mount, in a child (a hang ends there): each
 # step starts after its delay and gives its answer (a stat's st_size, a listing, or the
-# error's text) and how long it took.
+# error's text) and how long it took. Each user holds its path's directory open from
+# before the first step, as a user inside it would: the step's own look is then its last
+# name's, not its parents' again once the kernel's copy of them expired (the kernel
+# sends the lookups within one directory one at a time, behind a stalled one).
 CONCURRENT = """
 import json, os, sys, threading, time
 root, steps = sys.argv[1], json.loads(sys.argv[2])
 results = {}
-def run(label, delay, kind, path):
+def run(label, delay, kind, where, name):
     time.sleep(delay)
     began = time.monotonic()
     try:
-        path = os.path.join(root, path)
-        value = os.stat(path).st_size if kind == "stat" else sorted(os.listdir(path))
+        if kind == "stat":
+            value = os.stat(name or ".", dir_fd=where).st_size
+        else:
+            fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY, dir_fd=where)
+            try:
+                value = sorted(os.listdir(fd))
+            finally:
+                os.close(fd)
     except OSError as exc:
         value = os.strerror(exc.errno)
     results[label] = [value, time.monotonic() - began]
-threads = [threading.Thread(target=run, args=step) for step in steps]
+threads = []
+for label, delay, kind, path in steps:
+    where = os.open(os.path.join(root, os.path.dirname(path)), os.O_RDONLY | os.O_DIRECTORY)
+    threads.append(threading.Thread(target=run, args=(label, delay, kind, where,
+                                                      os.path.basename(path))))
 for thread in threads:
     thread.start()
 for thread in threads:
