@@ -2,14 +2,15 @@
 
 The HDF5 C library can crash (a segmentation fault) or spin forever on
 damaged bytes; in the daemon or a command that would end everything without a
-message. So ``probe(path)`` runs ``python3 -m ctdsfs.formats.multihdf5.probe_child PATH``
-(a fresh process: forking the threaded daemon is unsafe), which opens the
-file the way ctdsfs does and touches everything ctdsfs will: the header
-attributes, every listed group, each FileData's shape, type, layout and chunk
-index, nested containers in turn, within the same bounds. A child killed by a
-signal refuses the file in one line. The child reports its own verdict as one
-JSON line: a refusal is passed on as it is. A Python start and the h5py import
-cost about 0.3 s per opened file.
+message. So ``probe(path)`` has a child open the file the way ctdsfs does and
+touch everything ctdsfs will (``probe_child``): the header attributes, every
+listed group, each FileData's shape, type, layout and chunk index, nested
+containers in turn, within the same bounds. A child killed by a signal refuses
+the file in one line. The child reports its own verdict as one JSON line: a
+refusal is passed on as it is. The children are forked from a server process
+of this one (``probe_server``, started at the first probe and again after a
+fork or its death), which has Python and h5py loaded already: a fresh
+interpreter for every opened file cost more than the check itself.
 
 A spinning HDF5 is stopped by CPU time, not by the clock, so that a damaged
 file costs seconds on a loaded machine too: the child may spend at most
@@ -27,8 +28,10 @@ it); the child's side, which opens the file as MultiHDF5, is ``probe_child``.
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
+import threading
 
 from ...errors import FormatError
 from ...remote.schemes import SPEC_ENV
@@ -39,7 +42,8 @@ DEFAULT_SECONDS = 60.0
 CPU_LIMIT_ENV = "CTDSFS_HDF5_PROBE_CPU_SECONDS"
 DEFAULT_CPU_SECONDS = 3.0
 MEMORY_LIMIT = 4 << 30  # the child's address space: an allocation bomb fails there
-CHILD_MODULE = f"{__package__}.probe_child"
+SERVER_MODULE = f"{__package__}.probe_server"
+ANSWER_LIMIT = 4 << 20  # a server's answer: the check's verdict and the tail of its errors
 
 
 def _seconds(variable, default):
@@ -59,6 +63,84 @@ def cpu_limit():
     return _seconds(CPU_LIMIT_ENV, DEFAULT_CPU_SECONDS)
 
 
+class _Server:
+    """This process's probe server: started when first needed, and again in a forked
+    process (the parent's is not its child) or once the server is gone."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.control = None
+        self.process = None
+        self.cpu_seconds = 0.0  # spent by the checks answered so far
+
+    def forget(self):
+        """In a forked child: the parent's server is the parent's (its socket closed here,
+        so that the server ends with the processes that use it)."""
+        if self.control is not None:
+            self.control.close()
+        self.__init__()
+
+    def _start(self):
+        package_root = os.path.dirname(os.path.dirname(os.path.dirname(
+            os.path.abspath(__file__))))
+        inherited = os.environ.get("PYTHONPATH")
+        env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1",  # no threads
+                   PYTHONPATH=os.pathsep.join(filter(None, [package_root, inherited])))
+        env.pop(SPEC_ENV, None)
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        with theirs:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", SERVER_MODULE, str(theirs.fileno())], env=env,
+                pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.control = ours
+
+    def ask(self, request):
+        """The answer of a check of ``request`` (None: the server died meanwhile); a
+        connection to read it from, the request sent."""
+        theirs, ours = socket.socketpair()
+        try:
+            with self.lock:
+                if self.process is not None and self.process.poll() is not None:
+                    self.forget()
+                if self.control is None:
+                    self._start()
+                try:
+                    socket.send_fds(self.control, [json.dumps(request).encode()],
+                                    [theirs.fileno()])
+                except OSError:
+                    self.forget()
+                    return None
+        finally:
+            theirs.close()
+        with ours:
+            ours.settimeout(request["seconds"] + 1)  # (the server kills it at "seconds")
+            answer = bytearray()
+            try:
+                while chunk := ours.recv(65536):
+                    answer += chunk
+                    if len(answer) > ANSWER_LIMIT:
+                        return None
+            except OSError:
+                return None
+        try:
+            answer = json.loads(answer)
+        except ValueError:
+            return None
+        with self.lock:
+            self.cpu_seconds += answer["cpu"]
+        return answer
+
+
+_server = _Server()
+os.register_at_fork(after_in_child=_server.forget)
+
+
+def checks_cpu_seconds():
+    """CPU seconds spent so far by this process's checks (they are not its children)."""
+    return _server.cpu_seconds
+
+
 def probe(path):
     """Refuse ``path`` (FormatError) if reading it crashes or hangs HDF5; else its problems.
 
@@ -70,36 +152,33 @@ def probe(path):
     remote = hasattr(path, "child_spec")
     if remote:
         seconds = max(0.1, min(seconds, path.time_left()))
-    package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    inherited = os.environ.get("PYTHONPATH")
-    env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1",  # a lighter start
-               PYTHONPATH=os.pathsep.join(filter(None, [package_root, inherited])))
-    env.pop(SPEC_ENV, None)
-    env[CPU_LIMIT_ENV] = repr(cpu_seconds)  # (the child and this message use the same)
+    overrides = {CPU_LIMIT_ENV: repr(cpu_seconds)}  # (the child and this message use the same)
     if remote:
-        env[SPEC_ENV] = path.child_spec()
+        overrides[SPEC_ENV] = path.child_spec()
         path = path.label
     path = os.fspath(path)
-    try:
-        child = subprocess.run([sys.executable, "-m", CHILD_MODULE, path], env=env,
-                               capture_output=True, timeout=seconds, stdin=subprocess.DEVNULL)
-    except subprocess.TimeoutExpired:  # (subprocess.run has killed the child)
+    request = {"path": path, "env": overrides, "seconds": seconds}
+    answer = _server.ask(request) or _server.ask(request)  # (once more, if it died)
+    if answer is None:
+        raise FormatError(f"{path}: the HDF5 check process could not be started or "
+                          "answered nothing")
+    if answer["timed_out"]:
         if remote:
             raise RemoteError(f"{path}: not read whole within the request's {seconds:.1f} s "
-                              "left while it was checked", "not read whole in time") from None
+                              "left while it was checked", "not read whole in time")
         raise FormatError(f"{path}: HDF5 did not finish reading it within {seconds:g} s: "
-                          "damaged file") from None
-    if child.returncode == -signal.SIGXCPU:
+                          "damaged file")
+    if answer["signal"] == signal.SIGXCPU:
         raise FormatError(f"{path}: HDF5 spent {cpu_seconds:g} s of CPU time reading it without "
                           "getting further: damaged file")
-    if child.returncode < 0:
-        raise FormatError(f"{path}: HDF5 crashed (signal {-child.returncode}) while reading "
+    if answer["signal"]:
+        raise FormatError(f"{path}: HDF5 crashed (signal {answer['signal']}) while reading "
                           "it: damaged file")
-    lines = child.stdout.decode("utf-8", "replace").splitlines()
+    lines = answer["stdout"].splitlines()
     try:
         verdict = json.loads(lines[-1])
     except (IndexError, ValueError):
-        last = (child.stderr.decode("utf-8", "replace").strip().splitlines() or ["no output"])[-1]
+        last = (answer["stderr"].strip().splitlines() or ["no output"])[-1]
         raise FormatError(f"{path}: the HDF5 check process failed ({last[:200]}): "
                           "damaged file") from None
     if "unanswered" in verdict:

@@ -1,15 +1,14 @@
 """The child process of ``probe``: open an untrusted HDF5 file as MultiHDF5 and touch
 everything ctdsfs will, under the probe's limits, then print the verdict as one JSON line.
 
-Run as ``python3 -m ctdsfs.formats.multihdf5.probe_child PATH`` by ``probe.probe``
-only; a crash or a hang here costs this process, never the caller.
+Run in a process forked by ``probe_server`` for ``probe.probe`` only; a crash or a hang
+here costs that process, never the caller.
 """
 
 import json
 import math
 import os
 import resource
-import sys
 import time
 
 from ...errors import CtdsfsError
@@ -91,7 +90,3 @@ def main(path):
         verdict = {"unanswered": str(source.failure)}  # (the server's, not the file's)
     print(json.dumps(verdict))
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1]))
