@@ -302,3 +302,36 @@ def test_a_remote_source_has_one_process(tmp_path, source):
                             capture_output=True, text=True, timeout=60)
     assert result.returncode != 0 and "'workers' is for local sources" in result.stderr
     assert result.stderr.count("\n") == 1 and not is_mounted(mountpoint)
+
+
+def _bytes_read(pids):
+    """Bytes the processes ``pids`` read so far (rchar: files and /dev/fuse)."""
+    total = 0
+    for pid in pids:
+        with open(f"/proc/{pid}/io") as f:
+            total += next(int(line.split()[1]) for line in f if line.startswith("rchar:"))
+    return total
+
+
+@pytest.mark.fuse
+def test_a_listing_walk_reads_each_first_block_once_however_many_workers(tmp_path, mount):
+    """Listing a MultiFile reads the first bytes of every file (nested container or
+    plain?), without the index (``no_index``: as at a first mount) all of a container
+    of small files. A walk's requests land on any worker (a listing's batches, each
+    directory's own listing, the lookups); what one worker found plain serves the
+    others, so together they read the container about once, as one process does, not
+    once for each worker a directory's requests reached."""
+    tree = tmp_path / "small"
+    for d in range(60):
+        for f in range(40):
+            path = tree / f"d{d}" / f"f{f}.bin"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(os.urandom(1000 + 50 * f))
+    source = tmp_path / "small.mf"
+    pack(str(tree), str(source), block_size=512, quiet=True)
+    m = mount(source, ["workers=4", "no_index"])
+    workers = _workers(m, 4)
+    before = _bytes_read(workers)
+    listed = sum(len(files) for _, _, files in os.walk(m.mountpoint))
+    assert listed == 60 * 40
+    assert _bytes_read(workers) - before < 1.1 * os.path.getsize(source)
