@@ -231,6 +231,20 @@ def _with_children(pid):
         return [pid]
 
 
+def cpu_seconds(pid):
+    """User and system CPU seconds of process ``pid`` and its children (a ctdsfs mount's
+    worker processes) so far."""
+    total = 0
+    for one in _with_children(pid):
+        try:
+            with open(f"/proc/{one}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # (ended meanwhile)
+        total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")
+
+
 def process_memory_mb(pid, field="VmRSS"):
     """A memory figure of process ``pid`` and its children from /proc (VmRSS now, VmHWM its
     peak), in MB: the sum of theirs (pages the children share with it counted in each)."""

@@ -10,19 +10,29 @@ and by the default number, beside squashfuse_ll and the pyfuse3 floor.
 
 Best of ``rounds`` for each figure. The target: with the default, cold 4 KiB random reads
 at least 0.9x squashfuse_ll at every job count, one reader no slower than with one
-worker, parallel readers of a decoded view faster than one."""
+worker, parallel readers of a decoded view faster than one.
 
+Run alone with ``--walks`` (under ``flock /work/bench.lock`` on a shared machine), it
+times only the walks (``find`` and ``tar``: 1 worker, the default, squashfuse_ll,
+alternated within each round) with the CPU seconds of the mount's processes."""
+
+import argparse
 import os
+import statistics
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import pyfuse3_floor  # (beside this script)
-from benchmark_common import Mounted, drop_caches, read_through
+from benchmark_common import Mounted, cpu_seconds, drop_caches, read_through
 from benchmark_small import _shell_seconds, fio_iops, installed_command, make_small_tree
 from benchmark_tiledb import smooth_values, write_dense_array
 
 JOBS = (1, 4, 16)
+WALKS = (("find, cold (s)", "find . -type f"),
+         ("tar to a pipe, cold (s)", "tar cf - . | cat > /dev/null"))
 READERS = (1, 2, 4)
 SHARE_READER = r"""
 import os, sys
@@ -69,29 +79,76 @@ def _decoded_views(tmp, mib):
             "columns/DATA.npy": (str(ms), ["columns"], "columns/DATA.npy")}
 
 
+def _small_tree_systems(tmp, pool, files, dirs, big):
+    """The tree of small files (and a big one) packed and squashed: {system: mount command
+    without its mount point}."""
+    tree = tmp / "w_small"
+    make_small_tree(tree, pool, files, dirs, big)
+    subprocess.run(["ctdsfs", "pack", "--quiet", str(tree), str(tmp / "w_small.mf")],
+                   check=True, capture_output=True)
+    subprocess.run(["mksquashfs", str(tree), str(tmp / "w_small.sqfs"), "-noappend", "-quiet",
+                    "-no-progress"], check=True, stdout=subprocess.DEVNULL)
+    mount_ctdsfs = installed_command("mount.ctdsfs")
+    return tree, {
+        "ctdsfs, 1 worker": [mount_ctdsfs, "-f", "-o", "workers=1", str(tmp / "w_small.mf")],
+        "ctdsfs, default": [mount_ctdsfs, "-f", str(tmp / "w_small.mf")],
+        "squashfuse_ll": ["squashfuse_ll", "-f", str(tmp / "w_small.sqfs")],
+    }
+
+
+def _walk(cmd, mnt, command):
+    """(seconds, CPU seconds of the mount's processes) of ``command`` in a fresh mount,
+    page cache dropped."""
+    drop_caches()
+    with Mounted(cmd + [str(mnt)], str(mnt)) as mounted:
+        before = cpu_seconds(mounted.proc.pid)
+        seconds = _shell_seconds(command, mnt)
+        return seconds, cpu_seconds(mounted.proc.pid) - before
+
+
+def walks_figures(tmp, pool, files=20_000, dirs=200, big=512 << 20, rounds=3):
+    """The walks alone (``--walks``): best and median seconds, median CPU seconds of the
+    mount's processes, each system in turn within a round. One walk of each ctdsfs mount
+    before the rounds fills the index of plain files, as any mount after the first finds it."""
+    _, systems = _small_tree_systems(tmp, pool, files, dirs, big)
+    mnt = tmp / "w_mnt"
+    for system in ("ctdsfs, 1 worker", "ctdsfs, default"):
+        _walk(systems[system], mnt, WALKS[0][1])
+    times = {}
+    for _ in range(rounds):
+        for row, command in WALKS:
+            for system, cmd in systems.items():
+                times.setdefault((row, system), []).append(_walk(cmd, mnt, command))
+    lines = [f"walks ({os.cpu_count()} cores; the default: {_default_workers()} workers; "
+             f"{files} files in {dirs} directories and a {big >> 20} MiB file), {rounds} "
+             "rounds: best / median seconds [median CPU seconds of the mount's processes]"]
+    for row, _ in WALKS:
+        cells = []
+        for system in systems:
+            seconds = [t for t, _ in times[row, system]]
+            cpu = statistics.median(c for _, c in times[row, system])
+            cells.append(f"{system}: {min(seconds):.3f} / {statistics.median(seconds):.3f} "
+                         f"[{cpu:.2f}]")
+        one, default = (statistics.median(t for t, _ in times[row, s])
+                        for s in ("ctdsfs, 1 worker", "ctdsfs, default"))
+        lines.append(f"  {row:<24} " + "   ".join(cells)
+                     + f"   1 worker/default (medians): {one / default:.2f}")
+    return lines
+
+
 def workers_figures(tmp, pool, quick=False, rounds=2):
     """The lines of the part (see the module docstring)."""
     files, dirs, big, view_mib = (2000, 20, 128 << 20, 32) if quick \
         else (20_000, 200, 512 << 20, 128)
     rounds = 1 if quick else rounds
     fio_seconds = 5 if quick else 20
-    tree = tmp / "w_small"
     print(f"workers: {files} small files and a {big >> 20} MiB file; decoded views of "
           f"{view_mib} MiB ...", flush=True)
-    make_small_tree(tree, pool, files, dirs, big)
-    subprocess.run(["ctdsfs", "pack", "--quiet", str(tree), str(tmp / "w_small.mf")],
-                   check=True, capture_output=True)
-    subprocess.run(["mksquashfs", str(tree), str(tmp / "w_small.sqfs"), "-noappend", "-quiet",
-                    "-no-progress"], check=True, stdout=subprocess.DEVNULL)
+    tree, systems = _small_tree_systems(tmp, pool, files, dirs, big)
+    mount_ctdsfs = systems["ctdsfs, 1 worker"][0]
     pyfuse3_floor.save_listing(tree, tmp / "w_small.listing")
-    mount_ctdsfs = installed_command("mount.ctdsfs")
-    systems = {
-        "ctdsfs, 1 worker": [mount_ctdsfs, "-f", "-o", "workers=1", str(tmp / "w_small.mf")],
-        "ctdsfs, default": [mount_ctdsfs, "-f", str(tmp / "w_small.mf")],
-        "squashfuse_ll": ["squashfuse_ll", "-f", str(tmp / "w_small.sqfs")],
-        "pyfuse3 floor": [sys.executable, pyfuse3_floor.__file__, str(tmp / "w_small.listing"),
-                          str(tree)],
-    }
+    systems["pyfuse3 floor"] = [sys.executable, pyfuse3_floor.__file__,
+                                str(tmp / "w_small.listing"), str(tree)]
     best = {}
 
     def keep(row, system, value, larger_is_better):
@@ -111,11 +168,8 @@ def workers_figures(tmp, pool, quick=False, rounds=2):
             with Mounted(cmd + [str(mnt)], str(mnt)):
                 keep("sequential read, cold (GB/s)", system,
                      read_through(mnt / "big.bin"), True)
-            for row, command in (("find, cold (s)", "find . -type f"),
-                                 ("tar to a pipe, cold (s)", "tar cf - . | cat > /dev/null")):
-                drop_caches()
-                with Mounted(cmd + [str(mnt)], str(mnt)):
-                    keep(row, system, _shell_seconds(command, mnt), False)
+            for row, command in WALKS:
+                keep(row, system, _walk(cmd, mnt, command)[0], False)
     lines = [f"workers ({os.cpu_count()} cores; the default: "
              f"{_default_workers()} workers), best of {rounds}",
              f"{'workload':<44}" + "".join(f"{s:>18}" for s in systems)
@@ -161,3 +215,25 @@ def _view_lines(tmp, mib, mount_ctdsfs, rounds):
                      + f"   (default, {READERS[-1]} readers vs 1: "
                      f"{default[0] / default[-1]:.2f}x)")
     return lines
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--walks", action="store_true", required=True,
+                        help="time only the walks (find, tar)")
+    parser.add_argument("--rounds", type=int, default=3, help="alternated rounds")
+    parser.add_argument("--files", type=int, default=20_000, help="small files in the tree")
+    parser.add_argument("--dir", default="/var/tmp", help="scratch directory")
+    args = parser.parse_args()
+    import numpy as np
+
+    pool = np.random.default_rng(0).bytes(1 << 24)
+    with tempfile.TemporaryDirectory(dir=args.dir, prefix="ctdsfs-walks.") as tmp:
+        for line in walks_figures(Path(tmp), pool, files=args.files,
+                                  dirs=max(1, args.files // 100), rounds=args.rounds):
+            print(line, flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,10 +1,13 @@
 """The FUSE adapter's own decisions, with its handlers called directly (no kernel)."""
 
+import errno
 import os
 import shutil
 import threading
 import time
 
+import pyfuse3
+import pytest
 import trio
 
 from ctdsfs import fuse_adapter
@@ -102,3 +105,26 @@ def test_a_lone_reader_reads_on_the_loop_until_a_second_one_shows(tmp_path, monk
     os.close(device)
     os.close(request)
     trio.run(ops.release, fh)
+
+
+def test_a_read_only_close_asks_the_kernel_for_no_flush(tmp_path):
+    """A read-only mount has nothing to do at a close: FLUSH is ENOSYS, which tells the
+    kernel to send no more (a request fewer for each file a walk reads); a read-write
+    mount's close still commits."""
+    path = tmp_path / "nested.mf"
+    shutil.copy(DATA / "mf2_nested.mf", path)
+    for writable in (False, True):
+        fs = ContainerFS(open_container(path, writable=writable), path, writable=writable)
+        ops = fuse_adapter.FuseOperations(fs, threaded_reads=False)
+        x = fs.lookup(fs.lookup(ROOT_INO, "SUB").ino, "x").ino
+        fh = fs.open(x, os.O_RDWR if writable else os.O_RDONLY)
+        if writable:
+            fs.write(fh, 0, b"changed")
+            trio.run(ops.flush, fh)
+            assert not fs.root.dirty
+        else:
+            with pytest.raises(pyfuse3.FUSEError) as refused:
+                trio.run(ops.flush, fh)
+            assert refused.value.errno == errno.ENOSYS
+        trio.run(ops.release, fh)
+        fs.close()

@@ -302,3 +302,52 @@ def test_a_remote_source_has_one_process(tmp_path, source):
                             capture_output=True, text=True, timeout=60)
     assert result.returncode != 0 and "'workers' is for local sources" in result.stderr
     assert result.stderr.count("\n") == 1 and not is_mounted(mountpoint)
+
+
+def _bytes_read(pids):
+    """Bytes the processes ``pids`` read so far (rchar: files and /dev/fuse)."""
+    total = 0
+    for pid in pids:
+        with open(f"/proc/{pid}/io") as f:
+            total += next(int(line.split()[1]) for line in f if line.startswith("rchar:"))
+    return total
+
+
+@pytest.fixture(scope="module")
+def small_files(tmp_path_factory):
+    """A MultiFile of 60 folders of 40 small files each (block size 512)."""
+    tree = tmp_path_factory.mktemp("small") / "tree"
+    for d in range(60):
+        for f in range(40):
+            path = tree / f"d{d}" / f"f{f}.bin"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(os.urandom(1000 + 50 * f))
+    source = tree.parent / "small.mf"
+    pack(str(tree), str(source), block_size=512, quiet=True)
+    return source
+
+
+@pytest.mark.fuse
+def test_a_listing_walk_reads_each_first_block_once_however_many_workers(small_files, mount):
+    """Listing a MultiFile reads the first bytes of every file (nested container or
+    plain?), without the index (``no_index``: as at a first mount) all of a container
+    of small files. A walk's requests land on any worker (a listing's batches, each
+    directory's own listing, the lookups); what one worker found plain serves the
+    others, so together they read the container about once, as one process does, not
+    once for each worker a directory's requests reached."""
+    m = mount(small_files, ["workers=4", "no_index"])
+    workers = _workers(m, 4)
+    before = _bytes_read(workers)
+    listed = sum(len(files) for _, _, files in os.walk(m.mountpoint))
+    assert listed == 60 * 40
+    assert _bytes_read(workers) - before < 1.1 * os.path.getsize(small_files)
+
+
+@pytest.mark.fuse
+def test_the_workers_start_with_the_root_learnt(small_files, mount):
+    """The kernel's first request (the root's attributes: its 60 nested containers
+    opened to count them) is answered before the fork: once the mount is live and has
+    answered it, no worker has read the container (only requests, from /dev/fuse)."""
+    m = mount(small_files, ["workers=4", "no_index"])
+    os.stat(m.mountpoint)
+    assert _bytes_read(_workers(m, 4)) < 60 * 512

@@ -309,6 +309,10 @@ class FuseOperations(pyfuse3.Operations):
 
     @_fuse_errors
     async def flush(self, fh):
+        """A read-only mount has nothing to do at a close: ENOSYS, and the kernel sends no
+        more flushes (a request fewer for each file a walk opens)."""
+        if not self.fs.writable:
+            raise FSError(errno.ENOSYS)
         self.fs.flush(fh)
 
     @_fuse_errors

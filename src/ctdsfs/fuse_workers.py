@@ -36,7 +36,7 @@ import pyfuse3
 import trio
 
 from .fuse_adapter import mount_session, serve_loop, set_readahead
-from .vfs.filesystem import ROOT_INO
+from .vfs.filesystem import ROOT_INO, FSError
 from .vfs.shared_inodes import SharedInodes
 
 log = logging.getLogger(__name__)
@@ -233,6 +233,17 @@ class _Supervisor:
             time.sleep(0.01)
 
 
+def _learn_the_root(fs):
+    """Before the fork, what the kernel's first request (the root's attributes) costs:
+    the top's nested containers opened and its entries told apart (the root's link
+    count). Done once here, every worker has it; else each worker would do it again
+    when a walk's requests reach it."""
+    try:
+        fs.getattr(ROOT_INO)
+    except FSError:
+        pass  # (the worker that answers the kernel's own request says why)
+
+
 def serve_workers(operations, mountpoint, fuse_options, on_mounted=None, *, count):
     """Like ``fuse_adapter.serve``, for a read-only mount served by ``count`` workers:
     mount, answer INIT, call ``on_mounted()``, fork the workers, supervise them until
@@ -258,6 +269,7 @@ def serve_workers(operations, mountpoint, fuse_options, on_mounted=None, *, coun
 
         if on_mounted is not None:
             on_mounted()  # (live: what the kernel sends meanwhile waits for the workers)
+        _learn_the_root(operations.fs)
         supervisor = _Supervisor(count, start)
         supervisor.start_all()
         log.debug("serving with %d worker processes: %s", count,

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from .errors import CtdsfsError, PrintableFormatter, printable
 from .formats import REMOTE_SCHEMES, directory_format
 from .formats.multifile import index as multifile_index
+from .formats.multifile import shared_index as multifile_shared_index
 from .sources.opener import DEFAULT_BLOCK_SIZE, OpenOptions, open_source
 
 log = logging.getLogger("ctdsfs")
@@ -353,6 +354,7 @@ def mount(source, mountpoint, opts, foreground=False):
     workers = 1 if opts.writable else opts.workers or default_workers(remote, decoded)
     if workers > 1:
         _share_memory(workers)
+        multifile_shared_index.enable()  # (before the source is opened: its files share)
     target = os.path.realpath(mountpoint)
     if os.path.isdir(source):
         real_source = os.path.realpath(source)

@@ -2,17 +2,19 @@
 
 Several processes serve one read-only mount (``-o workers=N``), and the kernel hands a
 request naming an inode to whichever of them reads it first. So the numbers come
-from one table the workers share: an append-only log of ``(ino, parent ino, name)``
-records in an anonymous file made before the workers fork. A worker numbering a node
-takes the log's lock, reads the records added since it last looked, and appends one
-only for a node no worker numbered yet; a worker asked about a number it has not
-seen finds its parent and name in the log and looks the node up itself.
+from one table the workers share: an append-only log in an anonymous file made before
+the workers fork, of batches of names in one directory numbered in a row (a listing's
+batch is one: every worker reads every batch, so a batch is read in one piece, not a
+name at a time). A worker numbering nodes takes the log's lock, reads the batches added
+since it last looked, and appends one of the names no worker numbered yet; a worker
+asked about a number it has not seen finds its parent and name in the log and looks
+the node up itself.
 
 The same file holds the digests of the lines logged once per mount (a bad block's),
 so that the mount logs each once, whichever workers meet it.
 
 The lock is ``flock`` on each worker's own opening of the file, so a worker killed
-while holding it frees it; the log's length is written after the record, so a record
+while holding it frees it; the log's length is written after the batch, so a batch
 it was writing when it died is never read and is written over.
 """
 
@@ -21,9 +23,12 @@ import hashlib
 import os
 import struct
 import threading
+from itertools import repeat
 
 HEADER = struct.Struct("<QQ")  # next inode number, end of the records
-RECORD = struct.Struct("<QQI")  # inode number, parent inode number, name length
+# The first inode number, the parent's inode number, how many names, the bytes of the
+# names that follow (joined by NUL; a name holding a NUL has a batch of its own).
+BATCH = struct.Struct("<QQII")
 READ_STEP = 1 << 20  # bytes of the log read at a time when catching up
 LOGGED_SLOTS = 8192  # lines logged once per mount: a hash table of their digests
 SLOT = struct.Struct("<Q")
@@ -60,7 +65,7 @@ class SharedInodes:
                 fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
 
     def _catch_up(self):
-        """Read the records other workers appended since we last looked (lock held)."""
+        """Read the batches other workers appended since we last looked (lock held)."""
         next_ino, end = HEADER.unpack(os.pread(self._fd, HEADER.size, 0))
         self._count = next_ino
         offset, data = self._seen, b""
@@ -71,29 +76,35 @@ class SharedInodes:
             offset += len(chunk)
             data += chunk
             at = 0
-            while len(data) - at >= RECORD.size:
-                ino, parent, length = RECORD.unpack_from(data, at)
-                if len(data) - at < RECORD.size + length:
+            while len(data) - at >= BATCH.size:
+                first, parent, count, length = BATCH.unpack_from(data, at)
+                if len(data) - at < BATCH.size + length:
                     break
-                name = data[at + RECORD.size:at + RECORD.size + length]
-                at += RECORD.size + length
-                name = name.decode("utf-8", "surrogateescape")
-                self._by_name[parent, name] = ino
-                self._by_ino[ino] = (parent, name)
+                text = data[at + BATCH.size:at + BATCH.size + length].decode(
+                    "utf-8", "surrogateescape")
+                at += BATCH.size + length
+                self._add(first, parent, text.split("\0") if count > 1 else [text])
             data = data[at:]
         self._seen = end
         return next_ino, end
 
+    def _add(self, first, parent, names):
+        """Know ``names`` (of directory ``parent``) as numbered from ``first`` on."""
+        places = list(zip(repeat(parent), names))
+        inos = range(first, first + len(places))
+        self._by_name.update(zip(places, inos))
+        self._by_ino.update(zip(inos, places))
+
     def _number(self, parent, names):
         next_ino, end = self._catch_up()
+        new = [name for name in dict.fromkeys(names) if (parent, name) not in self._by_name]
+        joinable = [name for name in new if "\0" not in name]
         records = []
-        for name in names:
-            if (parent, name) not in self._by_name:
-                self._by_name[parent, name] = next_ino
-                self._by_ino[next_ino] = (parent, name)
-                encoded = name.encode("utf-8", "surrogateescape")
-                records.append(RECORD.pack(next_ino, parent, len(encoded)) + encoded)
-                next_ino += 1
+        for batch in ([joinable] if joinable else []) + [[n] for n in new if "\0" in n]:
+            encoded = "\0".join(batch).encode("utf-8", "surrogateescape")
+            records.append(BATCH.pack(next_ino, parent, len(batch), len(encoded)) + encoded)
+            self._add(next_ino, parent, batch)
+            next_ino += len(batch)
         if records:
             data = b"".join(records)
             os.pwrite(self._fd, data, end)

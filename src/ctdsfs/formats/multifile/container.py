@@ -46,6 +46,7 @@ from .commit import MultiFileCommitting
 from .header import FIXED_V2, PLAIN, Header, looks_like_multifile, looks_like_v2, read_header
 from .index import open_index, plain_bitmap
 from .read import MultiFileReading
+from .shared_index import file_key, flags_of
 from .write import MultiFileWriting
 
 log = logging.getLogger(__name__)
@@ -65,12 +66,15 @@ class MultiFile(MultiFileReading, MultiFileWriting, MultiFileCommitting, Contain
         return self.verify_crc and self.header.use_crc
 
     def __init__(self, store, *, hdrext_path=None, verify_crc=True, writable=False, depth=0,
-                 lock=None, header=None, index=None, index_path=""):
+                 lock=None, header=None, index=None, index_path="", shared_base=None):
         self.store = store
         # A persistent index of plain files (read-only trees): multifile_index.NestedIndex,
         # in which this container's record is ``index_path``.
         self.index = index
         self.index_path = index_path
+        # What this container's key in the table of plain files shared by a mount's
+        # processes starts with (shared_index), or None: nothing shared.
+        self._shared_base = shared_base
         self.label = store.label
         self.hdrext_path = hdrext_path
         self.verify_crc = verify_crc
@@ -132,6 +136,13 @@ class MultiFile(MultiFileReading, MultiFileWriting, MultiFileCommitting, Contain
             for name in self.index.plain_names(self.index_path, header.fingerprint,
                                                list(self._entries)):
                 self._entries[name]._flags |= PLAIN  # (e.plain = True, without a call)
+        self._shared_key = self._shared = None
+        self._positions = {}  # name -> its place in the header, while shared
+        if self._shared_base is not None and not self.writable:
+            self._shared_key = f"{self._shared_base}|{header.fingerprint}"
+            self._shared = flags_of(self._shared_key, len(self._entries))
+        if self._shared is not None:
+            self._positions = {name: i for i, name in enumerate(self._entries)}
         self._dirty = False
         self._verified = OrderedDict()  # block number -> bytes already CRC-checked
         self._verified_max = max(4, VERIFIED_CACHE_BYTES // self.block_size)
@@ -168,6 +179,8 @@ class MultiFile(MultiFileReading, MultiFileWriting, MultiFileCommitting, Contain
                 if child is not None:
                     child._set_read_only(f"{child.label} was reloaded")
             self.index = None  # made for the file as it was
+            if self._shared_base is not None:
+                self._shared_base = file_key(self.store.fd)
             try:
                 self._load(header)
             except FormatError as exc:  # damaged by the other writer: keep serving, read-only
@@ -309,7 +322,9 @@ class MultiFile(MultiFileReading, MultiFileWriting, MultiFileCommitting, Contain
         try:
             child = MultiFile(VirtualFileStore(self, name), verify_crc=self.verify_crc,
                               writable=self.writable, depth=self.depth + 1, lock=self._lock,
-                              index=self.index, index_path=f"{self.index_path}/{name}")
+                              index=self.index, index_path=f"{self.index_path}/{name}",
+                              shared_base=self._shared_key and
+                              f"{self._shared_key}/{len(name)}:{name}")
             self._unsure.discard(name)
             return child
         except RemoteError:
@@ -423,7 +438,8 @@ def open_file(path, *, verify_crc=True, writable=False):
     try:
         index = None if writable else open_index(store.fd)
         return MultiFile(store, hdrext_path=path + "_hdrext", verify_crc=verify_crc,
-                         writable=writable, index=index)
+                         writable=writable, index=index,
+                         shared_base=None if writable else file_key(store.fd))
     except BaseException:
         store.close()
         raise

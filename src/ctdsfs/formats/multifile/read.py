@@ -143,7 +143,7 @@ class MultiFileReading:
     def nested(self, name):
         with self._lock:
             e = self._entry(name)
-            if not e.plain and name not in self._nested:
+            if not e.plain and name not in self._nested and not self._found_plain([name]):
                 self._classified(name, e, self._open_nested(name))
             return None if e.plain else self._nested[name]
 
@@ -153,6 +153,9 @@ class MultiFileReading:
             # (the plain bit read directly: a listing asks for every name, more than once)
             unknown = [name for name in names
                        if name not in nested and not entries[name]._flags & PLAIN]
+            if unknown and self._shared is not None:
+                found = self._found_plain(unknown)
+                unknown = [name for name in unknown if name not in found]
             for name, first in self._first_bytes(unknown).items():
                 self._classified(name, entries[name], self._open_nested(name, first))
             return [None if entries[name]._flags & PLAIN else nested[name] if name in nested
@@ -160,12 +163,26 @@ class MultiFileReading:
 
     def _classified(self, name, e, child):
         """Keep what ``name`` holds: a plain file is marked on its entry (the index records
-        those), a nested container (or None for a file shown plain for another reason)
-        goes in ``_nested``."""
+        those) and for the mount's other processes, a nested container (or None for a file
+        shown plain for another reason) goes in ``_nested``."""
         if child is None and name not in self._unsure:
             e.plain = True
+            if name in self._positions:
+                self._shared.mark_plain(self._positions[name])
         else:
             self._nested[name] = child
+
+    def _found_plain(self, names):
+        """Those of ``names`` that another process of the mount found plain, marked so
+        here too (shared_index)."""
+        shared, positions, entries = self._shared, self._positions, self._entries
+        if shared is None:
+            return set()
+        found = {name for name in names if name in positions
+                 and shared.plain(positions[name])}
+        for name in found:
+            entries[name]._flags |= PLAIN
+        return found
 
     def _first_bytes(self, names):
         """name -> the first bytes of each file in ``names`` that may hold a nested
