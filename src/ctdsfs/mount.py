@@ -394,7 +394,7 @@ def mount(source, mountpoint, opts, foreground=False):
     if workers > 1:
         from .fuse_workers import serve_workers
 
-        serve = functools.partial(serve_workers, count=workers)
+        serve = functools.partial(serve_workers, count=workers, decoded=bool(decoded))
     if foreground:
         serve(operations, mountpoint, fuse_options)
         return 0
