@@ -161,12 +161,13 @@ def _children(pid):
         return []
 
 
-def _view_lines(tmp, mib, mount_ctdsfs, rounds, settings=("workers=1", None)):
+def _view_lines(tmp, mib, mount_ctdsfs, rounds, settings=("workers=1", None), only=None):
     """Seconds to read each decoded view whole by 1, 2, 4 readers with each of the worker
     ``settings`` (an ``-o`` item, None: the default), and the CPU seconds the mount's
     processes spent meanwhile (less sensitive to other load than the time). The rounds
     alternate the settings, so that load from elsewhere falls on each alike."""
-    views = _decoded_views(tmp, mib)
+    views = {name: view for name, view in _decoded_views(tmp, mib).items()
+             if only is None or any(o.lower() in name.lower() for o in only.split(","))}
     names = [s or f"default ({_default_workers(True)})" for s in settings]
     lines = [f"decoded views ({mib} MiB of float64 each): seconds to read the view whole by "
              f"{', '.join(map(str, READERS))} readers in parallel (each its share), "
@@ -213,6 +214,7 @@ def main():
                         help="worker counts to compare, in one run (e.g. 1,2,default)")
     parser.add_argument("--dir", default="/var/tmp")
     parser.add_argument("--keep", help="a directory for the views, made once and reused")
+    parser.add_argument("--only", help="only the views whose name has one of these (e.g. tiledb,bcolz)")
     args = parser.parse_args()
     settings = tuple(None if w == "default" else f"workers={int(w)}"
                      for w in args.workers.split(","))
@@ -220,7 +222,7 @@ def main():
         tmp = args.keep or stack.enter_context(
             tempfile.TemporaryDirectory(dir=args.dir, prefix="ctdsfs-bench."))
         print("\n".join(_view_lines(Path(tmp), args.mib, installed_command("mount.ctdsfs"),
-                                     args.rounds, settings)))
+                                     args.rounds, settings, args.only)))
 
 
 if __name__ == "__main__":
