@@ -6,7 +6,9 @@ and by the default number, beside squashfuse_ll and the pyfuse3 floor.
 - a cold sequential read of that file; ``find`` and ``tar`` of a tree of small files;
 - decoded views (a TileDB ``dense/v.npy``, a bcolz ``array.npy``, ``columns/DATA.npy`` of a
   MeasurementSet): the whole file read by 1, 2 and 4 readers in parallel, each its own
-  share in 1 MiB reads (page cache dropped, a fresh mount each time).
+  share in 1 MiB reads (page cache dropped, a fresh mount each time; timed from the
+  moment every reader has started), with the mount's CPU seconds. The section runs alone
+  with ``--views`` (see ``main``).
 
 Best of ``rounds`` for each figure. The target: with the default, cold 4 KiB random reads
 at least 0.9x squashfuse_ll at every job count, one reader no slower than with one
@@ -31,6 +33,9 @@ path, part, parts = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 fd = os.open(path, os.O_RDONLY)
 size = os.fstat(fd).st_size
 start, end = size * part // parts, size * (part + 1) // parts
+sys.stdout.write("ready\n")
+sys.stdout.flush()
+sys.stdin.readline()  # (the start: every reader is ready)
 while start < end:
     got = os.pread(fd, min(1 << 20, end - start), start)
     if not got:
@@ -40,10 +45,19 @@ while start < end:
 
 
 def _parallel_seconds(path, readers):
-    """Seconds for ``readers`` processes to read ``path`` whole, each its own share."""
-    began = time.perf_counter()
+    """Seconds for ``readers`` processes to read ``path`` whole, each its own share, from
+    the moment all of them are started and have the file open (Python's start, which
+    several readers pay side by side on the same cores, is not the file system's)."""
     procs = [subprocess.Popen([sys.executable, "-c", SHARE_READER, str(path), str(i),
-                               str(readers)]) for i in range(readers)]
+                               str(readers)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              text=True) for i in range(readers)]
+    for proc in procs:
+        if proc.stdout.readline() != "ready\n":
+            raise RuntimeError(f"a reader of {path} failed to start")
+    began = time.perf_counter()
+    for proc in procs:
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
     for proc in procs:
         if proc.wait():
             raise RuntimeError(f"a reader of {path} failed")
