@@ -296,3 +296,28 @@ def test_pieces_side_by_side_in_the_arena_are_served_as_one_view(arena):
     assert bytes(cache.joined([a, b])) == _piece("a", 64 << 10) + _piece("b", 64 << 10)
     assert cache.joined([a, c]) is None
     assert cache.joined([memoryview(_piece("a", 64 << 10)), b]) is None
+
+
+def test_a_piece_that_fails_to_decode_fails_for_every_worker_and_the_others_are_shared(arena):
+    """A damaged piece (its decoding raises) while another worker waits for it: each
+    worker gets the error for that piece alone, nothing of it is held, and a healthy
+    piece read beside it is decoded once and shared."""
+    from ctdsfs.errors import BlockError
+
+    def work():
+        cache = DecodedCache(1 << 20, "damaged")
+        failed = []
+        try:
+            cache.get_or_load("bad", 0, lambda: time.sleep(0.2) or (_ for _ in ()).throw(
+                BlockError("tile 3: bad checksum")))
+        except BlockError as exc:
+            failed.append(str(exc))
+        good = bytes(cache.get_or_load("good", 0, lambda: _piece("good"))) == _piece("good")
+        arena.unpin()
+        return {"failed": failed, "good": good}
+    children = [_in_child(arena, work) for _ in range(3)]
+    assert [_result(*child) for child in children] == \
+        [{"failed": ["tile 3: bad checksum"], "good": True}] * 3
+    assert not arena.held(digest_of("damaged", "bad", 0))
+    assert arena.held(digest_of("damaged", "good", 0))
+    assert arena.stats()["decoded"] == 3 + 1  # (each worker tried the bad one; the good once)
