@@ -52,8 +52,8 @@ LOADERS = 1024  # bytes locked by the workers decoding (one each per piece being
 PIN_SLOTS = 128  # processes that may pin pieces (a slot each, taken by ``attach``)
 PINS = 8  # pieces a worker may pin at once (one request's); more are copied
 PIN = struct.Struct("<QQ")  # a pinned piece's place in the ring: offset + 1, length
-LOCK_BASE = 1 << 40  # where in the file the loaders' bytes are (nothing is stored there)
-PIN_LOCK_BASE = LOCK_BASE + LOADERS  # the pin slots' bytes, locked by their workers
+LOCK_BASE = 1 << 40  # where in the file the locked bytes are (nothing is stored there):
+PIN_BYTES = LOADERS  # the loaders' first, then the pin slots' (each locked by its worker)
 PIECE_SHARE = 4  # a piece larger than the ring over this is not shared
 WAIT_STEPS = 64  # looks again after a wait before giving up and decoding without the arena
 # Seconds a worker waits for the lock, or for another's decoding, before it does without
@@ -105,7 +105,7 @@ class SharedArena:
         fd = os.open(f"/proc/self/fd/{self._fd}", os.O_RDWR | os.O_CLOEXEC)
         for slot in range(PIN_SLOTS):
             try:
-                _ofd_lock(fd, fcntl.F_WRLCK, PIN_LOCK_BASE - LOCK_BASE + slot, wait=False)
+                _ofd_lock(fd, fcntl.F_WRLCK, PIN_BYTES + slot, wait=False)
             except OSError:
                 continue
             self._clear_pins(slot)
@@ -216,13 +216,14 @@ class SharedArena:
             if not pins:
                 continue
             if self._pin_slot is None or slot != self._pin_slot[0]:
-                if not _ofd_held(self._lock_fd_rw(), PIN_LOCK_BASE - LOCK_BASE + slot):
+                if not _ofd_held(self._lock_fd_rw(), PIN_BYTES + slot):
                     self._clear_pins(slot)  # (its worker died)
                     continue
             pinned += pins
         return pinned
 
     def _lock_fd_rw(self):
+        """An opening of this process's to ask the kernel about others' byte locks."""
         return self._pin_slot[1] if self._pin_slot is not None else self._lock_fd
 
     # -- what the workers call
