@@ -125,8 +125,9 @@ class SharedArena:
         self._set(field, self._get(field) + count)
 
     def _locked(self, function, *args):
-        """``function(*args)`` under the lock; ArenaBusy if it is not had in time."""
-        if not self._thread_lock.acquire(timeout=LOCK_PATIENCE):
+        """``function(*args)`` under the lock; ArenaBusy if it is not had in time (or this
+        process never attached: it does without the arena)."""
+        if self._lock_fd is None or not self._thread_lock.acquire(timeout=LOCK_PATIENCE):
             raise ArenaBusy
         try:
             if not _patiently(lambda: fcntl.flock(self._lock_fd,
