@@ -321,3 +321,27 @@ def test_a_piece_that_fails_to_decode_fails_for_every_worker_and_the_others_are_
     assert not arena.held(digest_of("damaged", "bad", 0))
     assert arena.held(digest_of("damaged", "good", 0))
     assert arena.stats()["decoded"] == 3 + 1  # (each worker tried the bad one; the good once)
+
+
+def test_a_worker_killed_while_filling_a_place_leaves_it_to_the_others(arena):
+    """A worker dies after taking a piece's place in the ring, before its bytes are all
+    there: nobody is served the piece's bytes from that place, the others write over it
+    as over any other (no piece kept for it), and a reader of the piece decodes it."""
+    read_end, write_end = os.pipe()
+    filler = os.fork()
+    if filler == 0:
+        arena.attach()
+        digest = digest_of("filled", "torn", 0)
+        _, (_, generation, _) = arena.look(digest)
+        arena._locked(arena._place, digest, generation, 512 << 10)
+        os.write(write_end, b"x")
+        time.sleep(3600)
+        os._exit(0)
+    os.read(read_end, 1)
+    os.kill(filler, signal.SIGKILL)
+    os.waitpid(filler, 0)
+    assert len(_result(*_in_child(arena, _fill(arena, "others", 16)))) == 16
+    assert arena.stats()["kept"] == 0
+    reader = _in_child(arena, lambda: bytes(DecodedCache(1 << 20, "filled").get_or_load(
+        "torn", 0, lambda: b"decoded again")).decode())
+    assert _result(*reader) == "decoded again"
