@@ -6,17 +6,21 @@ and by the default number, beside squashfuse_ll and the pyfuse3 floor.
 - a cold sequential read of that file; ``find`` and ``tar`` of a tree of small files;
 - decoded views (a TileDB ``dense/v.npy``, a bcolz ``array.npy``, ``columns/DATA.npy`` of a
   MeasurementSet): the whole file read by 1, 2 and 4 readers in parallel, each its own
-  share in 1 MiB reads (page cache dropped, a fresh mount each time).
+  share in 1 MiB reads (page cache dropped, a fresh mount each time; timed from the
+  moment every reader has started), with the mount's CPU seconds. The section runs alone
+  with ``--views`` (see ``main``).
 
 Best of ``rounds`` for each figure. The target: with the default, cold 4 KiB random reads
 at least 0.9x squashfuse_ll at every job count, one reader no slower than with one
 worker, parallel readers of a decoded view faster than one.
 
-Run alone with ``--walks`` (under ``flock /work/bench.lock`` on a shared machine), it
-times only the walks (``find`` and ``tar``: 1 worker, the default, squashfuse_ll,
-alternated within each round) with the CPU seconds of the mount's processes."""
+Run alone with ``--walks``, it times only the walks (``find`` and ``tar``: 1 worker, the
+default, squashfuse_ll, alternated within each round) with the CPU seconds of the
+mount's processes; with ``--views``, only the decoded views (``--workers 1,2,default``
+compared in one run)."""
 
 import argparse
+import contextlib
 import os
 import statistics
 import subprocess
@@ -40,6 +44,9 @@ path, part, parts = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 fd = os.open(path, os.O_RDONLY)
 size = os.fstat(fd).st_size
 start, end = size * part // parts, size * (part + 1) // parts
+sys.stdout.write("ready\n")
+sys.stdout.flush()
+sys.stdin.readline()  # (the start: every reader is ready)
 while start < end:
     got = os.pread(fd, min(1 << 20, end - start), start)
     if not got:
@@ -49,10 +56,19 @@ while start < end:
 
 
 def _parallel_seconds(path, readers):
-    """Seconds for ``readers`` processes to read ``path`` whole, each its own share."""
-    began = time.perf_counter()
+    """Seconds for ``readers`` processes to read ``path`` whole, each its own share, from
+    the moment all of them are started and have the file open (Python's start, which
+    several readers pay side by side on the same cores, is not the file system's)."""
     procs = [subprocess.Popen([sys.executable, "-c", SHARE_READER, str(path), str(i),
-                               str(readers)]) for i in range(readers)]
+                               str(readers)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              text=True) for i in range(readers)]
+    for proc in procs:
+        if proc.stdout.readline() != "ready\n":
+            raise RuntimeError(f"a reader of {path} failed to start")
+    began = time.perf_counter()
+    for proc in procs:
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
     for proc in procs:
         if proc.wait():
             raise RuntimeError(f"a reader of {path} failed")
@@ -65,15 +81,16 @@ def _decoded_views(tmp, mib):
 
     values = smooth_values(mib)
     uri = str(tmp / "w_tiledb")
-    write_dense_array(uri, values)
-    carr = bcolz.carray(values, rootdir=str(tmp / "w_bcolz"), mode="w",
-                        cparams=bcolz.cparams(clevel=5, cname="lz4", shuffle=1))
-    carr.flush()
+    if not os.path.exists(uri):  # (a directory kept from an earlier run has them all)
+        write_dense_array(uri, values)
+        carr = bcolz.carray(values, rootdir=str(tmp / "w_bcolz"), mode="w",
+                            cparams=bcolz.cparams(clevel=5, cname="lz4", shuffle=1))
+        carr.flush()
+        subprocess.run([sys.executable, os.path.join(
+            os.path.dirname(__file__), os.pardir, "tests", "formats", "casacore",
+            "casacore_column_tables.py"), "ms", str(tmp / "w_columns.ms"),
+            str(max(256, (mib << 20) // 2163))], check=True)
     ms = tmp / "w_columns.ms"
-    subprocess.run([sys.executable, os.path.join(os.path.dirname(__file__), os.pardir, "tests",
-                                                 "formats", "casacore",
-                                                 "casacore_column_tables.py"),
-                    "ms", str(ms), str(max(256, (mib << 20) // 2163))], check=True)
     return {"TileDB dense/v.npy": (uri, [], "dense/v.npy"),
             "bcolz array.npy": (str(tmp / "w_bcolz"), [], "array.npy"),
             "columns/DATA.npy": (str(ms), ["columns"], "columns/DATA.npy")}
@@ -185,54 +202,104 @@ def workers_figures(tmp, pool, quick=False, rounds=2):
     return lines
 
 
-def _default_workers():
+def _default_workers(decoded=False):
     from ctdsfs.mount import default_workers
 
-    return default_workers(remote=False)
+    return default_workers(remote=False, decoded=decoded)
 
 
-def _view_lines(tmp, mib, mount_ctdsfs, rounds):
-    views = _decoded_views(tmp, mib)
+def _daemon_cpu_seconds(pid):
+    """CPU seconds the mount's daemon and its live workers have spent so far."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for proc in [pid] + _children(pid):
+        try:
+            with open(f"/proc/{proc}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except FileNotFoundError:
+            continue
+        total += sum(int(v) for v in fields[11:15 if proc == pid else 13])
+    return total / ticks
+
+
+def _children(pid):
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(p) for p in f.read().split()]
+    except FileNotFoundError:
+        return []
+
+
+def _view_lines(tmp, mib, mount_ctdsfs, rounds, settings=("workers=1", None), only=None):
+    """Seconds to read each decoded view whole by 1, 2, 4 readers with each of the worker
+    ``settings`` (an ``-o`` item, None: the default), and the CPU seconds the mount's
+    processes spent meanwhile (less sensitive to other load than the time). The rounds
+    alternate the settings, so that load from elsewhere falls on each alike."""
+    views = {name: view for name, view in _decoded_views(tmp, mib).items()
+             if only is None or any(o.lower() in name.lower() for o in only.split(","))}
+    names = [s or f"default ({_default_workers(True)})" for s in settings]
     lines = [f"decoded views ({mib} MiB of float64 each): seconds to read the view whole by "
              f"{', '.join(map(str, READERS))} readers in parallel (each its share), "
-             f"best of {rounds}; 1 worker / the default"]
+             f"best of {rounds}, with {' / '.join(names)}; in [] the CPU seconds of the "
+             f"mount's processes (daemon and workers), least of the rounds"]
     mnt = tmp / "w_view"
     for name, (source, options, inside) in views.items():
-        cells = []
-        for workers in ("workers=1", None):
-            opts = ",".join(options + ([workers] if workers else []))
-            cmd = [mount_ctdsfs, "-f", source] + (["-o", opts] if opts else [])
-            for readers in READERS:
-                times = []
-                for _ in range(rounds):
-                    with Mounted(cmd + [str(mnt)], str(mnt)):
+        times, cpus = {}, {}
+        for _ in range(rounds):
+            for setting in settings:
+                opts = ",".join(options + ([setting] if setting else []))
+                cmd = [mount_ctdsfs, "-f", source] + (["-o", opts] if opts else [])
+                for readers in READERS:
+                    with Mounted(cmd + [str(mnt)], str(mnt)) as mounted:
                         drop_caches()
-                        times.append(_parallel_seconds(mnt / inside, readers))
-                cells.append(min(times))
-        one, default = cells[:len(READERS)], cells[len(READERS):]
-        lines.append(f"  {name:<22} 1 worker: " + " ".join(f"{t:6.2f}" for t in one)
-                     + "   default: " + " ".join(f"{t:6.2f}" for t in default)
-                     + f"   (default, {READERS[-1]} readers vs 1: "
-                     f"{default[0] / default[-1]:.2f}x)")
+                        before = _daemon_cpu_seconds(mounted.proc.pid)
+                        seconds = _parallel_seconds(mnt / inside, readers)
+                        cpu = _daemon_cpu_seconds(mounted.proc.pid) - before
+                    key = setting, readers
+                    times[key] = min(times.get(key, seconds), seconds)
+                    cpus[key] = min(cpus.get(key, cpu), cpu)
+        for setting, label in zip(settings, names):
+            lines.append(f"  {name:<22} {label:<13}" + " ".join(
+                f"{times[setting, r]:6.2f}" for r in READERS) + "   CPU [" + " ".join(
+                f"{cpus[setting, r]:5.2f}" for r in READERS) + "]"
+                + f"   ({READERS[-1]} readers vs 1: "
+                f"{times[setting, READERS[0]] / times[setting, READERS[-1]]:.2f}x)")
     return lines
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--walks", action="store_true", required=True,
-                        help="time only the walks (find, tar)")
+    part = parser.add_mutually_exclusive_group(required=True)
+    part.add_argument("--walks", action="store_true", help="time only the walks (find, tar)")
+    part.add_argument("--views", action="store_true", help="the decoded views' section only")
     parser.add_argument("--rounds", type=int, default=3, help="alternated rounds")
-    parser.add_argument("--files", type=int, default=20_000, help="small files in the tree")
+    parser.add_argument("--files", type=int, default=20_000, help="--walks: small files")
+    parser.add_argument("--mib", type=int, default=32, help="--views: size of each view (MiB)")
+    parser.add_argument("--workers", default="1,default",
+                        help="--views: worker counts to compare, in one run (e.g. 1,2,default)")
+    parser.add_argument("--only", help="--views: only the views whose name has one of these "
+                        "(e.g. tiledb,bcolz)")
+    parser.add_argument("--keep", help="--views: a directory for the views, made once and "
+                        "reused")
     parser.add_argument("--dir", default="/var/tmp", help="scratch directory")
     args = parser.parse_args()
-    import numpy as np
+    if args.walks:
+        import numpy as np
 
-    pool = np.random.default_rng(0).bytes(1 << 24)
-    with tempfile.TemporaryDirectory(dir=args.dir, prefix="ctdsfs-walks.") as tmp:
-        for line in walks_figures(Path(tmp), pool, files=args.files,
-                                  dirs=max(1, args.files // 100), rounds=args.rounds):
-            print(line, flush=True)
+        pool = np.random.default_rng(0).bytes(1 << 24)
+        with tempfile.TemporaryDirectory(dir=args.dir, prefix="ctdsfs-walks.") as tmp:
+            for line in walks_figures(Path(tmp), pool, files=args.files,
+                                      dirs=max(1, args.files // 100), rounds=args.rounds):
+                print(line, flush=True)
+        return
+    settings = tuple(None if w == "default" else f"workers={int(w)}"
+                     for w in args.workers.split(","))
+    with contextlib.ExitStack() as stack:
+        tmp = args.keep or stack.enter_context(
+            tempfile.TemporaryDirectory(dir=args.dir, prefix="ctdsfs-bench."))
+        print("\n".join(_view_lines(Path(tmp), args.mib, installed_command("mount.ctdsfs"),
+                                     args.rounds, settings, args.only)))
 
 
 if __name__ == "__main__":

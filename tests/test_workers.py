@@ -3,8 +3,10 @@ every worker gives the same answers (inode numbers, handles), a worker's death n
 leaves a reader hanging, and the mount ends with every worker."""
 
 import hashlib
+import io
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -351,3 +353,92 @@ def test_the_workers_start_with_the_root_learnt(small_files, mount):
     m = mount(small_files, ["workers=4", "no_index"])
     os.stat(m.mountpoint)
     assert _bytes_read(_workers(m, 4)) < 60 * 512
+
+
+SHARE_READER = r"""
+import hashlib, os, sys
+path, part, parts = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+fd = os.open(path, os.O_RDONLY)
+size = os.fstat(fd).st_size
+start, end = size * part // parts, size * (part + 1) // parts
+digest = hashlib.md5()
+while start < end:
+    got = os.pread(fd, min(1 << 20, end - start), start)
+    assert got, "cut short"
+    digest.update(got)
+    start += len(got)
+sys.stdout.write(digest.hexdigest())
+"""
+
+
+def _read_in_parallel(path, readers):
+    """The md5 of each share of ``path``, read by ``readers`` processes at once."""
+    procs = [subprocess.Popen([sys.executable, "-c", SHARE_READER, str(path), str(i),
+                               str(readers)], stdout=subprocess.PIPE) for i in range(readers)]
+    return [p.communicate(timeout=120)[0].decode() for p in procs]
+
+
+def _decoded_pieces(log):
+    """Pieces decoded for the mount, from the daemon's last line about the arena."""
+    found = re.findall(r"decoded pieces the workers shared: (\d+) decoded", log)
+    assert found, log
+    return int(found[-1])
+
+
+def _decoded_view(tmp_path, kind, values, pieces):
+    """(source, path of the view in the mount) of ``values`` in ``pieces`` tiles or chunks."""
+    import numpy as np
+
+    if kind == "bcolz":
+        import bcolz
+
+        bcolz.carray(values, rootdir=str(tmp_path / "carray"), mode="w",
+                     chunklen=len(values) // pieces).flush()
+        return tmp_path / "carray", "array.npy"
+    import tiledb
+
+    uri = str(tmp_path / "dense")
+    tiledb.Array.create(uri, tiledb.ArraySchema(
+        domain=tiledb.Domain(tiledb.Dim("i", domain=(0, len(values) - 1),
+                                        tile=len(values) // pieces, dtype=np.int64)),
+        attrs=[tiledb.Attr("v", dtype=np.float64,
+                           filters=tiledb.FilterList([tiledb.ZstdFilter(level=1)]))]))
+    with tiledb.open(uri, "w") as array:
+        array[:] = values
+    return uri, "dense/v.npy"
+
+
+@pytest.mark.fuse
+@pytest.mark.parametrize("kind", ["tiledb", "bcolz"])
+def test_the_workers_decode_each_piece_of_a_decoded_view_once(tmp_path, mount, kind):
+    """A view of 16 tiles (chunks) read whole by one reader, then by two at once, each its
+    half, by four, and by two again after every worker was killed (the page cache dropped
+    each time): every reader gets the view's bytes, and each piece was decoded once for
+    the mount, whichever worker a reader's requests reached (the workers started in the
+    killed ones' place serve what those decoded)."""
+    import numpy as np
+
+    values = np.round(np.sin(np.arange(16 << 17) * 1e-3) * 1000, 3)
+    source, inside = _decoded_view(tmp_path, kind, values, 16)
+    m = mount(source, ["workers=2"])
+    view = m.mountpoint / inside
+    shown = view.read_bytes()
+    assert np.array_equal(np.load(io.BytesIO(shown)), values)
+    size = len(shown)
+
+    def expected(readers):
+        return [hashlib.md5(shown[size * i // readers:size * (i + 1) // readers]).hexdigest()
+                for i in range(readers)]
+    for readers in (2, 4):
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("1")
+        assert _read_in_parallel(view, readers) == expected(readers)
+    old = _workers(m, 2)
+    for pid in old:
+        os.kill(pid, signal.SIGKILL)
+    _wait_for(lambda: len(_children(m.proc.pid) - old) == 2)
+    with open("/proc/sys/vm/drop_caches", "w") as f:
+        f.write("1")
+    assert _read_in_parallel(view, 2) == expected(2)
+    m.close()
+    assert _decoded_pieces(m.log.read_text()) == 16

@@ -20,7 +20,11 @@ by one worker, as by one process; the readahead the kernel sends beside it, and 
 readers, go to the next idle ones.
 
 Every worker answers alike: inode numbers come from a table they share
-(``vfs.shared_inodes``), and a handle is its inode number.
+(``vfs.shared_inodes``), and a handle is its inode number. The workers decode a piece
+(a TileDB tile, a bcolz chunk) once for the mount, whichever worker a reader's requests
+reach, and serve it from the pages of an arena made before the fork
+(``io.shared_arena``): each worker is done with the pieces it served once it waits
+for its next request.
 """
 
 import contextlib
@@ -36,6 +40,8 @@ import pyfuse3
 import trio
 
 from .fuse_adapter import mount_session, serve_loop, set_readahead
+from .io import decoded_cache
+from .io.shared_arena import SharedArena
 from .vfs.filesystem import ROOT_INO, FSError
 from .vfs.shared_inodes import SharedInodes
 
@@ -65,8 +71,9 @@ class Gate:
     from its check that a request waits until the request is read) and reads only if
     one still waits."""
 
-    def __init__(self, device_fd, claim_fd):
+    def __init__(self, device_fd, claim_fd, arena):
         self.device_fd = device_fd
+        self._arena = arena
         self._claim_fd = claim_fd
         self._claimed = False
         self._closed = False
@@ -79,6 +86,7 @@ class Gate:
         if fd != self.device_fd:
             return await trio.lowlevel.wait_readable(fd)
         self.read_done()
+        self._arena.unpin()  # (the answer before is written: the kernel has its bytes)
         while not self._closed:
             if self._epoll.poll(IDLE_POLL_SECONDS):
                 fcntl.flock(self._claim_fd, fcntl.LOCK_EX)
@@ -144,7 +152,7 @@ def _session_fd():
     raise OSError("no /dev/fuse descriptor after the mount")
 
 
-def _worker(operations, device_fd, claim_file, table, blocked):
+def _worker(operations, device_fd, claim_file, table, arena, blocked):
     """A worker's life, in the forked child: a descriptor of its own, then serve."""
     status = 1
     try:
@@ -154,8 +162,9 @@ def _worker(operations, device_fd, claim_file, table, blocked):
         os.dup2(clone, device_fd, inheritable=False)
         os.close(clone)
         table.after_fork()
+        arena.attach()
         claim_fd = os.open(f"/proc/self/fd/{claim_file}", os.O_RDONLY | os.O_CLOEXEC)
-        operations.gate = gate = Gate(device_fd, claim_fd)
+        operations.gate = gate = Gate(device_fd, claim_fd, arena)
         pyfuse3.trio = _TrioWaitingWith(gate.wait_readable)
         stopped = trio.run(serve_loop, operations, None, None, 1)
         status = STOPPED_BY_SIGNAL if stopped else 0
@@ -244,14 +253,18 @@ def _learn_the_root(fs):
         pass  # (the worker that answers the kernel's own request says why)
 
 
-def serve_workers(operations, mountpoint, fuse_options, on_mounted=None, *, count):
+def serve_workers(operations, mountpoint, fuse_options, on_mounted=None, *, count,
+                  decoded=False):
     """Like ``fuse_adapter.serve``, for a read-only mount served by ``count`` workers:
     mount, answer INIT, call ``on_mounted()``, fork the workers, supervise them until
-    the mount ends."""
+    the mount ends. ``decoded``: the mount shows decoded views (their arena's pages are
+    made before the workers start)."""
     target = os.path.realpath(mountpoint)  # resolved before it becomes our own mount
     mount_session(operations, mountpoint, fuse_options)
     table = SharedInodes(ROOT_INO + 1)
     operations.fs.share_inodes(table)
+    arena = SharedArena(decoded_cache.ARENA_BYTES, populate=decoded)
+    decoded_cache.share_through(arena)
     claim_file = os.memfd_create("ctdsfs-claim", os.MFD_CLOEXEC)
     blocked = signal.pthread_sigmask(signal.SIG_BLOCK, SUPERVISOR_SIGNALS)
     supervisor = None
@@ -264,7 +277,7 @@ def serve_workers(operations, mountpoint, fuse_options, on_mounted=None, *, coun
         def start():
             pid = os.fork()
             if pid == 0:
-                _worker(operations, device_fd, claim_file, table, blocked)
+                _worker(operations, device_fd, claim_file, table, arena, blocked)
             return pid
 
         if on_mounted is not None:
@@ -285,6 +298,13 @@ def serve_workers(operations, mountpoint, fuse_options, on_mounted=None, *, coun
         pyfuse3.close(unmount=supervisor is None or supervisor.stopping)
         if supervisor is not None:
             supervisor.stop()
+            arena.attach()
+            stats = arena.stats()
+            if stats is not None:
+                log.info("decoded pieces the workers shared: %(decoded)d decoded, %(served)d "
+                         "served from the arena, %(taken_over)d decodings taken over from a "
+                         "worker that died, %(kept)d kept by their decoder (their place "
+                         "pinned), %(bytes)d bytes held", stats)
         signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
         if supervisor is None:
             operations.fs.close()

@@ -317,8 +317,8 @@ def default_workers(remote, decoded=False):
     """Worker processes of a read-only mount when ``workers`` is not given: two per core
     the process may run on, capped; one for a remote source (``mount`` says why), and one
     where the files shown are ``decoded`` views (``-o columns``, a TileDB array, a bcolz
-    rootdir): each worker would decode the same pieces for itself, so one reader would
-    be slower with several."""
+    rootdir): the workers share what they decode, but their machinery made one reader
+    slower with several, and parallel readers no faster (docs/benchmarks.md)."""
     if remote or decoded:
         return 1
     return min(2 * len(os.sched_getaffinity(0)), DEFAULT_WORKERS_MAX)
@@ -396,7 +396,7 @@ def mount(source, mountpoint, opts, foreground=False):
     if workers > 1:
         from .fuse_workers import serve_workers
 
-        serve = functools.partial(serve_workers, count=workers)
+        serve = functools.partial(serve_workers, count=workers, decoded=bool(decoded))
     if foreground:
         serve(operations, mountpoint, fuse_options)
         return 0

@@ -146,7 +146,7 @@ def test_tiles_decoded_ahead_only_for_a_reader_going_in_order(tmp_path):
 
     def pending(i):
         key = (frag.path, 0, "data", i)
-        return key in TILES._loading or TILES.get(key, frag) is not None
+        return key in TILES._loading or TILES.get(key, frag.identity) is not None
 
     frag._tile(0, "data", 5)
     assert not any(pending(i) for i in range(6, 10))
@@ -177,10 +177,11 @@ def test_reads_of_decoded_tiles_are_answered_at_once(tmp_path):
     """A read whose tiles are decoded says so (the mount then answers it without a
     thread's hop), in a fragment's file and in dense/; one that needs a tile not
     decoded, or before the file's layout is worked out, does not."""
-    uri = str(tmp_path / "held")
-    make(uri, [("i", (0, 999), 100)])
-    write(uri, 1, [slice(0, 1000)])
-    for view in (open_container(uri).nested("dense"), open_container(uri).nested("fragments")):
+    for folder in ("dense", "fragments"):  # (an array each: they would share its tiles)
+        uri = str(tmp_path / folder)
+        make(uri, [("i", (0, 999), 100)])
+        write(uri, 1, [slice(0, 1000)])
+        view = open_container(uri).nested(folder)
         if "a.npy" not in view.names():
             view = view.nested(view.names()[0])
             view.names()

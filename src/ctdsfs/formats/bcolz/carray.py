@@ -88,7 +88,7 @@ class Carray(View):
         super().__init__(label or path, writable)
         self.root, self.prefix = path, column or ""
         self.path = os.path.join(path, self.prefix) if column else path
-        self.cache = cache or DecodedCache()
+        self.cache = cache or DecodedCache(name="bcolz chunks")
         self.appendable = column is None  # (a ctable's columns grow together: not one alone)
         self._partial = bytearray()  # appended bytes not yet ending on an item boundary
         # where the last piece of a write the kernel may continue ended (else None), and
@@ -246,7 +246,7 @@ class Carray(View):
 
     def _cached_or_decoded(self, number, fd, identity, ahead=False):
         return self.cache.get_or_load((self.path, number), identity,
-                                      lambda: self._decode(number, fd, identity, ahead))
+                                      lambda: self._decode(number, fd, identity, ahead), ahead)
 
     def _decode(self, number, fd, identity, ahead):
         """Chunk ``number`` as a read-only view of its place in ``windows``: its file read
@@ -275,11 +275,10 @@ class Carray(View):
                                                (end - 1) // self.chunk_bytes + 1)))
 
     def _held_chunk(self, number):
-        """Whether chunk ``number`` is decoded in memory for its file as last seen (no
-        system call: a read checks the file again)."""
+        """Whether chunk ``number`` is decoded in memory (here or in the workers' arena) for
+        its file as last seen (no system call: a read checks the file again)."""
         identity = self._chunks.get(number, (None, None))[0]
-        return identity is not None and \
-            self.cache.get((self.path, number), identity) is not None
+        return identity is not None and self.cache.has((self.path, number), identity)
 
     def cached(self, key, offset, size):
         entry = self._entries.get(key) if key == "array.npy" else None
@@ -291,13 +290,16 @@ class Carray(View):
         walking the folders without links took 5 system calls a chunk): it may follow a
         link in a folder, but only to serve bytes decoded from the very file (device and
         inode) that was opened the safe way, so no byte from outside the rootdir."""
+        identity = self._file_identity_now(number)
+        return None if identity is None else self.cache.get((self.path, number), identity)
+
+    def _file_identity_now(self, number):
+        """The identity of chunk ``number``'s file as it is now (one lstat), or None."""
         try:
             st = os.lstat(os.path.join(self.root, self._superchunk(number)))
         except OSError:
             return None
-        if not stat.S_ISREG(st.st_mode):
-            return None
-        return self.cache.get((self.path, number), file_identity(st))
+        return file_identity(st) if stat.S_ISREG(st.st_mode) else None
 
     def _read_ahead(self, first, number):
         """A reader going through the chunks in order (a read from chunk ``first`` to
@@ -319,7 +321,8 @@ class Carray(View):
     def _decode_quietly(self, number, ahead=False):
         """Chunk ``number`` into the cache; a problem is for the reader who wants it."""
         with contextlib.suppress(CtdsfsError, OSError):
-            if self._cached_chunk(number) is None:
+            identity = self._file_identity_now(number)
+            if identity is None or not self.cache.has((self.path, number), identity):
                 self._with_chunk(number, lambda _, fd, identity: self._cached_or_decoded(
                     number, fd, identity, ahead), parse=False)
 
@@ -338,7 +341,8 @@ class Carray(View):
                 shared_pool("bcolz-ahead", CHUNKS_AHEAD).submit(self._decode_quietly, number)
         chunks = [self._chunk_data(number) for number in range(first, last + 1)]
         if end <= stored and chunks:
-            whole = self.windows.joined(first, chunks) if len(chunks) > 1 else chunks[0]
+            whole = (self.windows.joined(first, chunks) or self.cache.joined(chunks)) \
+                if len(chunks) > 1 else chunks[0]
             if whole is not None:
                 within = start - first * self.chunk_bytes
                 return memoryview(whole)[within:within + end - start]

@@ -47,7 +47,7 @@ class Ctable(View):
     def __init__(self, path, *, writable=False):
         super().__init__(path, writable)
         self.path = path
-        self.cache = DecodedCache()
+        self.cache = DecodedCache(name="bcolz chunks")
         names = read_json(path, "__rootdirs__").get("names")
         if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
             raise FormatError(f"{path}: __rootdirs__: names is not a list of strings")

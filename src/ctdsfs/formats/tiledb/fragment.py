@@ -15,6 +15,7 @@ import numpy as np
 from ...container import DerivedView, name_problem
 from ...errors import BlockError, CtdsfsError, FormatError
 from ...io.beneath import lstat_beneath
+from ...io.blosc_chunk import file_identity
 from ...io.buffers import spare_buffer
 from ...io.decoded_cache import DecodedCache, shared_pool
 from ...io.directory import PlainDirectory
@@ -27,7 +28,7 @@ from .schema import MAX_TILE_BYTES, json_bytes, sums
 
 log = logging.getLogger(__name__)
 
-TILES = DecodedCache(128 << 20)  # decoded tiles of every fragment, bounded by bytes
+TILES = DecodedCache(128 << 20, "tiledb tiles")  # decoded tiles of every fragment, by bytes
 TILES_AHEAD = 3  # a read of tile i has tiles i+1.. decoded ahead, while the cache holds them
 
 
@@ -75,6 +76,21 @@ class Fragment(TileDBDirectory):
         self._counts = None
         self._var_bases = {}  # field index -> where each var tile starts in FIELD.data
         self._hidden = {}  # field name -> files not shown, with the reason
+        self._identity = None
+
+    @property
+    def identity(self):
+        """What the fragment's tiles are valid for: its folder and its metadata file (a
+        fragment is written once; one written again has a new metadata file), the same
+        in every worker process; the object itself (its tiles stay in this process) if
+        that file cannot be looked at."""
+        if self._identity is None:
+            try:
+                self._identity = (self.path,) + file_identity(lstat_beneath(
+                    self.array.path, os.path.join(self.rel, "__fragment_metadata.tdb")))
+            except (OSError, CtdsfsError):
+                self._identity = self
+        return self._identity
 
     def _load_meta(self):
         if self.meta is None:
@@ -184,7 +200,7 @@ class Fragment(TileDBDirectory):
     def _offsets_piece(self, index, i):
         """Tile i's cell offsets made global (into FIELD.data), worked out once; the last
         tile adds the end."""
-        return TILES.get_or_load((self.path, index, "global offsets", i), self,
+        return TILES.get_or_load((self.path, index, "global offsets", i), self.identity,
                                  lambda: self._global_offsets(index, i))
 
     def _global_offsets(self, index, i):
@@ -244,18 +260,17 @@ class Fragment(TileDBDirectory):
         requests at a time), none for a random read."""
         if kind == "offsets":  # decoding the var tile gives them
             self._tile(index, "var", i)
-            data = TILES.get((self.path, index, kind, i), self)
+            data = TILES.get((self.path, index, kind, i), self.identity)
             return data if data is not None else self._decode(index, "var", i)[1]
         key = (self.path, index, kind, i)
-        data = TILES.get(key, self)
-        before = TILES.get((self.path, index, kind, i - 1), self) if i else None
-        in_order = i == 0 or before is not None  # (a random read has nothing decoded ahead)
+        data = TILES.get(key, self.identity)
+        # (a random read has nothing decoded before its tile)
+        in_order = i == 0 or TILES.has((self.path, index, kind, i - 1), self.identity)
         if in_order:  # (asked for before this tile is decoded: the next tiles' disk reads
             # and decoding overlap this one's, the first tile of a file's too)
-            known = data if data is not None else before
-            self._decode_ahead(index, kind, i, None if known is None else len(known))
+            self._decode_ahead(index, kind, i, None if data is None else len(data))
         if data is None:
-            data = TILES.get_or_load(key, self,
+            data = TILES.get_or_load(key, self.identity,
                                      lambda: self._decoded(index, kind, i, parallel=True))
             if in_order:
                 self._decode_ahead(index, kind, i, len(data))
@@ -263,7 +278,7 @@ class Fragment(TileDBDirectory):
 
     def tile_held(self, index, kind, i):
         """Whether ``_tile(index, kind, i)`` is decoded and in the cache."""
-        return TILES.get((self.path, index, kind, i), self) is not None
+        return TILES.has((self.path, index, kind, i), self.identity)
 
     def _decode_ahead(self, index, kind, i, tile_bytes):
         """Have tiles i+1.. decoded ahead by the pool's threads, as many as the cache holds
@@ -271,7 +286,7 @@ class Fragment(TileDBDirectory):
         while that is not known)."""
         room = 1 if tile_bytes is None else max(0, TILES.limit // max(tile_bytes, 1) - 2)
         for ahead in range(i + 1, min(i + 1 + min(TILES_AHEAD, room), len(self._counts or ()))):
-            TILES.load_ahead((self.path, index, kind, ahead), self,
+            TILES.load_ahead((self.path, index, kind, ahead), self.identity,
                              lambda ahead=ahead: self._decoded(index, kind, ahead, False),
                              shared_pool("tiledb-ahead", TILES_AHEAD).submit)
 
@@ -279,7 +294,7 @@ class Fragment(TileDBDirectory):
         """``_decode``'s tile; the offsets it finds in a var tile go into the cache."""
         data, offsets = self._decode(index, kind, i, parallel)
         if offsets is not None:
-            TILES.put((self.path, index, "offsets", i), self, offsets)
+            TILES.put((self.path, index, "offsets", i), self.identity, offsets)
         return data
 
     def _decode(self, index, kind, i, parallel=True):
