@@ -49,7 +49,7 @@ ANTENNA_ROWS = 1 << 16  # rows of ANTENNA1/ANTENNA2 read at a time (AF needs eac
 # a piece (see DyscoReader.read): a power of two rows, so the mount's reads of a power of
 # two rows fall within one; at least 4 MiB, where numpy asks for huge pages
 PIECE_BYTES = 8 << 20
-PIECES_AHEAD = 2  # pieces decoded ahead of a reader going through a column
+PIECES_AHEAD = 3  # pieces decoded ahead of a reader going through a column
 BITS = (2, 3, 4, 6, 8, 10, 12, 16)  # the symbol widths Dysco packs
 NORMALISATIONS = ("AF", "RF", "Row")
 AF, RF, ROW = 0, 1, 2
@@ -229,6 +229,15 @@ class DyscoReader:
                 for number, piece in enumerate(pieces, first)]
         return rows[0] if len(rows) == 1 else np.concatenate(rows)
 
+    def decoded_already(self, col, start, stop):
+        """Whether rows ``start..stop`` lie in pieces decoded (ahead) and kept."""
+        part = self.parts[col.name]
+        if stop <= start or not self.rows_per_block:
+            return False
+        return all(self._pieces.get((col.name, number), self._generation) is not None
+                   for number in range(start // part.piece_rows,
+                                       (stop - 1) // part.piece_rows + 1))
+
     def _piece_rows(self, part, number):
         start = number * part.piece_rows
         return start, min(self.table.nrow, start + part.piece_rows)
@@ -254,17 +263,19 @@ class DyscoReader:
 
     def _decode(self, part, start, stop):
         """Rows ``start..stop`` decoded into a new array."""
-        out = np.zeros((stop - start, part.channels, part.pols), part.dtype)
         if stop <= start or not self.rows_per_block:
-            return out
+            return np.zeros((max(0, stop - start), part.channels, part.pols), part.dtype)
+        # (not zeros: the memory of pieces dropped before is used again, not cleared)
+        out = np.empty((stop - start, part.channels, part.pols), part.dtype)
         rows = self.rows_per_block
         antennas = None
         if not part.weight and self.normalization == AF:
             antennas = self._antennas(start, stop)
         for block in range(start // rows, (stop - 1) // rows + 1):
-            if block >= self.blocks:
-                break
             first, end = max(start, block * rows), min(stop, (block + 1) * rows)
+            if block >= self.blocks:  # (past the end of the file: zeros)
+                out[first - start:] = 0
+                break
             into = out[first - start:end - start]
             within = (first - block * rows, end - block * rows)
             with np.errstate(all="ignore"):  # (NaN and infinite values decode as such)
