@@ -271,14 +271,14 @@ class DyscoReader:
         antennas = None
         if not part.weight and self.normalization == AF:
             antennas = self._antennas(start, stop)
-        for block in range(start // rows, (stop - 1) // rows + 1):
-            first, end = max(start, block * rows), min(stop, (block + 1) * rows)
-            if block >= self.blocks:  # (past the end of the file: zeros)
-                out[first - start:] = 0
-                break
-            into = out[first - start:end - start]
-            within = (first - block * rows, end - block * rows)
-            with np.errstate(all="ignore"):  # (NaN and infinite values decode as such)
+        with np.errstate(all="ignore"):  # (NaN and infinite values decode as such)
+            for block in range(start // rows, (stop - 1) // rows + 1):
+                first, end = max(start, block * rows), min(stop, (block + 1) * rows)
+                if block >= self.blocks:  # (past the end of the file: zeros)
+                    out[first - start:] = 0
+                    break
+                into = out[first - start:end - start]
+                within = (first - block * rows, end - block * rows)
                 if part.weight:
                     self._weights(part, block, within, into)
                 else:
@@ -355,6 +355,16 @@ class DyscoReader:
         stop = min(part.symbol_bytes, -(-end * part.symbols_per_row * part.bits // 8))
         return self._read("raw", at + begin, stop - begin, "block symbols"), bit
 
+    def _block_start(self, part, block, rows):
+        """(the block's factors, its symbols of ``rows`` as ``_symbols`` gives them): rows
+        from the block's first are read with the factors before them in one read."""
+        if rows[0]:
+            return self._factors(part, block), self._symbols(part, block, *rows)
+        size = 4 * part.meta
+        stop = min(part.symbol_bytes, -(-rows[1] * part.symbols_per_row * part.bits // 8))
+        data = self._read("raw", self._block_at(part, block), size + stop, "block")
+        return data[:size].view("<f4").astype(np.float64), (data[size:], 0)
+
     def _chunks(self, part, within):
         """The rows ``within`` the block in runs of about CHUNK_SYMBOLS symbols."""
         step = max(1, CHUNK_SYMBOLS // part.symbols_per_row)
@@ -366,9 +376,12 @@ class DyscoReader:
             raise FormatError(f"{self.name}: a block's sizes do not fit its kernel")
 
     def _weights(self, part, block, within, into):
-        scale = self._factors(part, block)[0] / np.float64((1 << part.bits) - 1)
-        for first, end in self._chunks(part, within):
-            raw, bit = self._symbols(part, block, first, end)
+        chunks = self._chunks(part, within)
+        meta, symbols = self._block_start(part, block, chunks[0])
+        scale = meta[0] / np.float64((1 << part.bits) - 1)
+        for first, end in chunks:
+            raw, bit = symbols if first == chunks[0][0] else \
+                self._symbols(part, block, first, end)
             rows = into[first - within[0]:end - within[0]].reshape(-1)
             self._decoded(self._kernels.weight_values(raw, bit, part.bits, scale,
                                                       part.channels, part.pols, rows))
@@ -388,11 +401,13 @@ class DyscoReader:
     def _data(self, part, block, within, antennas, into):
         """Each value ``float(double(table[symbol]) * factor)`` (see the module), a run of
         rows at a time."""
-        meta = self._factors(part, block)
+        chunks = self._chunks(part, within)
+        meta, symbols = self._block_start(part, block, chunks[0])
         channel_factors = np.ones(part.channels * part.pols) if self.normalization == ROW \
             else meta[:part.channels * part.pols]
-        for first, end in self._chunks(part, within):
-            raw, bit = self._symbols(part, block, first, end)
+        for first, end in chunks:
+            raw, bit = symbols if first == chunks[0][0] else \
+                self._symbols(part, block, first, end)
             rows = into[first - within[0]:end - within[0]].view(np.float32).reshape(-1)
             self._decoded(self._kernels.data_values(
                 raw, bit, part.bits, self._table64, channel_factors,
