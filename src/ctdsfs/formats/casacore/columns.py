@@ -324,6 +324,15 @@ class CasacoreTable:
                 except FormatError as exc:
                     raise FormatError(f"{self.label}: column {col.name}: {exc}") from None
 
+    def decoded_already(self, name, start, stop):
+        """Whether the manager holds rows ``start..stop`` of column ``name`` decoded (a read
+        of them is a slice: the mount answers it without a worker thread's hop); never
+        decodes, and False for a manager that keeps no decoded rows."""
+        col = self.columns[name]
+        reader = self._readers.get(col.seqnr)
+        return col.decoded and hasattr(reader, "decoded_already") and \
+            reader.decoded_already(col, start, stop)
+
     def read_column(self, name, start=0, stop=None):
         """Rows ``start..stop`` of column ``name`` (see the module docstring for the forms)."""
         col = self.columns[name]

@@ -179,7 +179,8 @@ class _ColumnNpy:
         if held_first <= first and end <= held_end:
             return True
         numbers = self._block_numbers(first, end, size)  # (no lock: the loop asks)
-        return numbers is not None and all(n in self._blocks for n in numbers)
+        return (numbers is not None and all(n in self._blocks for n in numbers)) or \
+            self.table.decoded_already(self.name, first, end)
 
     def read(self, offset, size):
         head = len(self.header)

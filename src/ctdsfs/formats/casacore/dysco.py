@@ -49,7 +49,7 @@ ANTENNA_ROWS = 1 << 16  # rows of ANTENNA1/ANTENNA2 read at a time (AF needs eac
 # a piece (see DyscoReader.read): a power of two rows, so the mount's reads of a power of
 # two rows fall within one; at least 4 MiB, where numpy asks for huge pages
 PIECE_BYTES = 8 << 20
-PIECES_AHEAD = 2  # pieces decoded ahead of a reader going through a column
+PIECES_AHEAD = 3  # pieces decoded ahead of a reader going through a column
 BITS = (2, 3, 4, 6, 8, 10, 12, 16)  # the symbol widths Dysco packs
 NORMALISATIONS = ("AF", "RF", "Row")
 AF, RF, ROW = 0, 1, 2
@@ -229,6 +229,15 @@ class DyscoReader:
                 for number, piece in enumerate(pieces, first)]
         return rows[0] if len(rows) == 1 else np.concatenate(rows)
 
+    def decoded_already(self, col, start, stop):
+        """Whether rows ``start..stop`` lie in pieces decoded (ahead) and kept."""
+        part = self.parts[col.name]
+        if stop <= start or not self.rows_per_block:
+            return False
+        return all(self._pieces.get((col.name, number), self._generation) is not None
+                   for number in range(start // part.piece_rows,
+                                       (stop - 1) // part.piece_rows + 1))
+
     def _piece_rows(self, part, number):
         start = number * part.piece_rows
         return start, min(self.table.nrow, start + part.piece_rows)
@@ -254,20 +263,22 @@ class DyscoReader:
 
     def _decode(self, part, start, stop):
         """Rows ``start..stop`` decoded into a new array."""
-        out = np.zeros((stop - start, part.channels, part.pols), part.dtype)
         if stop <= start or not self.rows_per_block:
-            return out
+            return np.zeros((max(0, stop - start), part.channels, part.pols), part.dtype)
+        # (not zeros: the memory of pieces dropped before is used again, not cleared)
+        out = np.empty((stop - start, part.channels, part.pols), part.dtype)
         rows = self.rows_per_block
         antennas = None
         if not part.weight and self.normalization == AF:
             antennas = self._antennas(start, stop)
-        for block in range(start // rows, (stop - 1) // rows + 1):
-            if block >= self.blocks:
-                break
-            first, end = max(start, block * rows), min(stop, (block + 1) * rows)
-            into = out[first - start:end - start]
-            within = (first - block * rows, end - block * rows)
-            with np.errstate(all="ignore"):  # (NaN and infinite values decode as such)
+        with np.errstate(all="ignore"):  # (NaN and infinite values decode as such)
+            for block in range(start // rows, (stop - 1) // rows + 1):
+                first, end = max(start, block * rows), min(stop, (block + 1) * rows)
+                if block >= self.blocks:  # (past the end of the file: zeros)
+                    out[first - start:] = 0
+                    break
+                into = out[first - start:end - start]
+                within = (first - block * rows, end - block * rows)
                 if part.weight:
                     self._weights(part, block, within, into)
                 else:
@@ -344,6 +355,16 @@ class DyscoReader:
         stop = min(part.symbol_bytes, -(-end * part.symbols_per_row * part.bits // 8))
         return self._read("raw", at + begin, stop - begin, "block symbols"), bit
 
+    def _block_start(self, part, block, rows):
+        """(the block's factors, its symbols of ``rows`` as ``_symbols`` gives them): rows
+        from the block's first are read with the factors before them in one read."""
+        if rows[0]:
+            return self._factors(part, block), self._symbols(part, block, *rows)
+        size = 4 * part.meta
+        stop = min(part.symbol_bytes, -(-rows[1] * part.symbols_per_row * part.bits // 8))
+        data = self._read("raw", self._block_at(part, block), size + stop, "block")
+        return data[:size].view("<f4").astype(np.float64), (data[size:], 0)
+
     def _chunks(self, part, within):
         """The rows ``within`` the block in runs of about CHUNK_SYMBOLS symbols."""
         step = max(1, CHUNK_SYMBOLS // part.symbols_per_row)
@@ -355,9 +376,12 @@ class DyscoReader:
             raise FormatError(f"{self.name}: a block's sizes do not fit its kernel")
 
     def _weights(self, part, block, within, into):
-        scale = self._factors(part, block)[0] / np.float64((1 << part.bits) - 1)
-        for first, end in self._chunks(part, within):
-            raw, bit = self._symbols(part, block, first, end)
+        chunks = self._chunks(part, within)
+        meta, symbols = self._block_start(part, block, chunks[0])
+        scale = meta[0] / np.float64((1 << part.bits) - 1)
+        for first, end in chunks:
+            raw, bit = symbols if first == chunks[0][0] else \
+                self._symbols(part, block, first, end)
             rows = into[first - within[0]:end - within[0]].reshape(-1)
             self._decoded(self._kernels.weight_values(raw, bit, part.bits, scale,
                                                       part.channels, part.pols, rows))
@@ -377,11 +401,13 @@ class DyscoReader:
     def _data(self, part, block, within, antennas, into):
         """Each value ``float(double(table[symbol]) * factor)`` (see the module), a run of
         rows at a time."""
-        meta = self._factors(part, block)
+        chunks = self._chunks(part, within)
+        meta, symbols = self._block_start(part, block, chunks[0])
         channel_factors = np.ones(part.channels * part.pols) if self.normalization == ROW \
             else meta[:part.channels * part.pols]
-        for first, end in self._chunks(part, within):
-            raw, bit = self._symbols(part, block, first, end)
+        for first, end in chunks:
+            raw, bit = symbols if first == chunks[0][0] else \
+                self._symbols(part, block, first, end)
             rows = into[first - within[0]:end - within[0]].view(np.float32).reshape(-1)
             self._decoded(self._kernels.data_values(
                 raw, bit, part.bits, self._table64, channel_factors,

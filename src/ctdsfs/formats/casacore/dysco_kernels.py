@@ -9,19 +9,36 @@ from .compiled import helper, kernel
 
 
 @helper
-def _symbol(raw, position, bits):
-    """The symbol of ``bits`` bits at bit ``position`` of ``raw`` (packed from the lowest
-    bit up): within the two bytes from the one it starts in, for every width Dysco packs."""
-    at = position >> 3
-    word = np.int64(raw[at]) | (np.int64(raw[at + 1]) << 8)
-    return (word >> (position & 7)) & ((1 << bits) - 1)
-
-
-@helper
 def _fits(raw, bit, bits, count):
     """Whether ``raw`` holds ``count`` symbols from bit ``bit``, and the byte after."""
     return 0 <= bit < 8 and 0 < bits <= 16 and count >= 0 and \
         (bit + count * bits + 15) // 8 <= raw.size
+
+
+@helper
+def _first_bits(raw, bit):
+    """The bit reader at bit ``bit`` of ``raw``: (bits held, how many, next byte)."""
+    if raw.size == 0:
+        return np.uint64(0), np.uint64(0), 0
+    return np.uint64(raw[0]) >> np.uint64(bit), np.uint64(8 - bit), 1
+
+
+@helper
+def _refill(raw, held, count, at, bits):
+    """The bit reader with at least ``bits`` bits held where ``raw`` has them: the next
+    four bytes taken at once (symbols then come from a register, not from two loads
+    each), or byte by byte near the end of ``raw``."""
+    if count >= bits:
+        return held, count, at
+    if at + 4 <= raw.size:
+        word = np.uint64(raw[at]) | (np.uint64(raw[at + 1]) << np.uint64(8)) | \
+            (np.uint64(raw[at + 2]) << np.uint64(16)) | (np.uint64(raw[at + 3]) << np.uint64(24))
+        return held | (word << count), count + np.uint64(32), at + 4
+    while count < bits and at < raw.size:
+        held |= np.uint64(raw[at]) << count
+        count += np.uint64(8)
+        at += 1
+    return held, count, at
 
 
 @kernel
@@ -36,16 +53,22 @@ def data_values(raw, bit, bits, table, channel_factors, row_factors, channels, p
             channel_factors.size != channels * pols or out.size != nrow * values or \
             table.size != 1 << bits or not _fits(raw, bit, bits, out.size):
         return False
-    position = bit
-    at = 0
+    width, mask = np.uint64(bits), np.uint64((1 << bits) - 1)
+    held, count, at = _first_bits(raw, bit)
+    factors = np.empty(channels * pols, np.float64)  # the row's, channel by polarisation
+    done = 0
     for row in range(nrow):
         for channel in range(channels):
             for pol in range(pols):
-                factor = channel_factors[channel * pols + pol] * row_factors[row * pols + pol]
-                for _ in range(2):  # (real, imaginary: one factor)
-                    out[at] = table[_symbol(raw, position, bits)] * factor
-                    position += bits
-                    at += 1
+                factors[channel * pols + pol] = \
+                    channel_factors[channel * pols + pol] * row_factors[row * pols + pol]
+        for factor in factors:
+            for _ in range(2):  # (real, imaginary: one factor)
+                held, count, at = _refill(raw, held, count, at, width)
+                out[done] = table[held & mask] * factor
+                held >>= width
+                count -= width
+                done += 1
     return True
 
 
@@ -58,13 +81,16 @@ def weight_values(raw, bit, bits, scale, channels, pols, out):
     if channels <= 0 or pols <= 0 or out.size != nrow * cells or \
             not _fits(raw, bit, bits, nrow * channels):
         return False
-    position = bit
-    at = 0
+    width, mask = np.uint64(bits), np.uint64((1 << bits) - 1)
+    held, count, at = _first_bits(raw, bit)
+    done = 0
     for _ in range(nrow):
         for _ in range(channels):
-            value = np.float32(_symbol(raw, position, bits) * scale)
-            position += bits
+            held, count, at = _refill(raw, held, count, at, width)
+            value = np.float32((held & mask) * scale)
+            held >>= width
+            count -= width
             for _ in range(pols):
-                out[at] = value
-                at += 1
+                out[done] = value
+                done += 1
     return True

@@ -52,6 +52,8 @@ MAX_CHUNK = 64 << 20  # decompressed bytes of one chunk (casacore writes about 1
 BATCH_VALUES = 1 << 18  # values decoded together
 MAX_HISTORY = 1 << 30  # bytes of the baselines' last items
 RECENT_BYTES = 16 << 20  # decoded rows kept for reads handed over out of order
+ID_ROWS = 1 << 18  # rows whose ids are read at a time to count the baselines
+BASELINE_IDS = ("FIELD_ID", "DATA_DESC_ID", "ANTENNA1", "ANTENNA2")  # a baseline's ids
 
 
 class _Chunks:
@@ -106,40 +108,34 @@ class _Stream:
     """The column's cells decoded from the first row on, some rows at a time, each item
     after the one before it, keeping each baseline's last few items."""
 
-    def __init__(self, reader, col):
+    def __init__(self, reader, col, ids=None):
+        """``ids``: the baselines' numbers (None: every row's, counted now)."""
         self.reader, self.row = reader, 0
         self.chunks = _Chunks(reader.source, reader.name, reader.level)
-        self.ids = {}
         self.channels, self.correlations = col.cell_shape
         self.stored = STORED.get(reader.mode, self.correlations)
         self.along_channels, self.along_time = LEVELS[reader.level]
-        # each key's (baseline and part's) last items, newest first: m, e, s of each channel
-        self.history = np.zeros((0, self.along_time[0], 3, self.channels), np.int64)
-        self.held = np.zeros(0, np.int64)  # items in each key's history
+        # each key's (baseline, correlation and part's) last items, newest first: m, e, s
+        # of each channel; made whole at once (new pages, not a copy each time it grew)
+        shape = (self.along_time[0], 3, self.channels)
+        per_baseline = 2 * self.stored * 8 * int(np.prod(shape))  # bytes of its history
+        self.ids = reader.baseline_ids(MAX_HISTORY // max(1, per_baseline)) if ids is None \
+            else ids
+        self.history = np.zeros((2 * self.stored * len(self.ids),) + shape, np.int64)
+        self.held = np.zeros(len(self.history), np.int64)  # items in each key's history
         self.batch = max(1, BATCH_VALUES // max(1, 2 * self.stored * self.channels))
 
     def _baselines(self, count):
-        """Each item's baseline number, for rows ``row..row+count`` (ids read as needed)."""
-        stop = self.row + count
-        columns = [scalar_ints(self.reader.table, name, self.row, stop).tolist()
-                   for name in ("FIELD_ID", "DATA_DESC_ID", "ANTENNA1", "ANTENNA2")]
-        return np.array([self.ids.setdefault(key + (pol,), len(self.ids))
-                         for key in zip(*columns) for pol in range(self.stored)], np.int64)
-
-    def _grow(self, keys):
-        """Room in the history for ``keys``: at least twice the room before, so that a
-        stream meeting new baselines batch after batch copies its history a few times,
-        not once a batch."""
-        held = self.history.itemsize * int(np.prod(self.history.shape[1:]))  # a key's
-        if keys * held > MAX_HISTORY:
-            raise FormatError(f"{self.reader.name}: {keys // 2} baselines and correlations "
-                              "keep more history than this reader holds")
-        if keys > len(self.held):
-            room = max(keys, min(2 * len(self.held), MAX_HISTORY // max(1, held)))
-            more = room - len(self.held)
-            self.history = np.concatenate(
-                [self.history, np.zeros((more,) + self.history.shape[1:], np.int64)])
-            self.held = np.concatenate([self.held, np.zeros(more, np.int64)])
+        """Each item's baseline and correlation number, for rows ``row..row+count``."""
+        combos = self.reader.id_combos(self.row, self.row + count)
+        unique, inverse = np.unique(combos, return_inverse=True)
+        try:
+            numbers = np.array([self.ids[combo] for combo in unique.tolist()], np.int64)
+        except KeyError:  # (the ids changed since they were counted)
+            raise FormatError(f"{self.reader.name}: rows {self.row}..{self.row + count} "
+                              "have ids not counted before") from None
+        return (numbers[inverse.ravel()][:, None] * self.stored +
+                np.arange(self.stored)).ravel()
 
     def rows(self, count):
         """The next ``count`` rows' cells (count, channels, correlations) as complex64."""
@@ -149,7 +145,6 @@ class _Stream:
         if not self.channels:
             return cells
         keys = (baselines[:, None] * 2 + np.arange(2)).ravel()
-        self._grow(int(keys.max()) + 1)
         bits = np.empty(len(keys) * self.channels, np.uint32)
         done = 0
         for planes, values, used, fit in self.chunks.take(len(baselines), self.channels):
@@ -188,23 +183,53 @@ class SiscoReader:
         if self.level not in LEVELS:
             raise FormatError(f"{self.name}: unknown Sisco prediction level {self.level}")
         self._stream, self._recent, self._lock = None, deque(), threading.Lock()
+        self._ids = None  # see baseline_ids
         from . import sisco_predict  # (numba: loaded for the tables that have Sisco columns)
         self.kernels = sisco_predict
 
+    def id_combos(self, start, stop):
+        """Rows ``start..stop``'s (FIELD_ID, DATA_DESC_ID, ANTENNA1, ANTENNA2), one record
+        a row."""
+        combos = np.empty(stop - start, [(name, np.int64) for name in BASELINE_IDS])
+        for name in BASELINE_IDS:
+            combos[name] = scalar_ints(self.table, name, start, stop)
+        return combos
+
+    def baseline_ids(self, most):
+        """{(FIELD_ID, DATA_DESC_ID, ANTENNA1, ANTENNA2): its number} of every row's
+        baseline, counted before decoding, so that the history is made once at its size;
+        more than ``most`` baselines are refused."""
+        ids = self._ids
+        if ids is None:
+            ids = {}
+            for first in range(0, self.table.nrow, ID_ROWS):
+                combos = self.id_combos(first, min(self.table.nrow, first + ID_ROWS))
+                for combo in np.unique(combos).tolist():
+                    ids.setdefault(combo, len(ids))
+                if len(ids) > most:
+                    break
+            else:
+                self._ids = ids
+        if len(ids) > most:
+            raise FormatError(f"{self.name}: more than {most} baselines keep more history "
+                              "than this reader holds")
+        return ids
+
     def warm(self, col):
-        """Decode a row of ``col`` (its kernels loaded; no thread started)."""
-        self.read(col, 0, min(1, self.table.nrow))
+        """Decode a row of ``col`` (its kernels loaded; no thread started), its baseline
+        alone counted: the rows' ids are read when the column is."""
+        self._check(col)
+        if self.table.nrow:
+            first = self.id_combos(0, 1).tolist()[0]
+            _Stream(self, col, {first: 0}).rows(1)
+
+    def forget_cached(self):
+        """Drop the rows, the ids and the stream kept (the table's files were written)."""
+        with self._lock:
+            self._stream, self._recent, self._ids = None, deque(), None
 
     def read(self, col, start, stop):
-        if col.data_type != TP_COMPLEX:
-            raise FormatError(f"SiscoStMan stores Complex columns, not {col.type_name}")
-        shape = col.cell_shape
-        if shape is None or len(shape) != 2:
-            raise FormatError("a SiscoStMan column without a fixed 2-D cell shape is not "
-                              "decoded")
-        if self.mode != "all" and shape[1] != 4:
-            raise FormatError(f"a Sisco {self.mode} column shows 4 correlations, not "
-                              f"{shape[1]}")
+        shape = self._check(col)
         out = np.empty((max(0, stop - start),) + tuple(shape), np.complex64)
         if stop <= start:
             return out
@@ -227,6 +252,19 @@ class SiscoReader:
                 self._stream, self._recent = None, deque()
                 raise
         return out
+
+    def _check(self, col):
+        """``col``'s cell shape, or why this reader does not decode it."""
+        if col.data_type != TP_COMPLEX:
+            raise FormatError(f"SiscoStMan stores Complex columns, not {col.type_name}")
+        shape = col.cell_shape
+        if shape is None or len(shape) != 2:
+            raise FormatError("a SiscoStMan column without a fixed 2-D cell shape is not "
+                              "decoded")
+        if self.mode != "all" and shape[1] != 4:
+            raise FormatError(f"a Sisco {self.mode} column shows 4 correlations, not "
+                              f"{shape[1]}")
+        return shape
 
     def _keep(self, first, cells):
         """Keep the latest rows decoded (up to RECENT_BYTES): a read that the kernel hands
