@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from ctdsfs.formats import open_container
+from ctdsfs.formats.multihdf5 import probe
 from ctdsfs.remote.store import FAILED_SECONDS, RemoteError, RemoteOptions, RemoteStore
 from ctdsfs.toolbox import pack
 
@@ -419,6 +420,23 @@ def fsspec_tree(fs, path=""):
         else:
             out[entry["name"]] = fs.cat_file(entry["name"])
     return out
+
+
+def test_a_multihdf5_check_reads_with_the_credentials_of_the_moment(seaweed, objects,
+                                                                     monkeypatch):
+    """The HDF5 check of a remote object runs with the caller's environment when it is
+    asked for, not the one its server process started with (credentials a library user
+    set, or mended, later)."""
+    probe._server.forget()  # (a server of this process's own, started below)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "nobody")
+    assert probe.probe(DATA / "mh5_basic.mfh5") == []  # (the server starts with these)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", CREDENTIALS["AWS_ACCESS_KEY_ID"])
+    container = open_container(seaweed.url("mh5_basic.mfh5"),
+                               remote=RemoteOptions(endpoint_url=seaweed.endpoint))
+    try:
+        assert container.names() == ["empty.bin", "data10000.bin", "hello.txt"]
+    finally:
+        container.close()
 
 
 def test_fsspec_reads_containers_without_fuse(seaweed, web, objects, ctdsfs_protocol):

@@ -152,12 +152,16 @@ def probe(path):
     remote = hasattr(path, "child_spec")
     if remote:
         seconds = max(0.1, min(seconds, path.time_left()))
-    overrides = {CPU_LIMIT_ENV: repr(cpu_seconds)}  # (the child and this message use the same)
+    # The check runs with this process's environment of the moment (credentials a
+    # library user set after the server started among it), not the server's.
+    env = dict(os.environ)
+    env.pop(SPEC_ENV, None)
+    env[CPU_LIMIT_ENV] = repr(cpu_seconds)  # (the child and this message use the same)
     if remote:
-        overrides[SPEC_ENV] = path.child_spec()
+        env[SPEC_ENV] = path.child_spec()
         path = path.label
     path = os.fspath(path)
-    request = {"path": path, "env": overrides, "seconds": seconds}
+    request = {"path": path, "env": env, "seconds": seconds}
     answer = _server.ask(request) or _server.ask(request)  # (once more, if it died)
     if answer is None:
         raise FormatError(f"{path}: the HDF5 check process could not be started or "

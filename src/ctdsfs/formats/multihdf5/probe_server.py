@@ -4,10 +4,11 @@ imported once, so that a check costs a fork instead of an interpreter's start.
 Run as ``python3 -m ctdsfs.formats.multihdf5.probe_server FD`` by ``probe`` only. It is
 single-threaded, so forking it is safe (forking the threaded daemon is not). Requests
 arrive on the SEQPACKET socket FD, each one JSON message carrying the socket to answer
-on. For each, a watcher is forked; it forks the check (``probe_child.main``, reading
-the file under the probe's limits) and answers with the check's exit status, output and
-CPU seconds once it ends, or kills it at the request's deadline. The server ends when
-the last process holding the other end of FD closes it.
+on and the environment to check with (its caller's). For each, a watcher is forked; it
+forks the check (``probe_child.main``, reading the file under the probe's limits) and
+answers with the check's exit status, output and CPU seconds once it ends, or kills it
+at the request's deadline. The server ends when the last process holding the other end
+of FD closes it.
 """
 
 import json
@@ -22,6 +23,7 @@ import traceback
 from . import probe_child
 
 OUTPUT_LIMIT = 1 << 20  # what a check may print; its verdict is one short line
+REQUEST_LIMIT = 1 << 20  # a request: a path and an environment
 
 
 def _check(request, out, err):
@@ -31,6 +33,7 @@ def _check(request, out, err):
         os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
         os.dup2(out, 1)
         os.dup2(err, 2)
+        os.environ.clear()
         os.environ.update(request["env"])
         code = probe_child.main(request["path"])
         sys.stdout.flush()
@@ -84,7 +87,7 @@ def serve(control):
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # (watchers are reaped by the kernel)
     while True:
         try:
-            message, fds, _, _ = socket.recv_fds(control, 1 << 16, 1)
+            message, fds, _, _ = socket.recv_fds(control, REQUEST_LIMIT, 1)
         except InterruptedError:
             continue
         if not message:
