@@ -90,6 +90,7 @@ class SharedArena:
         self._thread_lock = threading.Lock()
         self._lock_fd = None
         self._pin_slot = None  # (this process's pin slot, the opening that locks its byte)
+        self._pinned_since_unpin = False  # (else a request's end has nothing to clear)
         self._next_loader = os.getpid() % LOADERS
 
     def attach(self):
@@ -200,12 +201,14 @@ class SharedArena:
             return False
         PIN.pack_into(self._map, self._pins_at + (slot * PINS + pins.index(None)) * PIN.size,
                       offset + 1, length)
+        self._pinned_since_unpin = True
         return True
 
     def unpin(self):
         """This process is done with the views it served (the kernel copied them): its
         pieces may be written over. Called by the worker's loop between requests."""
-        if self._pin_slot is not None and any(self._pins(self._pin_slot[0])):
+        if self._pinned_since_unpin:
+            self._pinned_since_unpin = False
             self._clear_pins(self._pin_slot[0])
 
     def _pinned(self):
