@@ -247,6 +247,21 @@ def _fill(arena, name, count, size=512 << 10):
     return work
 
 
+def _killed_after(arena, step):
+    """A worker that does ``step`` and is then killed (SIGKILL) before doing more."""
+    read_end, write_end = os.pipe()
+    worker = os.fork()
+    if worker == 0:
+        arena.attach()
+        step()
+        os.write(write_end, b"x")
+        time.sleep(3600)
+        os._exit(0)
+    os.read(read_end, 1)
+    os.kill(worker, signal.SIGKILL)
+    os.waitpid(worker, 0)
+
+
 def test_a_piece_served_is_never_written_over_while_its_worker_may_use_it(arena):
     """A worker serves a piece as a view of the arena and has not answered yet (pinned):
     another worker then decodes pieces enough to go round the ring twice; the view still
@@ -269,19 +284,12 @@ def test_a_piece_served_is_never_written_over_while_its_worker_may_use_it(arena)
 def test_the_pins_of_a_worker_that_died_hold_nothing(arena):
     """A worker killed while it serves a view of a piece (pinned): the others write over
     its place as if it were not pinned."""
-    read_end, write_end = os.pipe()
-    server = os.fork()
-    if server == 0:
-        arena.attach()
+    def serve():
         cache = DecodedCache(1 << 20, "pinned")
         cache.get_or_load("served", 0, lambda: _piece("served", 512 << 10))
         cache.get("served", 0)
-        os.write(write_end, b"x")
-        time.sleep(3600)
-        os._exit(0)
-    os.read(read_end, 1)
-    os.kill(server, signal.SIGKILL)
-    os.waitpid(server, 0)
+
+    _killed_after(arena, serve)
     assert len(_result(*_in_child(arena, _fill(arena, "others", 16)))) == 16
     assert arena.stats()["kept"] == 0
 
@@ -327,19 +335,12 @@ def test_a_worker_killed_while_filling_a_place_leaves_it_to_the_others(arena):
     """A worker dies after taking a piece's place in the ring, before its bytes are all
     there: nobody is served the piece's bytes from that place, the others write over it
     as over any other (no piece kept for it), and a reader of the piece decodes it."""
-    read_end, write_end = os.pipe()
-    filler = os.fork()
-    if filler == 0:
-        arena.attach()
+    def fill():
         digest = digest_of("filled", "torn", 0)
         _, (_, generation, _) = arena.look(digest)
         arena._locked(arena._place, digest, generation, 512 << 10)
-        os.write(write_end, b"x")
-        time.sleep(3600)
-        os._exit(0)
-    os.read(read_end, 1)
-    os.kill(filler, signal.SIGKILL)
-    os.waitpid(filler, 0)
+
+    _killed_after(arena, fill)
     assert len(_result(*_in_child(arena, _fill(arena, "others", 16)))) == 16
     assert arena.stats()["kept"] == 0
     reader = _in_child(arena, lambda: bytes(DecodedCache(1 << 20, "filled").get_or_load(
