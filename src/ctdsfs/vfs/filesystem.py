@@ -468,7 +468,9 @@ class ContainerFS:
         count once (a reload or a change of its own drops it), a directory source's at
         every listing (its real directory changes without telling)."""
         with self._lock:
-            if start == 0:
+            if start == 0 or self._shared is not None:
+                # (a listing's next batch may come to a worker that did not answer its
+                # first: it reloads too, else it would list the tree from before)
                 self._refresh()
             parent = self._directory(ino)
             names = parent.directory.names()
