@@ -96,20 +96,26 @@ class _Server:
         self.control = ours
 
     def ask(self, request):
-        """The answer of a check of ``request`` (None: the server died meanwhile); a
-        connection to read it from, the request sent."""
+        """The answer of a check of ``request`` (None: no server took it, or it died
+        during the check). A server found gone before it took the request is started
+        again once; one that died during the check is not asked again, as the check's
+        time is spent."""
         theirs, ours = socket.socketpair()
         try:
             with self.lock:
-                if self.process is not None and self.process.poll() is not None:
-                    self.forget()
-                if self.control is None:
-                    self._start()
-                try:
-                    socket.send_fds(self.control, [json.dumps(request).encode()],
-                                    [theirs.fileno()])
-                except OSError:
-                    self.forget()
+                for _ in range(2):
+                    if self.process is not None and self.process.poll() is not None:
+                        self.forget()
+                    if self.control is None:
+                        self._start()
+                    try:
+                        socket.send_fds(self.control, [json.dumps(request).encode()],
+                                        [theirs.fileno()])
+                        break
+                    except OSError:
+                        self.forget()
+                else:
+                    ours.close()
                     return None
         finally:
             theirs.close()
@@ -162,7 +168,7 @@ def probe(path):
         path = path.label
     path = os.fspath(path)
     request = {"path": path, "env": env, "seconds": seconds}
-    answer = _server.ask(request) or _server.ask(request)  # (once more, if it died)
+    answer = _server.ask(request)
     if answer is None:
         raise FormatError(f"{path}: the HDF5 check process could not be started or "
                           "answered nothing")
