@@ -72,6 +72,35 @@ def test_a_stream_gets_whole_chunks_and_readahead(object_and_gets):
         store.close()
 
 
+def test_readers_in_parallel_each_get_their_readahead(seaweed, monkeypatch):
+    """Readers going through their own parts of an object at once (their reads come to
+    the store in turn) each have the chunks past theirs fetched ahead, whichever of
+    them is further on."""
+    chunk, read = 64 << 10, 16 << 10
+    data = os.urandom(32 * chunk)
+    seaweed.client.put_object(Bucket=BUCKET, Key="streams.bin", Body=data)
+    gets = []
+    original = RemoteStore._get
+    monkeypatch.setattr(RemoteStore, "_get", lambda self, start, end, version: (
+        gets.append((start, end)), original(self, start, end, version))[1])
+    store = RemoteStore(seaweed.url("streams.bin"), RemoteOptions(
+        endpoint_url=seaweed.endpoint, chunk_size=chunk, readahead=2))
+    try:
+        starts = [2 * chunk, 12 * chunk, 22 * chunk]
+        for step in range(2 * chunk // read):
+            for start in starts:
+                offset = start + step * read
+                assert store.pread(offset, read) == data[offset:offset + read]
+        wanted = {(n * chunk, (n + 1) * chunk) for start in starts
+                  for n in (start // chunk + 2, start // chunk + 3)}
+        deadline = time.monotonic() + 10
+        while not wanted <= set(gets):
+            assert time.monotonic() < deadline, f"not fetched ahead: {wanted - set(gets)}"
+            time.sleep(0.05)
+    finally:
+        store.close()
+
+
 def test_a_reader_dense_in_a_chunk_gets_it_whole(object_and_gets):
     """Reads scattered over a chunk get it whole after WHOLE_AFTER GETs of their own;
     one reader's pieces close together (a row range's parts of its tiles) never do."""

@@ -59,6 +59,7 @@ from types import SimpleNamespace
 from urllib.parse import urlsplit
 
 from ..errors import CtdsfsError
+from ..io.read_streams import ReadStreams
 from .disk_cache import DiskCache
 from .http import HTTPObject, timed_pool_classes
 from .retry import OutOfTime, Revalidation, request_deadline, retried
@@ -326,7 +327,7 @@ class RemoteStore:
         self._revalidation = self._new_revalidation()
         self._stale = False  # a GET found another version: check at once
         self._next_chunk = None  # where a sequential reader goes on
-        self._read_ahead_to = 0  # the chunks before it were asked for by readahead
+        self._streams = ReadStreams()  # how far readahead went for each reader
         self._ends = deque(maxlen=RECENT_ENDS)  # where the latest reads ended
         self._exact_gets = OrderedDict()  # (etag, chunk index) -> (scattered exact GETs
         # into it, the last one's start and end in it)
@@ -568,15 +569,13 @@ class RemoteStore:
             was = self._next_chunk
             moved_on = carries_on and was is not None and (
                 first > 0 or first in (was - 1, was) and last >= was)
-            stays = was is not None and first == last == was - 1
             self._next_chunk = last + 1
-            ahead = range(max(last + 1, self._read_ahead_to),
-                          min(last + 1 + self.options.readahead, -(-version.size // step))) \
-                if moved_on else range(0)
-            if moved_on:
-                self._read_ahead_to = max(ahead.start, ahead.stop)
-            elif not stays:
-                self._read_ahead_to = 0
+            ahead = range(0)
+            if moved_on:  # (each of several readers has its own readahead)
+                start = self._streams.follow(first, last)
+                ahead = range(last + 1 if start is None else start,
+                              min(last + 1 + self.options.readahead, -(-version.size // step)))
+                self._streams.asked(last, ahead.stop - 1)
             for i in ahead:
                 if not self._recent_failure(version, i):
                     self._chunk(version, i, None)
@@ -657,7 +656,7 @@ class RemoteStore:
             self._cache[(new.etag, 0)] = header
             self._failed.clear()
             self._next_chunk = None
-            self._read_ahead_to = 0
+            self._streams = ReadStreams()
             self._exact_gets.clear()
             for sibling in self._siblings:
                 sibling._version = None

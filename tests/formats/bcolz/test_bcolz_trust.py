@@ -165,6 +165,27 @@ def test_a_sequential_reader_has_the_next_chunks_decoded_ahead(damaged):
     assert c.cache.get(key(32), _identity(root, 32)) is None
 
 
+@pytest.mark.parametrize("starts", [(0, 20), (0, 12, 24)])
+def test_readers_in_parallel_each_have_their_next_chunks_decoded_ahead(damaged, starts):
+    """Readers of one file going through their own parts in turn (their reads reach the
+    same carray one after another) are each a sequential reader, not jumps."""
+    import time
+
+    from ctdsfs.formats.bcolz.carray import CHUNKS_AHEAD
+
+    root = damaged("tiny_chunklen")  # 37 int16 items, one per chunk
+    c = open_container(root)
+    header = c.entry_size("array.npy") - 37 * 2
+    for step in range(2):
+        for start in starts:
+            c.read("array.npy", header + (start + step) * 2, 2)
+    wanted = [n for start in starts for n in range(start + 2, start + 2 + CHUNKS_AHEAD)]
+    deadline = time.monotonic() + 10
+    while not all(c.cache.get((str(root), n), _identity(root, n)) for n in wanted):
+        assert time.monotonic() < deadline, f"chunks {wanted} were not all decoded ahead"
+        time.sleep(0.01)
+
+
 def _identity(root, number):
     from ctdsfs.io.blosc_chunk import file_identity
     return file_identity(os.lstat(root / "data" / f"__{number}.blp"))

@@ -19,6 +19,7 @@ from ...io.decoded_cache import DecodedCache, shared_pool
 from ...io.directory import PlainDirectory
 from ...io.lazy_files import json_file
 from ...io.npy import npy_header
+from ...io.read_streams import ReadStreams
 from ...io.store import DIRECT_ALIGN, preadv_all, read_direct
 from .view import (
     CHUNK_BYTES_MAX,
@@ -97,7 +98,7 @@ class Carray(View):
         # counts reloads, appends and stored chunks (what derives from them follows it),
         # bumped after each change, so nothing made from a half-done change is kept
         self.version = 0
-        self._last_read = self._ahead_until = -2  # the chunk last read, the last asked ahead
+        self._streams = ReadStreams()  # where its sequential readers are
         self._load()
         self._add("array.npy", NpyFile(self))
         self._add("attrs.json", json_file(lambda: self.attrs, lambda: self.version))
@@ -303,20 +304,19 @@ class Carray(View):
 
     def _read_ahead(self, first, number):
         """A reader going through the chunks in order (a read from chunk ``first`` to
-        ``number`` that starts in, or next to, the last chunk of its previous read) has
-        the next CHUNKS_AHEAD decoded in other threads meanwhile (pread and Blosc release
-        the GIL), as many as the cache holds beside the one it is in. A read across two
-        chunks at a new place (as a mapped reader's page fault asks) is no such reader."""
-        sequential = abs(first - self._last_read) <= 1  # (the kernel's reads overlap a bit)
-        self._last_read = number
-        if not sequential:
-            self._ahead_until = number  # (coming back to read in order asks ahead again)
+        ``number`` that starts in, or next to, the last chunk of one of the latest readers'
+        reads) has its next CHUNKS_AHEAD decoded in other threads meanwhile (pread and
+        Blosc release the GIL), as many as the cache holds beside the ones in use. A read
+        across two chunks at a new place (as a mapped reader's page fault asks) is no
+        such reader."""
+        start = self._streams.follow(first, number)
+        if start is None:
             return
-        room = max(0, self.cache.limit // self.chunk_bytes - 2)
+        room = max(0, self.cache.limit // self.chunk_bytes - 2) // self._streams.followed()
         last = min(number + min(CHUNKS_AHEAD, room), self.chunk_count() - 1)
-        for ahead in range(max(number, self._ahead_until) + 1, last + 1):
+        for ahead in range(start, last + 1):
             shared_pool("bcolz-ahead", CHUNKS_AHEAD).submit(self._decode_quietly, ahead, True)
-        self._ahead_until = max(self._ahead_until, last)
+        self._streams.asked(number, last)
 
     def _decode_quietly(self, number, ahead=False):
         """Chunk ``number`` into the cache; a problem is for the reader who wants it."""
