@@ -231,6 +231,18 @@ def _with_children(pid):
         return [pid]
 
 
+def cores_busy():
+    """(busy, all) jiffies of every core so far, from /proc/stat: the share of the
+    machine's CPU in use between two calls (idle and I/O wait are not busy)."""
+    with open("/proc/stat") as f:
+        ticks = [int(v) for v in f.readline().split()[1:]]
+    return sum(ticks) - ticks[3] - ticks[4], sum(ticks)
+
+
+def busy_share(before, after):
+    return (after[0] - before[0]) / max(1, after[1] - before[1])
+
+
 def cpu_seconds(pid):
     """User and system CPU seconds of process ``pid`` and its children (a ctdsfs mount's
     worker processes) so far."""

@@ -7,8 +7,9 @@ and by the default number, beside squashfuse_ll and the pyfuse3 floor.
 - decoded views (a TileDB ``dense/v.npy``, a bcolz ``array.npy``, ``columns/DATA.npy`` of a
   MeasurementSet): the whole file read by 1, 2 and 4 readers in parallel, each its own
   share in 1 MiB reads (page cache dropped, a fresh mount each time; timed from the
-  moment every reader has started), with the mount's CPU seconds. The section runs alone
-  with ``--views`` (see ``main``).
+  moment every reader has started), with the mount's CPU seconds and the share of the
+  cores busy, beside the view's source files read cold as they are (the disk's part of
+  the floor). The section runs alone with ``--views`` (see ``main``).
 
 Best of ``rounds`` for each figure. The target: with the default, cold 4 KiB random reads
 at least 0.9x squashfuse_ll at every job count, one reader no slower than with one
@@ -30,7 +31,7 @@ import time
 from pathlib import Path
 
 import pyfuse3_floor  # (beside this script)
-from benchmark_common import Mounted, cpu_seconds, drop_caches, read_through
+from benchmark_common import Mounted, busy_share, cores_busy, cpu_seconds, drop_caches, read_through
 from benchmark_small import _shell_seconds, fio_iops, installed_command, make_small_tree
 from benchmark_tiledb import smooth_values, write_dense_array
 
@@ -40,39 +41,53 @@ WALKS = (("find, cold (s)", "find . -type f"),
 READERS = (1, 2, 4)
 SHARE_READER = r"""
 import os, sys
-path, part, parts = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-fd = os.open(path, os.O_RDONLY)
-size = os.fstat(fd).st_size
-start, end = size * part // parts, size * (part + 1) // parts
+part, parts, paths = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3:]
+files = [(os.open(p, os.O_RDONLY), os.path.getsize(p)) for p in paths]
+total = sum(size for _, size in files)
+start, end = total * part // parts, total * (part + 1) // parts
 sys.stdout.write("ready\n")
 sys.stdout.flush()
 sys.stdin.readline()  # (the start: every reader is ready)
-while start < end:
-    got = os.pread(fd, min(1 << 20, end - start), start)
-    if not got:
-        break
-    start += len(got)
+at = 0
+for fd, size in files:  # (the files one after another; this reader's bytes of them)
+    lo, hi = max(start, at) - at, min(end, at + size) - at
+    while lo < hi:
+        got = os.pread(fd, min(1 << 20, hi - lo), lo)
+        if not got:
+            break
+        lo += len(got)
+    at += size
 """
 
 
-def _parallel_seconds(path, readers):
-    """Seconds for ``readers`` processes to read ``path`` whole, each its own share, from
-    the moment all of them are started and have the file open (Python's start, which
-    several readers pay side by side on the same cores, is not the file system's)."""
-    procs = [subprocess.Popen([sys.executable, "-c", SHARE_READER, str(path), str(i),
-                               str(readers)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                              text=True) for i in range(readers)]
+def _parallel_seconds(paths, readers):
+    """Seconds for ``readers`` processes to read ``paths`` whole (one after another), each
+    its own share of their bytes, from the moment all of them are started and have the
+    files open (Python's start, which several readers pay side by side on the same cores,
+    is not the file system's), and the share of all the cores busy meanwhile (near 1: the
+    machine, not the mount, is the floor)."""
+    procs = [subprocess.Popen([sys.executable, "-c", SHARE_READER, str(i), str(readers)]
+                              + [str(p) for p in paths], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True) for i in range(readers)]
     for proc in procs:
         if proc.stdout.readline() != "ready\n":
-            raise RuntimeError(f"a reader of {path} failed to start")
+            raise RuntimeError(f"a reader of {paths[0]} failed to start")
+    busy = cores_busy()
     began = time.perf_counter()
     for proc in procs:
         proc.stdin.write("go\n")
         proc.stdin.flush()
     for proc in procs:
         if proc.wait():
-            raise RuntimeError(f"a reader of {path} failed")
-    return time.perf_counter() - began
+            raise RuntimeError(f"a reader of {paths[0]} failed")
+    return time.perf_counter() - began, busy_share(busy, cores_busy())
+
+
+def _source_files(source):
+    """Every regular file of a view's source (a directory), largest first."""
+    found = [Path(top) / name for top, _, names in os.walk(source) for name in names]
+    return sorted((p for p in found if p.is_file() and not p.is_symlink()),
+                  key=lambda p: -p.stat().st_size)
 
 
 def _decoded_views(tmp, mib):
@@ -241,11 +256,18 @@ def _view_lines(tmp, mib, mount_ctdsfs, rounds, settings=("workers=1", None), on
     lines = [f"decoded views ({mib} MiB of float64 each): seconds to read the view whole by "
              f"{', '.join(map(str, READERS))} readers in parallel (each its share), "
              f"best of {rounds}, with {' / '.join(names)}; in [] the CPU seconds of the "
-             f"mount's processes (daemon and workers), least of the rounds"]
+             f"mount's processes (daemon and workers), least of the rounds; cores busy: the "
+             f"share of all {os.cpu_count()} cores in use during the best round"]
     mnt = tmp / "w_view"
     for name, (source, options, inside) in views.items():
-        times, cpus = {}, {}
+        times, cpus, busy = {}, {}, {}
+        files = _source_files(source)
         for _ in range(rounds):
+            for readers in READERS:  # (the floor: the source's files read, no decoding)
+                drop_caches()
+                seconds, share = _parallel_seconds(files, readers)
+                if seconds < times.get(("raw", readers), float("inf")):
+                    times["raw", readers], busy["raw", readers] = seconds, share
             for setting in settings:
                 opts = ",".join(options + ([setting] if setting else []))
                 cmd = [mount_ctdsfs, "-f", source] + (["-o", opts] if opts else [])
@@ -253,15 +275,22 @@ def _view_lines(tmp, mib, mount_ctdsfs, rounds, settings=("workers=1", None), on
                     with Mounted(cmd + [str(mnt)], str(mnt)) as mounted:
                         drop_caches()
                         before = _daemon_cpu_seconds(mounted.proc.pid)
-                        seconds = _parallel_seconds(mnt / inside, readers)
+                        seconds, share = _parallel_seconds([mnt / inside], readers)
                         cpu = _daemon_cpu_seconds(mounted.proc.pid) - before
                     key = setting, readers
-                    times[key] = min(times.get(key, seconds), seconds)
+                    if seconds < times.get(key, float("inf")):
+                        times[key], busy[key] = seconds, share
                     cpus[key] = min(cpus.get(key, cpu), cpu)
+        mib = sum(f.stat().st_size for f in files) / (1 << 20)
+        lines.append(f"  {name:<22} {'source files':<13}" + " ".join(
+            f"{times['raw', r]:6.2f}" for r in READERS) + f"   ({mib:.0f} MiB read as they "
+            "are, cold: the disk's part of the floor)   cores busy [" + " ".join(
+            f"{busy['raw', r]:4.0%}" for r in READERS) + "]")
         for setting, label in zip(settings, names):
             lines.append(f"  {name:<22} {label:<13}" + " ".join(
                 f"{times[setting, r]:6.2f}" for r in READERS) + "   CPU [" + " ".join(
-                f"{cpus[setting, r]:5.2f}" for r in READERS) + "]"
+                f"{cpus[setting, r]:5.2f}" for r in READERS) + "]   cores busy [" + " ".join(
+                f"{busy[setting, r]:4.0%}" for r in READERS) + "]"
                 + f"   ({READERS[-1]} readers vs 1: "
                 f"{times[setting, READERS[0]] / times[setting, READERS[-1]]:.2f}x)")
     return lines
