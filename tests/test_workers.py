@@ -13,7 +13,9 @@ import sys
 import time
 
 import pytest
+import trio
 
+from ctdsfs import fuse_workers
 from ctdsfs import mount as mount_module
 from ctdsfs.toolbox import pack
 
@@ -262,6 +264,27 @@ def test_the_workers_option():
     assert mount_module.default_workers(remote=True) == 1
     assert mount_module.default_workers(remote=False, decoded=True) == 1
     assert 2 <= mount_module.default_workers(remote=False) <= mount_module.DEFAULT_WORKERS_MAX
+
+
+
+def test_pyfuse3s_lock_around_a_workers_wait_does_not_schedule():
+    """pyfuse3 takes a lock around each wait for a request; in a worker (one task) that
+    lock lets no other task of the loop run: a pass through trio's scheduler at every
+    request kept the worker that had answered from waiting when a lone reader's next
+    request came, and another worker was woken for it."""
+    ran = []
+
+    async def other():
+        ran.append(True)
+
+    async def take_the_lock():
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(other)
+            async with fuse_workers._TrioWaitingWith(None).Lock():
+                pass
+            assert not ran
+    trio.run(take_the_lock)
+    assert ran
 
 
 @pytest.mark.fuse
