@@ -71,7 +71,10 @@ class Gate:
     holding the GIL, so a worker that read nothing would stall its own threads until the
     next request: a woken worker claims the read (an ``flock`` the workers share, held
     from its check that a request waits until the request is read) and reads only if
-    one still waits.
+    one still waits. A worker that finds the claim held does not sleep on it: it waits
+    again, awake (the request still waits until the claimer has read it, then its wait
+    returns at once if another waits too, or sleeps), as sleeping on the lock until it
+    was given back cost a sleep and a wake for most requests of a lone reader.
 
     The loop does not pass through trio's scheduler between an answer and the wait (but
     once every SCHEDULE_SECONDS, for its other tasks): the sooner the worker that answered
@@ -100,7 +103,11 @@ class Gate:
             await trio.lowlevel.checkpoint()
         while not self._closed:
             if self._epoll.poll(IDLE_POLL_SECONDS):
-                fcntl.flock(self._claim_fd, fcntl.LOCK_EX)
+                try:
+                    fcntl.flock(self._claim_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    os.sched_yield()  # (another is reading a request: see the docstring)
+                    continue
                 if self._waiting.poll(0):
                     self._claimed = True
                     return
