@@ -2,6 +2,7 @@
 every worker gives the same answers (inode numbers, handles), a worker's death never
 leaves a reader hanging, and the mount ends with every worker."""
 
+import fcntl
 import hashlib
 import io
 import json
@@ -10,11 +11,15 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
+import trio
 
+from ctdsfs import fuse_workers
 from ctdsfs import mount as mount_module
+from ctdsfs.io.shared_arena import SharedArena
 from ctdsfs.toolbox import pack
 
 from .conftest import is_mounted, unmount
@@ -263,6 +268,64 @@ def test_the_workers_option():
     assert mount_module.default_workers(remote=False, decoded=True) == 1
     assert 2 <= mount_module.default_workers(remote=False) <= mount_module.DEFAULT_WORKERS_MAX
 
+
+
+def test_pyfuse3s_lock_around_a_workers_wait_does_not_schedule():
+    """pyfuse3 takes a lock around each wait for a request; in a worker (one task) that
+    lock lets no other task of the loop run: a pass through trio's scheduler at every
+    request kept the worker that had answered from waiting when a lone reader's next
+    request came, and another worker was woken for it."""
+    ran = []
+
+    async def other():
+        ran.append(True)
+
+    async def take_the_lock():
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(other)
+            async with fuse_workers._TrioWaitingWith(None).Lock():
+                pass
+            assert not ran
+    trio.run(take_the_lock)
+    assert ran
+
+
+def _thread_state(tid):
+    with open(f"/proc/self/task/{tid}/stat") as f:
+        return f.read().rsplit(") ", 1)[1][0]
+
+
+def test_a_worker_finding_the_read_claimed_does_not_sleep_on_the_claim(tmp_path):
+    """Woken for a request that another worker has claimed (it holds the claim until it
+    has read the request), a worker waits again awake, not asleep on the claim (a sleep
+    and a wake that most requests of a lone reader cost), and then takes the next."""
+    device_read, device_write = os.pipe()  # (a descriptor that polls as /dev/fuse does)
+    claim_file = os.memfd_create("claim")
+    others_claim, own_claim = (os.open(f"/proc/self/fd/{claim_file}", os.O_RDONLY)
+                               for _ in range(2))
+    arena = SharedArena(1 << 20)
+    arena.attach()
+    gate = fuse_workers.Gate(device_read, own_claim, arena)
+    fcntl.flock(others_claim, fcntl.LOCK_EX)
+    os.write(device_write, b"claimed by the other worker")
+    waiting = []
+
+    def wait():
+        waiting.append(threading.get_native_id())
+        trio.run(gate.wait_readable, device_read)
+    worker = threading.Thread(target=wait, daemon=True)
+    worker.start()
+    time.sleep(0.2)
+    states = {_thread_state(waiting[0]) for _ in range(50)}
+    os.read(device_read, 100)  # (the other worker reads its request, and lets go)
+    fcntl.flock(others_claim, fcntl.LOCK_UN)
+    os.write(device_write, b"the next")
+    worker.join(10)
+    assert not worker.is_alive() and gate._claimed
+    assert "R" in states, states
+    gate.read_done()
+    for fd in (device_read, device_write, claim_file, others_claim, own_claim):
+        os.close(fd)
 
 @pytest.mark.fuse
 @pytest.mark.parametrize("options", [[], ["workers=2"]])

@@ -381,9 +381,10 @@ async def serve_loop(operations, target, on_mounted, max_tasks=99):
     async with trio.open_nursery() as nursery:
         stopped_by_signal = False
 
-        async def watch_signals():
+        async def watch_signals(task_status=trio.TASK_STATUS_IGNORED):
             nonlocal stopped_by_signal
             with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+                task_status.started()
                 async for signum in signals:
                     log.info("%s received: unmounting", signal.Signals(signum).name)
                     stopped_by_signal = True
@@ -394,7 +395,7 @@ async def serve_loop(operations, target, on_mounted, max_tasks=99):
 
         operations.nursery = nursery
         operations.initialized = trio.Event()
-        nursery.start_soon(watch_signals)
+        await nursery.start(watch_signals)
         if target is not None:  # (None: a worker of several, on a mount already live)
             nursery.start_soon(when_live)
         if operations.fs.follows_changes:

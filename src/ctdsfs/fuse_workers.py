@@ -56,6 +56,8 @@ DEATH_WINDOW = 60.0
 STOP_SECONDS = 10.0  # a worker still there this long after SIGTERM is killed
 SUPERVISOR_SIGNALS = {signal.SIGCHLD, signal.SIGTERM, signal.SIGINT}
 IDLE_POLL_SECONDS = 0.1
+# Longest a worker answering request after request lets its other tasks (signals) wait.
+SCHEDULE_SECONDS = 0.02
 
 
 class Gate:
@@ -69,7 +71,15 @@ class Gate:
     holding the GIL, so a worker that read nothing would stall its own threads until the
     next request: a woken worker claims the read (an ``flock`` the workers share, held
     from its check that a request waits until the request is read) and reads only if
-    one still waits."""
+    one still waits. A worker that finds the claim held does not sleep on it: it waits
+    again, awake (the request still waits until the claimer has read it, then its wait
+    returns at once if another waits too, or sleeps), as sleeping on the lock until it
+    was given back cost a sleep and a wake for most requests of a lone reader.
+
+    The loop does not pass through trio's scheduler between an answer and the wait (but
+    once every SCHEDULE_SECONDS, for its other tasks): the sooner the worker that answered
+    waits again, the likelier it is that a lone reader's next request finds it waiting,
+    rather than waking another worker."""
 
     def __init__(self, device_fd, claim_fd, arena):
         self.device_fd = device_fd
@@ -77,6 +87,7 @@ class Gate:
         self._claim_fd = claim_fd
         self._claimed = False
         self._closed = False
+        self._scheduled_at = time.monotonic()
         self._epoll = select.epoll()
         self._epoll.register(device_fd, select.EPOLLIN | select.EPOLLEXCLUSIVE)
         self._waiting = select.poll()
@@ -87,9 +98,16 @@ class Gate:
             return await trio.lowlevel.wait_readable(fd)
         self.read_done()
         self._arena.unpin()  # (the answer before is written: the kernel has its bytes)
+        if time.monotonic() - self._scheduled_at >= SCHEDULE_SECONDS:
+            self._scheduled_at = time.monotonic()
+            await trio.lowlevel.checkpoint()
         while not self._closed:
             if self._epoll.poll(IDLE_POLL_SECONDS):
-                fcntl.flock(self._claim_fd, fcntl.LOCK_EX)
+                try:
+                    fcntl.flock(self._claim_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    os.sched_yield()  # (another is reading a request: see the docstring)
+                    continue
                 if self._waiting.poll(0):
                     self._claimed = True
                     return
@@ -116,8 +134,25 @@ class _Lowlevel:
         return getattr(trio.lowlevel, name)
 
 
+class _Unshared:
+    """The lock pyfuse3 takes around its wait for the descriptor. Its loop is one task
+    here (the daemon's, then each worker's: pyfuse3 makes the lock once, in the daemon),
+    so nobody else takes it, and it need not pass through trio's scheduler as
+    ``trio.Lock`` does: that pass, at every request, kept the worker that had just
+    answered out of its wait when the reader's next request came."""
+
+    async def __aenter__(self):
+        pass
+
+    async def __aexit__(self, *exc):
+        pass
+
+
 class _TrioWaitingWith:
-    """What pyfuse3 sees as ``trio``: trio itself, but for the wait before each read."""
+    """What pyfuse3 sees as ``trio``: trio itself, but for the wait before each read and
+    the lock around it (pyfuse3's loop is given one task)."""
+
+    Lock = _Unshared
 
     def __init__(self, wait_readable):
         self.lowlevel = _Lowlevel(wait_readable)
@@ -139,7 +174,7 @@ def _until_init(operations):
 
 async def _answer_init(operations, target):
     operations.initialized = trio.Event()
-    await pyfuse3.main()
+    await pyfuse3.main(max_tasks=1)
     set_readahead(target, operations.readahead_kb)
 
 
