@@ -290,15 +290,22 @@ def test_pyfuse3s_lock_around_a_workers_wait_does_not_schedule():
     assert ran
 
 
-def _thread_state(tid):
+def _thread_state_and_cpu(tid):
+    """A thread's state letter (R running, S asleep) and CPU seconds so far."""
     with open(f"/proc/self/task/{tid}/stat") as f:
-        return f.read().rsplit(") ", 1)[1][0]
+        fields = f.read().rsplit(") ", 1)[1].split()
+    return fields[0], (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def test_a_worker_finding_the_read_claimed_does_not_sleep_on_the_claim(tmp_path):
+@pytest.mark.parametrize("spin", ["awake", "asleep once the claimer is slow"])
+def test_a_worker_finding_the_read_claimed_waits_awake_for_a_while(monkeypatch, spin):
     """Woken for a request that another worker has claimed (it holds the claim until it
     has read the request), a worker waits again awake, not asleep on the claim (a sleep
-    and a wake that most requests of a lone reader cost), and then takes the next."""
+    and a wake that most requests of a lone reader cost), and then takes the next; but
+    a claimer that keeps the claim (stopped, or off the cores) is slept on, not spun
+    for: the waiting worker costs no CPU meanwhile."""
+    if spin == "awake":
+        monkeypatch.setattr(fuse_workers, "SPIN_SECONDS", 60.0)
     device_read, device_write = os.pipe()  # (a descriptor that polls as /dev/fuse does)
     claim_file = os.memfd_create("claim")
     others_claim, own_claim = (os.open(f"/proc/self/fd/{claim_file}", os.O_RDONLY)
@@ -316,16 +323,23 @@ def test_a_worker_finding_the_read_claimed_does_not_sleep_on_the_claim(tmp_path)
     worker = threading.Thread(target=wait, daemon=True)
     worker.start()
     time.sleep(0.2)
-    states = {_thread_state(waiting[0]) for _ in range(50)}
+    _, cpu_before = _thread_state_and_cpu(waiting[0])
+    states = {_thread_state_and_cpu(waiting[0])[0] for _ in range(50)}
+    time.sleep(0.5)
+    cpu = _thread_state_and_cpu(waiting[0])[1] - cpu_before
     os.read(device_read, 100)  # (the other worker reads its request, and lets go)
     fcntl.flock(others_claim, fcntl.LOCK_UN)
     os.write(device_write, b"the next")
     worker.join(10)
     assert not worker.is_alive() and gate._claimed
-    assert "R" in states, states
+    if spin == "awake":
+        assert "R" in states, states
+    else:
+        assert states == {"S"} and cpu < 0.1, (states, cpu)
     gate.read_done()
     for fd in (device_read, device_write, claim_file, others_claim, own_claim):
         os.close(fd)
+
 
 @pytest.mark.fuse
 @pytest.mark.parametrize("options", [[], ["workers=2"]])

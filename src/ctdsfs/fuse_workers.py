@@ -58,6 +58,7 @@ SUPERVISOR_SIGNALS = {signal.SIGCHLD, signal.SIGTERM, signal.SIGINT}
 IDLE_POLL_SECONDS = 0.1
 # Longest a worker answering request after request lets its other tasks (signals) wait.
 SCHEDULE_SECONDS = 0.02
+SPIN_SECONDS = 0.001  # longest a worker waits awake for another to read the request it claimed
 
 
 class Gate:
@@ -74,7 +75,8 @@ class Gate:
     one still waits. A worker that finds the claim held does not sleep on it: it waits
     again, awake (the request still waits until the claimer has read it, then its wait
     returns at once if another waits too, or sleeps), as sleeping on the lock until it
-    was given back cost a sleep and a wake for most requests of a lone reader.
+    was given back cost a sleep and a wake for most requests of a lone reader; only a
+    claimer that has not read its request within SPIN_SECONDS is slept on.
 
     The loop does not pass through trio's scheduler between an answer and the wait (but
     once every SCHEDULE_SECONDS, for its other tasks): the sooner the worker that answered
@@ -101,13 +103,20 @@ class Gate:
         if time.monotonic() - self._scheduled_at >= SCHEDULE_SECONDS:
             self._scheduled_at = time.monotonic()
             await trio.lowlevel.checkpoint()
+        spinning_since = None
         while not self._closed:
             if self._epoll.poll(IDLE_POLL_SECONDS):
                 try:
                     fcntl.flock(self._claim_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except BlockingIOError:
-                    os.sched_yield()  # (another is reading a request: see the docstring)
-                    continue
+                except BlockingIOError:  # (another is reading a request: see the docstring)
+                    now = time.monotonic()
+                    spinning_since = spinning_since or now
+                    if now - spinning_since < SPIN_SECONDS:
+                        os.sched_yield()
+                        continue
+                    fcntl.flock(self._claim_fd, fcntl.LOCK_EX)  # (a claimer this slow:
+                    # stopped, or off the cores; sleeping costs less than spinning)
+                spinning_since = None
                 if self._waiting.poll(0):
                     self._claimed = True
                     return
