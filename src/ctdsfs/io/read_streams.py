@@ -14,12 +14,13 @@ STREAMS = 8  # readers followed at once per file (the least recent is forgotten)
 
 
 class ReadStreams:
-    def __init__(self, streams=STREAMS):
+    def __init__(self, streams: int = STREAMS) -> None:
         self._streams = streams
-        self._asked = OrderedDict()  # the piece a reader's last read ended in -> asked until
+        # the piece a reader's last read ended in -> the last piece asked for it
+        self._asked: OrderedDict[int, int] = OrderedDict()
         self._lock = threading.Lock()
 
-    def follow(self, first, last):
+    def follow(self, first: int, last: int) -> int | None:
         """A read of pieces ``first`` .. ``last``: the first piece to ask ahead for (past
         ``last`` and what was asked for this reader already), or None if the read carries
         on no reader (it starts in, or next to, the piece one's last read ended in: the
@@ -35,13 +36,13 @@ class ReadStreams:
                 self._asked.popitem(last=False)
             return None
 
-    def asked(self, last, until):
+    def asked(self, last: int, until: int) -> None:
         """Pieces up to ``until`` are asked for, for the reader whose read ended in ``last``."""
         with self._lock:
             if last in self._asked:
                 self._asked[last] = max(self._asked[last], until)
 
-    def followed(self):
+    def followed(self) -> int:
         """How many readers are followed (the pieces read ahead of them share a cache)."""
         with self._lock:
             return len(self._asked)
