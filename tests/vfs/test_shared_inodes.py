@@ -31,3 +31,33 @@ def test_names_numbered_by_one_process_are_the_others_numbers():
     for name, ino in zip(NAMES, theirs):
         assert table.where(ino) == (1, name)
     assert table.number(1, ["h"]) == [max(theirs) + 1]
+
+
+def test_a_worker_reads_what_another_found_committed_since(tmp_path):
+    """Workers of one mount each hold the container's tree: once one of them finds that
+    another process committed (its lookup, listing or open reloads), the others reload
+    before they read, not serve the bytes from before (the kernel sends a reader's
+    open and its reads to whichever worker is free)."""
+    from ctdsfs.formats import create_container, open_container
+    from ctdsfs.vfs.filesystem import ROOT_INO, ContainerFS
+
+    path = tmp_path / "live.mf"
+    writer = create_container(path, format="mf2", block_size=1024)
+    writer.create("data")
+    writer.write("data", 0, b"a" * 5000)
+    writer.commit()
+    table = SharedInodes(ROOT_INO + 1)
+    table.after_fork()
+    workers = [ContainerFS(open_container(path), path) for _ in range(2)]
+    for fs in workers:
+        fs.share_inodes(table)
+    ino = workers[0].lookup(ROOT_INO, "data").ino
+    fh = workers[1].open(ino, os.O_RDONLY)
+    assert workers[1].read(fh, 0, 5000) == b"a" * 5000
+    writer.write("data", 0, b"b" * 5000)
+    writer.commit()
+    assert workers[0].open(ino, os.O_RDONLY) == fh  # (it reloads: a handle is the inode)
+    assert workers[1].read(fh, 0, 5000) == b"b" * 5000
+    writer.close()
+    for fs in workers:
+        fs.close()

@@ -153,6 +153,7 @@ class ContainerFS:
         self._stale = {}  # ino -> (parent ino, name) the kernel may hold from before a reload
         self.follows_changes = os.path.isfile(source_path)
         self._shared = None  # SharedInodes, while several processes serve the mount
+        self._reloads_seen = 0  # the workers' count of reloads when this one last looked
         self.kernel_cache_seconds = (FOLLOWED_CACHE_SECONDS if self.follows_changes
                                      else UNFOLLOWED_CACHE_SECONDS)
 
@@ -336,6 +337,8 @@ class ContainerFS:
 
     def _refresh(self):
         """Reload the tree if another process changed the container; rebind nodes by path."""
+        if self._shared is not None:
+            self._reloads_seen = self._shared.reloads()
         try:
             changed = self.root.reload_if_changed()
             replacement = self.root.reopened()
@@ -349,6 +352,8 @@ class ContainerFS:
             changed = True
         if not changed:
             return
+        if self._shared is not None:
+            self._shared.reloaded()
         self.generation += 1
         self._stale.update((node.ino, (node.parent, node.key)) for node in self._nodes.values()
                            if isinstance(node.key, str))
@@ -569,6 +574,9 @@ class ContainerFS:
 
     @_one_request
     def read(self, fh, offset, size):
+        if self._shared is not None and self._shared.reloads() != self._reloads_seen:
+            with self._lock:  # (another worker reloaded: this one's tree is from before)
+                self._refresh()
         node = self._handle(fh).node
         return self._call(self._call_logged, node, node.owner.read, node.key, offset, size)
 

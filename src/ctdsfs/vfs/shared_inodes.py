@@ -11,7 +11,9 @@ asked about a number it has not seen finds its parent and name in the log and lo
 the node up itself.
 
 The same file holds the digests of the lines logged once per mount (a bad block's),
-so that the mount logs each once, whichever workers meet it.
+so that the mount logs each once, whichever workers meet it; and a page the workers
+share counts the reloads any of them made (another process committed to the
+container): a worker reloads before it reads, if another did since it last looked.
 
 The lock is ``flock`` on each worker's own opening of the file, so a worker killed
 while holding it frees it; the log's length is written after the batch, so a batch
@@ -20,6 +22,7 @@ it was writing when it died is never read and is written over.
 
 import fcntl
 import hashlib
+import mmap
 import os
 import struct
 import threading
@@ -32,6 +35,7 @@ BATCH = struct.Struct("<QQII")
 READ_STEP = 1 << 20  # bytes of the log read at a time when catching up
 LOGGED_SLOTS = 8192  # lines logged once per mount: a hash table of their digests
 SLOT = struct.Struct("<Q")
+RELOADS = struct.Struct("<Q")
 
 
 class SharedInodes:
@@ -50,6 +54,7 @@ class SharedInodes:
         self._count = first_ino
         self._thread_lock = threading.Lock()
         self._lock_fd = None
+        self._reloads = mmap.mmap(-1, mmap.PAGESIZE)  # (shared with the workers forked after)
 
     def after_fork(self):
         """In a worker: a lock of its own (an opening of the file flock tells from the
@@ -154,6 +159,14 @@ class SharedInodes:
             at = digest % LOGGED_SLOTS
         os.pwrite(self._fd, SLOT.pack(digest), HEADER.size + at * SLOT.size)
         return True
+
+    def reloaded(self):
+        """This worker reloaded the tree: the others do before their next read."""
+        RELOADS.pack_into(self._reloads, 0, self.reloads() + 1)
+
+    def reloads(self):
+        """How many reloads the workers counted (a number to compare with a later one)."""
+        return RELOADS.unpack_from(self._reloads)[0]
 
     def count(self):
         """How many inode numbers the workers have given out (the root's included)."""
