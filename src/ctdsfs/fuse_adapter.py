@@ -150,6 +150,8 @@ class FuseOperations(pyfuse3.Operations):
             await trio.to_thread.run_sync(_forget_in_kernel, stale)
         else:
             self.nursery.start_soon(trio.to_thread.run_sync, _forget_in_kernel, stale)
+            if self.gate is not None:
+                self.gate.started()
 
     async def watch_for_changes(self):
         """Every WATCH_SECONDS: reload if another process committed, and invalidate. A
