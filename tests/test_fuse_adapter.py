@@ -128,3 +128,26 @@ def test_a_read_only_close_asks_the_kernel_for_no_flush(tmp_path):
             assert refused.value.errno == errno.ENOSYS
         trio.run(ops.release, fh)
         fs.close()
+
+
+def test_an_invalidation_a_listing_cannot_wait_for_starts_at_once(monkeypatch):
+    """A listing that finds the container reloaded cannot wait for the kernel to forget
+    what it cached (the kernel holds the directory's lock until the answer): that starts
+    in a thread at once, not as a task of the loop, which a worker of several runs only
+    at its next pass through trio's scheduler (it waits for requests with its loop
+    blocked)."""
+    import threading
+
+    path = DATA / "mf2_nested.mf"
+    fs = ContainerFS(open_container(path), path)
+    ops = fuse_adapter.FuseOperations(fs, threaded_reads=False)
+    forgotten = threading.Event()
+    monkeypatch.setattr(fuse_adapter, "_forget_in_kernel", lambda stale: forgotten.set())
+    monkeypatch.setattr(fs, "take_stale", lambda: [(5, ROOT_INO, "SUB")])
+
+    async def listing_then_a_blocked_loop():
+        async with trio.open_nursery() as nursery:
+            ops.nursery = nursery
+            await ops._invalidate_stale(wait=False)
+            assert forgotten.wait(10), "nothing started while the loop was blocked"
+    trio.run(listing_then_a_blocked_loop)

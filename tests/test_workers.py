@@ -290,36 +290,6 @@ def test_pyfuse3s_lock_around_a_workers_wait_does_not_schedule():
     assert ran
 
 
-def test_a_task_an_answer_started_runs_before_the_worker_waits_again():
-    """A listing that finds the container reloaded cannot wait for the kernel to forget
-    what it cached (the kernel holds the directory's lock until the answer): it starts
-    that in a task, which runs before the worker waits for its next request, not once
-    the next request or the wait's timeout comes (a reader then read pages from before
-    the commit)."""
-    device_read, device_write = os.pipe()  # (a descriptor that polls as /dev/fuse does)
-    claim_file = os.memfd_create("claim")
-    own_claim = os.open(f"/proc/self/fd/{claim_file}", os.O_RDONLY)
-    arena = SharedArena(1 << 20)
-    arena.attach()
-    gate = fuse_workers.Gate(device_read, own_claim, arena)
-    os.write(device_write, b"the next request, already there")
-    ran = []
-
-    async def invalidation():
-        ran.append(True)
-
-    async def answer_then_wait():
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(invalidation)
-            gate.started()
-            await gate.wait_readable(device_read)
-            assert ran, "the task had not run when the worker took the next request"
-            gate.read_done()
-    trio.run(answer_then_wait)
-    for fd in (device_read, device_write, claim_file, own_claim):
-        os.close(fd)
-
-
 def _thread_state_and_cpu(tid):
     """A thread's state letter (R running, S asleep) and CPU seconds so far."""
     with open(f"/proc/self/task/{tid}/stat") as f:

@@ -33,6 +33,7 @@ import os
 import select
 import sys
 import tempfile
+import threading
 import time
 
 import pyfuse3
@@ -148,10 +149,10 @@ class FuseOperations(pyfuse3.Operations):
             return
         if wait or self.nursery is None:
             await trio.to_thread.run_sync(_forget_in_kernel, stale)
-        else:
-            self.nursery.start_soon(trio.to_thread.run_sync, _forget_in_kernel, stale)
-            if self.gate is not None:
-                self.gate.started()
+        else:  # (a thread of its own starts now: a task of the loop would wait for the
+            # next pass through trio's scheduler, which a worker makes only now and then)
+            threading.Thread(target=_forget_in_kernel, args=(stale,), daemon=True,
+                             name="ctdsfs-forget").start()
 
     async def watch_for_changes(self):
         """Every WATCH_SECONDS: reload if another process committed, and invalidate. A

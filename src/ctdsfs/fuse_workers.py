@@ -78,11 +78,11 @@ class Gate:
     was given back cost a sleep and a wake for most requests of a lone reader; only a
     claimer that has not read its request within SPIN_SECONDS is slept on.
 
-    The loop does not pass through trio's scheduler between an answer and the wait,
-    unless the answer started a task (the kernel's invalidation after a reload, which
-    must not wait behind the next request) or SCHEDULE_SECONDS passed (for its other
-    tasks): the sooner the worker that answered waits again, the likelier it is that a
-    lone reader's next request finds it waiting, rather than waking another worker."""
+    The loop does not pass through trio's scheduler between an answer and the wait (but
+    once every SCHEDULE_SECONDS, for its other tasks): the sooner the worker that answered
+    waits again, the likelier it is that a lone reader's next request finds it waiting,
+    rather than waking another worker. So an answer starts nothing on the loop that must
+    run soon."""
 
     def __init__(self, device_fd, claim_fd, arena):
         self.device_fd = device_fd
@@ -91,7 +91,6 @@ class Gate:
         self._claimed = False
         self._closed = False
         self._scheduled_at = time.monotonic()
-        self._started = False  # an answer started a task (see started)
         self._epoll = select.epoll()
         self._epoll.register(device_fd, select.EPOLLIN | select.EPOLLEXCLUSIVE)
         self._waiting = select.poll()
@@ -102,10 +101,9 @@ class Gate:
             return await trio.lowlevel.wait_readable(fd)
         self.read_done()
         self._arena.unpin()  # (the answer before is written: the kernel has its bytes)
-        if self._started or time.monotonic() - self._scheduled_at >= SCHEDULE_SECONDS:
-            self._started = False
+        if time.monotonic() - self._scheduled_at >= SCHEDULE_SECONDS:
             self._scheduled_at = time.monotonic()
-            await trio.lowlevel.checkpoint()  # (a task the answer started runs now)
+            await trio.lowlevel.checkpoint()
         spinning_since = None
         while not self._closed:
             if self._epoll.poll(IDLE_POLL_SECONDS):
@@ -126,10 +124,6 @@ class Gate:
                 fcntl.flock(self._claim_fd, fcntl.LOCK_UN)
             await trio.lowlevel.checkpoint()
         raise trio.ClosedResourceError  # (pyfuse3's loop ends)
-
-    def started(self):
-        """The answer started a task: it runs before the worker waits again."""
-        self._started = True
 
     def read_done(self):
         """The request claimed is read (its answer starts): another worker may read."""
