@@ -118,7 +118,7 @@ class FuseOperations(pyfuse3.Operations):
         self.fs = fs
         self.threaded_reads = threaded_reads
         self.commit_interval = commit_interval
-        self.nursery = None  # set while serving: where invalidations run without a waiter
+        self.serving = False  # set while serving: a kernel to make forget what it cached
         self.initialized = None  # set while serving: a trio.Event, set by init()
         self.trim_heap = trim_heap  # gives the C heap's free pages back (malloc_trim), or None
         self._heavy_reads = False  # reads that may wait for the disk, since the last trim
@@ -147,7 +147,7 @@ class FuseOperations(pyfuse3.Operations):
         stale = self.fs.take_stale()
         if not stale:
             return
-        if wait or self.nursery is None:
+        if wait or not self.serving:
             await trio.to_thread.run_sync(_forget_in_kernel, stale)
         else:  # (a thread of its own starts now: a task of the loop would wait for the
             # next pass through trio's scheduler, which a worker makes only now and then)
@@ -396,7 +396,7 @@ async def serve_loop(operations, target, on_mounted, max_tasks=99):
                         operations.gate.close()
                     return
 
-        operations.nursery = nursery
+        operations.serving = True
         operations.initialized = trio.Event()
         await nursery.start(watch_signals)
         if target is not None:  # (None: a worker of several, on a mount already live)
