@@ -61,3 +61,37 @@ def test_a_worker_reads_what_another_found_committed_since(tmp_path):
     writer.close()
     for fs in workers:
         fs.close()
+
+
+def test_a_worker_reads_only_the_names_of_what_it_answers_for(monkeypatch):
+    """The names another worker numbered are read only for the directory, or the
+    number, this one is asked about: a walk one worker answered costs the others only
+    the batches' headers (reading every name cost each of them a large share of the
+    walk's CPU)."""
+    table = SharedInodes(2)
+    directories = {parent: [f"{parent}-{i}" for i in range(40)] for parent in range(1, 51)}
+    pid = os.fork()
+    if pid == 0:
+        try:
+            table.after_fork()
+            for parent, names in directories.items():
+                table.number(parent, names[:10])
+                table.number(parent, names)
+        finally:
+            os._exit(0)
+    os.waitpid(pid, 0)
+    table.after_fork()
+    read = []
+    real_read = SharedInodes._read
+    monkeypatch.setattr(SharedInodes, "_read",
+                        lambda self, index: read.append(index) or real_read(self, index))
+    assert table.count() == 1 + 50 * 40
+    assert read == []
+    assert table.where(2 + 7 * 40 + 15) == (8, "8-15")  # (the 8th directory's, 2nd batch)
+    assert len(read) == 1
+    read.clear()
+    numbers = table.number(20, directories[20][::-1])
+    assert len(read) == 2 and numbers == list(range(2 + 20 * 40 - 1, 2 + 19 * 40 - 1, -1))
+    read.clear()
+    assert table.number(20, ["20-3", "new"]) == [2 + 19 * 40 + 3, 2 + 50 * 40]
+    assert read == []

@@ -4,11 +4,12 @@ Several processes serve one read-only mount (``-o workers=N``), and the kernel h
 request naming an inode to whichever of them reads it first. So the numbers come
 from one table the workers share: an append-only log in an anonymous file made before
 the workers fork, of batches of names in one directory numbered in a row (a listing's
-batch is one: every worker reads every batch, so a batch is read in one piece, not a
-name at a time). A worker numbering nodes takes the log's lock, reads the batches added
-since it last looked, and appends one of the names no worker numbered yet; a worker
-asked about a number it has not seen finds its parent and name in the log and looks
-the node up itself.
+batch is one). A worker numbering nodes takes the log's lock, notes the headers of the
+batches added since it last looked, and appends one of the names no worker numbered
+yet; a worker asked about a number it has not seen finds its parent and name in the
+log and looks the node up itself. A worker reads the names of a batch only once it
+answers for their directory or one of their numbers: a walk that one worker answered
+costs the others next to nothing.
 
 The same file holds the digests of the lines logged once per mount (a bad block's),
 so that the mount logs each once, whichever workers meet it; and a page the workers
@@ -20,13 +21,13 @@ while holding it frees it; the log's length is written after the batch, so a bat
 it was writing when it died is never read and is written over.
 """
 
+import bisect
 import fcntl
 import hashlib
 import mmap
 import os
 import struct
 import threading
-from itertools import repeat
 
 HEADER = struct.Struct("<QQ")  # next inode number, end of the records
 # The first inode number, the parent's inode number, how many names, the bytes of the
@@ -49,8 +50,11 @@ class SharedInodes:
         os.pwrite(self._fd, HEADER.pack(first_ino, self._records), 0)
         os.ftruncate(self._fd, self._records)
         self._seen = self._records  # end of the records this process has read
-        self._by_name = {}  # (parent ino, name) -> ino
-        self._by_ino = {}  # ino -> (parent ino, name)
+        self._firsts = []  # the first inode number of each batch, in the log's order
+        self._batches = []  # (parent ino, where its names are, their bytes, how many)
+        self._unread = {}  # parent ino -> indexes of its batches whose names are not read
+        self._by_parent = {}  # parent ino -> {name: ino}, of the batches read
+        self._names = {}  # index of a batch read -> its names
         self._count = first_ino
         self._thread_lock = threading.Lock()
         self._lock_fd = None
@@ -70,70 +74,101 @@ class SharedInodes:
                 fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
 
     def _catch_up(self):
-        """Read the batches other workers appended since we last looked (lock held)."""
+        """Note the headers of the batches other workers appended since we last looked
+        (both locks held; the log's end is written after a batch, so all before it is
+        whole)."""
         next_ino, end = HEADER.unpack(os.pread(self._fd, HEADER.size, 0))
         self._count = next_ino
-        offset, data = self._seen, b""
+        offset = self._seen
         while offset < end:
-            chunk = os.pread(self._fd, min(READ_STEP, end - offset), offset)
-            if not chunk:
-                break
-            offset += len(chunk)
-            data += chunk
+            data = os.pread(self._fd, min(READ_STEP, end - offset), offset)
             at = 0
             while len(data) - at >= BATCH.size:
                 first, parent, count, length = BATCH.unpack_from(data, at)
-                if len(data) - at < BATCH.size + length:
-                    break
-                text = data[at + BATCH.size:at + BATCH.size + length].decode(
-                    "utf-8", "surrogateescape")
+                self._firsts.append(first)
+                self._batches.append((parent, offset + at + BATCH.size, length, count))
+                self._unread.setdefault(parent, []).append(len(self._batches) - 1)
                 at += BATCH.size + length
-                self._add(first, parent, text.split("\0") if count > 1 else [text])
-            data = data[at:]
+            if at == 0:
+                break
+            offset += at
         self._seen = end
         return next_ino, end
 
     def _add(self, first, parent, names):
         """Know ``names`` (of directory ``parent``) as numbered from ``first`` on."""
-        places = list(zip(repeat(parent), names))
-        inos = range(first, first + len(places))
-        self._by_name.update(zip(places, inos))
-        self._by_ino.update(zip(inos, places))
+        self._by_parent.setdefault(parent, {}).update(zip(names, range(first, first + len(names))))
+
+    def _read(self, index):
+        """The names of batch ``index`` (thread lock held; a batch is read once)."""
+        names = self._names.get(index)
+        if names is None:
+            parent, offset, length, count = self._batches[index]
+            text = os.pread(self._fd, length, offset).decode("utf-8", "surrogateescape")
+            names = self._names[index] = text.split("\0") if count > 1 else [text]
+            self._add(self._firsts[index], parent, names)
+        return names
+
+    def _children_of(self, parent):
+        """``{name: ino}`` of directory ``parent``, as far as this process has the log."""
+        for index in self._unread.pop(parent, ()):
+            self._read(index)
+        return self._by_parent.get(parent, {})
+
+    def _append(self, first, parent, names, offset, length):
+        """Know a batch this process appends at ``offset`` (its names, ``length`` bytes)."""
+        self._firsts.append(first)
+        self._batches.append((parent, offset, length, len(names)))
+        self._names[len(self._batches) - 1] = names
+        self._add(first, parent, names)
 
     def _number(self, parent, names):
         next_ino, end = self._catch_up()
-        new = [name for name in dict.fromkeys(names) if (parent, name) not in self._by_name]
+        known = self._children_of(parent)
+        new = [name for name in dict.fromkeys(names) if name not in known]
         joinable = [name for name in new if "\0" not in name]
-        records = []
+        records, at = [], end
         for batch in ([joinable] if joinable else []) + [[n] for n in new if "\0" in n]:
             encoded = "\0".join(batch).encode("utf-8", "surrogateescape")
             records.append(BATCH.pack(next_ino, parent, len(batch), len(encoded)) + encoded)
-            self._add(next_ino, parent, batch)
+            self._append(next_ino, parent, batch, at + BATCH.size, len(encoded))
             next_ino += len(batch)
+            at += BATCH.size + len(encoded)
         if records:
-            data = b"".join(records)
-            os.pwrite(self._fd, data, end)
-            os.pwrite(self._fd, HEADER.pack(next_ino, end + len(data)), 0)
-            self._seen = end + len(data)
+            os.pwrite(self._fd, b"".join(records), end)
+            os.pwrite(self._fd, HEADER.pack(next_ino, at), 0)
+            self._seen = at
             self._count = next_ino
-        return [self._by_name[parent, name] for name in names]
+        known = self._by_parent[parent]
+        return [known[name] for name in names]
 
     def number(self, parent, names):
         """The inode numbers of ``names`` in directory ``parent``, made for those no worker
         numbered yet."""
         with self._thread_lock:
-            known = [self._by_name.get((parent, name)) for name in names]
-        if None not in known:
-            return known
+            known = self._children_of(parent)
+            numbers = [known.get(name) for name in names]
+        if None not in numbers:
+            return numbers
         return self._locked(self._number, parent, names)
+
+    def _where(self, ino):
+        """``where`` as far as this process has the log (thread lock held)."""
+        index = bisect.bisect_right(self._firsts, ino) - 1
+        if index < 0 or ino - self._firsts[index] >= self._batches[index][3]:
+            return None
+        return self._batches[index][0], self._read(index)[ino - self._firsts[index]]
+
+    def _caught_up_where(self, ino):
+        self._catch_up()
+        return self._where(ino)
 
     def where(self, ino):
         """``(parent ino, name)`` of inode ``ino``, or None if no worker numbered it."""
         with self._thread_lock:
-            found = self._by_ino.get(ino)
+            found = self._where(ino)
         if found is None:
-            self._locked(self._catch_up)
-            found = self._by_ino.get(ino)
+            found = self._locked(self._caught_up_where, ino)
         return found
 
     def first_time(self, line):
