@@ -341,6 +341,54 @@ def test_a_worker_finding_the_read_claimed_waits_awake_for_a_while(monkeypatch, 
         os.close(fd)
 
 
+def test_a_worker_done_with_a_quick_request_takes_the_next_waiting(monkeypatch):
+    """A request answered without letting go of the read claim (a close of a directory,
+    which the kernel sends beside the walker's next request) leaves its worker holding
+    the claim: it takes the request that waits, so a lone walker's next request is not
+    handed to a worker that has not seen the directories it walked; with none waiting,
+    the claim is let go."""
+    device_read, device_write = os.pipe()  # (a descriptor that polls as /dev/fuse does)
+    claim_file = os.memfd_create("claim")
+    others_claim, own_claim = (os.open(f"/proc/self/fd/{claim_file}", os.O_RDONLY)
+                               for _ in range(2))
+    arena = SharedArena(1 << 20)
+    arena.attach()
+    gate = fuse_workers.Gate(device_read, own_claim, arena)
+
+    def others_may_claim():
+        try:
+            fcntl.flock(others_claim, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        fcntl.flock(others_claim, fcntl.LOCK_UN)
+        return True
+    own_flocks = []
+    real_flock = fcntl.flock
+    monkeypatch.setattr(fcntl, "flock", lambda fd, operation: (
+        own_flocks.append(operation) if fd == own_claim else None, real_flock(fd, operation))[1])
+    os.write(device_write, b"releasedir")
+    trio.run(gate.wait_readable, device_read)
+    assert gate._claimed and not others_may_claim()
+    os.read(device_read, 100)  # (read, and answered without a read_done)
+    os.write(device_write, b"opendir")
+    own_flocks.clear()
+    trio.run(gate.wait_readable, device_read)
+    assert gate._claimed and not others_may_claim() and own_flocks == []
+    os.read(device_read, 100)
+    worker = threading.Thread(target=trio.run, args=(gate.wait_readable, device_read),
+                              daemon=True)
+    worker.start()  # (nothing waits: the claim is let go, and the worker waits)
+    deadline = time.monotonic() + 10
+    while not others_may_claim() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert others_may_claim() and not gate._claimed
+    gate.close()
+    worker.join(10)
+    assert not worker.is_alive()
+    for fd in (device_read, device_write, claim_file, others_claim, own_claim):
+        os.close(fd)
+
+
 @pytest.mark.fuse
 @pytest.mark.parametrize("options", [[], ["workers=2"]])
 def test_a_tiledb_array_has_one_process_unless_asked(tmp_path, mount, options):

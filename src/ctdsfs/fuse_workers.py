@@ -76,7 +76,10 @@ class Gate:
     again, awake (the request still waits until the claimer has read it, then its wait
     returns at once if another waits too, or sleeps), as sleeping on the lock until it
     was given back cost a sleep and a wake for most requests of a lone reader; only a
-    claimer that has not read its request within SPIN_SECONDS is slept on.
+    claimer that has not read its request within SPIN_SECONDS is slept on. A request
+    answered without letting go of the claim (a directory's close, which the kernel
+    sends beside a walker's next request) leaves its worker to take the request that
+    waits: the walker stays with the worker that has its directories.
 
     The loop does not pass through trio's scheduler between an answer and the wait (but
     once every SCHEDULE_SECONDS, for its other tasks): the sooner the worker that answered
@@ -99,11 +102,13 @@ class Gate:
     async def wait_readable(self, fd):
         if fd != self.device_fd:
             return await trio.lowlevel.wait_readable(fd)
-        self.read_done()
         self._arena.unpin()  # (the answer before is written: the kernel has its bytes)
         if time.monotonic() - self._scheduled_at >= SCHEDULE_SECONDS:
             self._scheduled_at = time.monotonic()
             await trio.lowlevel.checkpoint()
+        if self._claimed and self._waiting.poll(0):
+            return  # (a quick answer kept the claim, and a request waits: it is ours)
+        self.read_done()
         spinning_since = None
         while not self._closed:
             if self._epoll.poll(IDLE_POLL_SECONDS):
