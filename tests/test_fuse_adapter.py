@@ -130,6 +130,32 @@ def test_a_read_only_close_asks_the_kernel_for_no_flush(tmp_path):
         fs.close()
 
 
+def test_a_worker_keeps_the_read_claim_through_a_close_only():
+    """A worker of several lets another read the next request as soon as its own is read,
+    except through a close (RELEASE, RELEASEDIR): the kernel sends it beside a walker's
+    next request, which the worker then takes itself (fuse_workers.Gate)."""
+    class Gate:
+        released = 0
+
+        def read_done(self):
+            self.released += 1
+    path = DATA / "mf2_nested.mf"
+    fs = ContainerFS(open_container(path), path)
+    ops = fuse_adapter.FuseOperations(fs, threaded_reads=False)
+    ops.gate = gate = Gate()
+    sub = trio.run(ops.lookup, ROOT_INO, b"SUB").st_ino
+    x = trio.run(ops.lookup, sub, b"x").st_ino
+    assert gate.released == 2
+    fh = trio.run(ops.opendir, sub, None)
+    trio.run(ops.releasedir, fh)
+    assert gate.released == 3
+    fh = trio.run(ops.open, x, os.O_RDONLY, None).fh
+    assert trio.run(ops.read, fh, 0, 100) == pattern(5000, 17, 1)[:100]
+    trio.run(ops.release, fh)
+    assert gate.released == 5
+    fs.close()
+
+
 def test_an_invalidation_a_listing_cannot_wait_for_starts_at_once(monkeypatch):
     """A listing that finds the container reloaded cannot wait for the kernel to forget
     what it cached (the kernel holds the directory's lock until the answer): that starts

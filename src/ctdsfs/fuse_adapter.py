@@ -63,12 +63,14 @@ READDIR_BATCH = 32
 FS_ENCODING = sys.getfilesystemencoding()  # names as os.fsencode gives them
 
 
-def _fuse_errors(method):
-    """Translate FSError (and unexpected failures, logged once) into FUSEError."""
+def _fuse_errors(method, keeps_claim=False):
+    """Translate FSError (and unexpected failures, logged once) into FUSEError.
+    ``keeps_claim``: an answer so quick that a worker of several keeps the read claim
+    through it (fuse_workers.Gate)."""
 
     @functools.wraps(method)
     async def wrapper(operations, *args, **kwargs):
-        if operations.gate is not None:
+        if operations.gate is not None and not keeps_claim:
             operations.gate.read_done()
         try:
             return await method(operations, *args, **kwargs)
@@ -322,7 +324,7 @@ class FuseOperations(pyfuse3.Operations):
     async def fsync(self, fh, datasync):
         self.fs.fsync(fh)
 
-    @_fuse_errors
+    @functools.partial(_fuse_errors, keeps_claim=True)
     async def release(self, fh):
         """Close; after reads that may wait for the disk (large ones, or a CRC-checked
         mount's, on the loop or in worker threads), also give the heap's free pages

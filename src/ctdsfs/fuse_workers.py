@@ -77,9 +77,9 @@ class Gate:
     returns at once if another waits too, or sleeps), as sleeping on the lock until it
     was given back cost a sleep and a wake for most requests of a lone reader; only a
     claimer that has not read its request within SPIN_SECONDS is slept on. A request
-    answered without letting go of the claim (a directory's close, which the kernel
-    sends beside a walker's next request) leaves its worker to take the request that
-    waits: the walker stays with the worker that has its directories.
+    answered without letting go of the claim (a close, which the kernel sends beside a
+    walker's next request) leaves its worker to take the request that waits: the walker
+    stays with the worker that has its directories, and no other is woken for it.
 
     The loop does not pass through trio's scheduler between an answer and the wait (but
     once every SCHEDULE_SECONDS, for its other tasks): the sooner the worker that answered
