@@ -337,6 +337,8 @@ class FuseOperations(pyfuse3.Operations):
                 and time.monotonic() - self._trimmed_at >= TRIM_SECONDS:
             self._heavy_reads = False
             self._trimmed_at = time.monotonic()
+            if self.gate is not None:
+                self.gate.read_done()  # (no longer quick: another worker may read meanwhile)
             self.trim_heap()
 
     @_fuse_errors
