@@ -258,6 +258,19 @@ def test_one_worker_is_the_one_process_of_before(tree, mount):
     assert _children(m.proc.pid) == set()
 
 
+@pytest.mark.fuse
+def test_a_mount_of_plain_files_starts_without_numpy(tree, mount):
+    """NumPy is loaded by the formats that decode, not by the mount's machinery: its
+    import was about a third of a mount's start."""
+    root, digests = tree
+    m = mount(root, ["workers=2"])
+    assert hashlib.md5((m.mountpoint / "d0" / "f3.bin").read_bytes()).hexdigest() \
+        == digests["d0/f3.bin"]
+    for pid in {m.proc.pid} | _workers(m, 2):
+        with open(f"/proc/{pid}/maps") as f:
+            assert "numpy" not in f.read(), pid
+
+
 def test_the_workers_option():
     assert mount_module.parse_options("workers=3").workers == 3
     for text, why in (("workers=0", "positive"), ("workers=x", "number"),

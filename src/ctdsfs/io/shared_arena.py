@@ -36,8 +36,6 @@ import struct
 import threading
 import time
 
-import numpy as np
-
 # dirty, next generation, ring head, queue first, queue end, index slots used (gone ones
 # too), decoded, served, taken over, forgotten (times the index was emptied), kept (pieces
 # not shared: their place was pinned)
@@ -533,5 +531,7 @@ def _ofd_held(fd, byte):
 
 
 def _address(view):
-    """Where ``view``'s bytes start in memory."""
+    """Where ``view``'s bytes start in memory (only pieces of decoded views are joined,
+    and their decoders have NumPy loaded: a mount of plain files starts without it)."""
+    import numpy as np
     return np.frombuffer(view, np.uint8).__array_interface__["data"][0] if len(view) else -1
