@@ -85,11 +85,76 @@ def is_mounted(path):
         return any(line.split()[1] == real for line in f)
 
 
+def mounted_device(path):
+    """``major:minor`` of the file system mounted at ``path`` (from this namespace's
+    mountinfo: nothing asks the file system itself, which may hang), or None."""
+    real = os.path.realpath(path)
+    with open("/proc/self/mountinfo") as f:
+        return next((line.split()[2] for line in f if line.split()[4] == real), None)
+
+
+def _processes():
+    """(pid, its command line) of every process that can be looked at."""
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                command = f.read().replace(b"\0", b" ").decode("utf-8", "replace").strip()
+        except OSError:
+            continue
+        yield pid, command[:120]
+
+
+def holders(path):
+    """What keeps the mount at ``path`` busy: each process's files, memory maps, working
+    or root directory under it (one line each)."""
+    real = os.path.realpath(path)
+    found = []
+    for pid, command in _processes():
+        uses = set()
+        try:
+            for link in ("cwd", "root", *(f"fd/{fd}" for fd in os.listdir(f"/proc/{pid}/fd"))):
+                try:
+                    target = os.readlink(f"/proc/{pid}/{link}")
+                except OSError:
+                    continue
+                if target == real or target.startswith(real + "/"):
+                    uses.add(f"{link} {target}")
+            with open(f"/proc/{pid}/maps") as f:
+                uses.update(f"map {line.split(maxsplit=5)[5].strip()}" for line in f
+                            if f" {real}/" in line)
+        except OSError:
+            continue
+        found += [f"pid {pid} ({command}): {use}" for use in sorted(uses)]
+    return found
+
+
+def namespaces_holding(device):
+    """Processes in whose mount namespace the file system ``device`` (``major:minor``) is
+    still mounted: a namespace made while it was mounted keeps a copy, and the daemon
+    serves until that namespace ends."""
+    found = {}
+    for pid, command in _processes():
+        try:
+            namespace = os.readlink(f"/proc/{pid}/ns/mnt")
+            with open(f"/proc/{pid}/mountinfo") as f:
+                if any(line.split()[2] == device for line in f):
+                    found.setdefault(namespace, f"pid {pid} ({command})")
+        except OSError:
+            continue
+    return sorted(found.values())
+
+
 def unmount(path):
+    """``fusermount3 -u``, then ``-uz`` if it is still mounted. Returns what kept it busy
+    (``holders``, seen before the lazy unmount) if the plain unmount failed, else []."""
+    busy = []
     for args in (["fusermount3", "-u"], ["fusermount3", "-uz"]):
         if not is_mounted(path):
-            return
-        subprocess.run(args + [str(path)], stderr=subprocess.DEVNULL)
+            break
+        done = subprocess.run(args + [str(path)], stderr=subprocess.PIPE, text=True)
+        if done.returncode and not busy and is_mounted(path):
+            busy = [done.stderr.strip(), *holders(path)]
+    return busy
 
 
 def require_fuse():
@@ -138,14 +203,24 @@ class Mount:
         self.logfile.close()
 
     def close(self):
-        unmount(self.mountpoint)
+        """Unmount, wait for the daemon to end, and return its exit status. A mount that
+        was busy (a file, map or directory of a process still in it: a leak of the test)
+        or a daemon still serving after its unmount fails the test, once all is undone."""
+        device = mounted_device(self.mountpoint)
+        problems = unmount(self.mountpoint)
         try:
             self.proc.wait(timeout=20)
         except subprocess.TimeoutExpired:
+            lingering = namespaces_holding(device) if device else []
+            problems.append("the daemon still served 20 s after the unmount; the mount is "
+                            f"still in the mount namespaces of: {lingering or 'nothing'}")
             self.proc.kill()
             self.proc.wait()
         unmount(self.mountpoint)  # (a slow start may have mounted after the first try)
         self.logfile.close()
+        if problems:
+            raise AssertionError(f"{self.mountpoint} was not released at unmount: "
+                                 + "; ".join(problems))
         return self.proc.returncode
 
 
@@ -164,8 +239,14 @@ def mount(tmp_path):
         return m
 
     yield make
+    failures = []
     for m in mounts:
-        m.close()
+        try:
+            m.close()
+        except AssertionError as exc:  # (the other mounts are undone first)
+            failures.append(str(exc))
+    if failures:
+        raise AssertionError("\n".join(failures))
 
 
 @pytest.fixture

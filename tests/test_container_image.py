@@ -33,6 +33,14 @@ BASE_IMAGE = "localhost/debian:bookworm"
 IMAGE = "localhost/ctdsfs:test"
 # podman's default limits exceed what these machines permit.
 RUN_LIMITS = ["--ulimit", "nofile=20000:20000", "--ulimit", "nproc=4096:4096"]
+# The build runs beside the other tests' mounts, and a mount namespace made while one of them
+# is mounted (podman's, each RUN step's) keeps a copy of it: its daemon then serves on after
+# its unmount, until that namespace ends (a teardown waited for a build step). So the build
+# runs in a private namespace of its own with the FUSE mounts of that moment taken out.
+APART_FROM_THE_MOUNTS = [
+    "unshare", "--mount", "--propagation", "private", "sh", "-c",
+    "awk '$3 ~ /^fuse/ {print $2}' /proc/self/mounts | while read -r m; do umount -l \"$m\"; "
+    "done; exec \"$@\"", "sh"]
 # Paths podman writes outside --root/--runroot; removed afterwards if the test made them.
 PODMAN_SYSTEM_DIRS = [Path("/var/lib/containers"), Path("/run/containers")]
 # The files the official debian:*-slim images leave out (debuerreotype's slimify),
@@ -127,8 +135,10 @@ class Podman:
                      "--cgroup-manager", "cgroupfs", "--events-backend", "file"]
         self.containers = []
 
-    def __call__(self, *args, **kwargs):
-        return run([*self.base, *args], env=self.env, **kwargs)
+    def __call__(self, *args, apart=False, **kwargs):
+        """``apart``: away from the tests' mounts (see APART_FROM_THE_MOUNTS)."""
+        return run([*(APART_FROM_THE_MOUNTS if apart else []), *self.base, *args],
+                   env=self.env, **kwargs)
 
     def start(self, name, source_dir, source_mode, share, args):
         """``podman run -d`` of the image; SOURCE_DIR at /data, SHARE (rshared) at /share."""
@@ -204,7 +214,8 @@ class ImageBuild:
                 self.engine("import", "-q", "-", BASE_IMAGE, stdin=rootfs)
             self.engine("build", "-q", "--network", "host", "--secret",
                         f"id=ca,src={CA_BUNDLE}", "--build-arg", f"BASE_IMAGE={BASE_IMAGE}",
-                        "-f", REPO / "docker/Dockerfile", "-t", IMAGE, REPO, timeout=1200)
+                        "-f", REPO / "docker/Dockerfile", "-t", IMAGE, REPO, timeout=1200,
+                        apart=True)
         except BaseException as exc:  # (pytest.fail's Failed too) raised again in the test
             self.error = exc
         if self.status is not None:

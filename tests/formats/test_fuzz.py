@@ -15,7 +15,7 @@ files then goes through the real CLI (``info``, ``ls -l``, ``formats.check``,
 failure.
 
 The RNG is seeded (``CTDSFS_FUZZ_SEED``, default below; ``CTDSFS_FUZZ_CASES``
-cases per seed file), and a failure names the seed, the case and the
+cases per seed file, ``CTDSFS_FUZZ_CLI_SAMPLE`` of them through the CLI), and a failure names the seed, the case and the
 mutation, so ``python3 tests/formats/test_fuzz.py SEED FILE CASE`` replays it.
 """
 
@@ -41,7 +41,9 @@ MULTIFILES = ["casacore_test_v1.mf", "mf2_basic.mf", "mf2_crc.mf", "mf2_nested.m
               "mf2_bighdr.mf", "mf2_free.mf"]
 TABLE_DATS = ["t_mf.tab/table.dat", "t_mh5.tab/table.dat"]
 CLI_COMMANDS = (["info"], ["ls", "-l"], ["check"], ["map", "--json"])  # tableinfo: table.dat
-CLI_SAMPLE = 2  # mutated files per seed file that also go through the CLI
+# mutated files per seed file that also go through the CLI (each command a process: the
+# most of this test's time)
+CLI_SAMPLE = int(os.environ.get("CTDSFS_FUZZ_CLI_SAMPLE", "1"))
 
 
 # ---------------------------------------------------------------- mutations
