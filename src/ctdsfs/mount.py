@@ -386,11 +386,12 @@ def mount(source, mountpoint, opts, foreground=False):
     fuse_options = {"rw" if opts.writable else "ro", "subtype=ctdsfs",
                     "fsname=" + source.replace(",", "\\,")}
     fuse_options |= opts.kernel
+    local = not remote and on_local_disk(source)
     operations = FuseOperations(
         fs, threaded_reads=not opts.writable and (container.checks_reads or remote),
         write_cache=write_cache, commit_interval=opts.commit_seconds if opts.writable else None,
         trim_heap=trim_heap, readahead_kb=container.readahead_kb,
-        lone_reads_on_loop=not remote and on_local_disk(source))
+        lone_reads_on_loop=local, reads_on_loop=local and bool(decoded))
     _collect_garbage_seldom()
 
     if workers > 1:
