@@ -63,7 +63,8 @@ def test_a_lone_reader_reads_on_the_loop_until_a_second_one_shows(tmp_path, monk
     waits (a pipe stands for /dev/fuse here: a byte in it is a request waiting); a
     request found waiting when such a read ends sends reads to threads for
     SHARED_SECONDS; a mount not told it may (a remote or network source) never does,
-    and a local mount of decoded views (``reads_on_loop``) does beside other readers too."""
+    and a local mount of a format decoded from chunks or tiles (``reads_on_loop``) does
+    beside other readers too."""
     monkeypatch.setattr(fuse_adapter, "SHARED_SECONDS", 1.0)
     path = tmp_path / "nested.mf"
     shutil.copy(DATA / "mf2_nested.mf", path)
@@ -104,7 +105,7 @@ def test_a_lone_reader_reads_on_the_loop_until_a_second_one_shows(tmp_path, monk
     remote.watch_device(device)
     assert read_in(remote) == "thread"
 
-    # a local mount of decoded views: on the loop beside other readers too
+    # a local mount of a format decoded from chunks: on the loop beside other readers too
     decoded = fuse_adapter.FuseOperations(fs, threaded_reads=True, lone_reads_on_loop=True,
                                           reads_on_loop=True)
     assert read_in(decoded) == "loop"  # (no /dev/fuse to poll: all the same)

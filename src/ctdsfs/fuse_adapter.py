@@ -6,10 +6,10 @@ wait for a server, so they run in worker threads too. Reads of a
 CRC-protected container, and large reads (THREADED_READ_MIN) of a read-only
 mount, run in worker threads: a read that waits for the disk must not hold up
 every other request (while one reader of a local disk is alone, they run on the
-loop all the same: ``FuseOperations._alone``; a local mount of decoded views runs
-them all there: ``reads_on_loop``). A read the container answers from
-memory (``ContainerFS.read_at_once``: a remote source's cached chunks) stays on the
-loop. Small reads stay on the loop too, where the thread hop would cost more
+loop all the same: ``FuseOperations._alone``; a local mount of a format decoded
+from chunks or tiles runs them all there: ``reads_on_loop``). A read the container
+answers from memory (``ContainerFS.read_at_once``: a remote source's cached chunks)
+stays on the loop. Small reads stay on the loop too, where the thread hop would cost more
 than the read (it doubles the time to read 20,000 small files), even when
 their bytes are not in the page cache: sending such cold reads to threads
 was measured slower with one and with four random readers (the benchmark's
@@ -113,8 +113,8 @@ class FuseOperations(pyfuse3.Operations):
         the loop while no other request waits (see ``_alone``); only for a source whose
         reads cannot stall for long (a local disk, not a network filesystem or server).
         ``reads_on_loop``: such reads are answered on the loop even beside other
-        readers, for a local mount of decoded views: their decoders work ahead in
-        threads of their own, and the hop of each request to a worker thread and back
+        readers, for a local mount of a format decoded from chunks or tiles (a TileDB
+        array, a bcolz rootdir): their decoders work ahead in threads of their own, and the hop of each request to a worker thread and back
         once a second reader showed cost the mount more CPU than it let run side by
         side (more, per byte, than one reader's reads)."""
         super().__init__()
