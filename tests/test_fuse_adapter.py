@@ -62,7 +62,9 @@ def test_a_lone_reader_reads_on_the_loop_until_a_second_one_shows(tmp_path, monk
     """A read that would go to a worker thread runs on the loop while no other request
     waits (a pipe stands for /dev/fuse here: a byte in it is a request waiting); a
     request found waiting when such a read ends sends reads to threads for
-    SHARED_SECONDS; a mount not told it may (a remote or network source) never does."""
+    SHARED_SECONDS; a mount not told it may (a remote or network source) never does,
+    and a local mount of a format decoded from chunks or tiles (``reads_on_loop``) does
+    beside other readers too."""
     monkeypatch.setattr(fuse_adapter, "SHARED_SECONDS", 1.0)
     path = tmp_path / "nested.mf"
     shutil.copy(DATA / "mf2_nested.mf", path)
@@ -102,6 +104,18 @@ def test_a_lone_reader_reads_on_the_loop_until_a_second_one_shows(tmp_path, monk
     remote = fuse_adapter.FuseOperations(fs, threaded_reads=True)
     remote.watch_device(device)
     assert read_in(remote) == "thread"
+
+    # a local mount of a format decoded from chunks: on the loop beside other readers too
+    decoded = fuse_adapter.FuseOperations(fs, threaded_reads=True, lone_reads_on_loop=True,
+                                          reads_on_loop=True)
+    assert read_in(decoded) == "loop"  # (no /dev/fuse to poll: all the same)
+    decoded.watch_device(device)
+    os.write(request, b"r")
+    assert read_in(decoded) == "loop"  # a request waits
+    arrivals.append(b"r")
+    assert read_in(decoded) == "loop"
+    assert read_in(decoded) == "loop"  # a second reader was seen
+    os.read(device, 2)
     os.close(device)
     os.close(request)
     trio.run(ops.release, fh)

@@ -8,11 +8,22 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
+from pathlib import Path
 
 import pytest
 
-from .conftest import DATA, Mount, is_mounted, make_casacore_table, pattern, run_tomf, unmount
+from .conftest import (
+    DATA,
+    Mount,
+    evicted,
+    is_mounted,
+    make_casacore_table,
+    pattern,
+    run_tomf,
+    unmount,
+)
 from .formats.multifile.test_multifile import build_v2
 
 pytestmark = pytest.mark.fuse
@@ -281,6 +292,46 @@ def test_only_a_source_on_a_local_disk_is_read_on_the_loop(mount, tmp_path):
     assert not on_local_disk(m.mountpoint / "a")  # fuse.ctdsfs
     assert not on_local_disk(tmp_path)  # a directory source holding it
     assert not on_local_disk("/proc/self/status")
+
+
+def _read_in_parallel(path, readers):
+    """Each of ``readers`` threads reads its share of ``path`` in 1 MiB reads, all
+    starting at once."""
+    size = path.stat().st_size
+    start = threading.Barrier(readers)
+
+    def read_share(part):
+        fd = os.open(path, os.O_RDONLY)
+        at, end = size * part // readers, size * (part + 1) // readers
+        start.wait()
+        while at < end:
+            at += len(os.pread(fd, min(1 << 20, end - at), at))
+        os.close(fd)
+    threads = [threading.Thread(target=read_share, args=(i,)) for i in range(readers)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+
+def test_parallel_readers_of_a_decoded_view_are_answered_on_the_loop(mount, tmp_path):
+    """A local mount of a format decoded from chunks (a bcolz rootdir here) answers the
+    reads of several readers at once on its loop: no read goes to a worker thread of trio's (named
+    "Trio thread N", and after the function while they run one), which cost the mount
+    more CPU than it saved; the decoders' own threads work ahead as before."""
+    import bcolz
+    import numpy as np
+
+    values = np.sin(np.arange(8 << 20) / 1000)
+    bcolz.carray(values, rootdir=str(tmp_path / "carr"), mode="w").flush()
+    m = mount(tmp_path / "carr")
+    for chunk in (tmp_path / "carr" / "data").iterdir():
+        evicted(chunk)  # (reads wait for the disk: chunks not decoded ahead yet)
+    _read_in_parallel(m.mountpoint / "array.npy", 4)
+    threads = [(task / "comm").read_text().strip()
+               for task in Path(f"/proc/{m.proc.pid}/task").iterdir()]
+    assert threads and not [name for name in threads
+                            if name.startswith(("Trio thread", "read from"))], threads
 
 
 def test_unknown_command_says_so(tmp_path):

@@ -6,9 +6,10 @@ wait for a server, so they run in worker threads too. Reads of a
 CRC-protected container, and large reads (THREADED_READ_MIN) of a read-only
 mount, run in worker threads: a read that waits for the disk must not hold up
 every other request (while one reader of a local disk is alone, they run on the
-loop all the same: ``FuseOperations._alone``). A read the container answers from
-memory (``ContainerFS.read_at_once``: a remote source's cached chunks) stays on the
-loop. Small reads stay on the loop too, where the thread hop would cost more
+loop all the same: ``FuseOperations._alone``; a local mount of a format decoded
+from chunks or tiles runs them all there: ``reads_on_loop``). A read the container
+answers from memory (``ContainerFS.read_at_once``: a remote source's cached chunks)
+stays on the loop. Small reads stay on the loop too, where the thread hop would cost more
 than the read (it doubles the time to read 20,000 small files), even when
 their bytes are not in the page cache: sending such cold reads to threads
 was measured slower with one and with four random readers (the benchmark's
@@ -108,10 +109,16 @@ class FuseOperations(pyfuse3.Operations):
     """pyfuse3 request handlers delegating to a :class:`ctdsfs.vfs.ContainerFS`."""
 
     def __init__(self, fs, *, threaded_reads, write_cache=False, commit_interval=None,
-                 trim_heap=None, readahead_kb=READAHEAD_KB, lone_reads_on_loop=False):
+                 trim_heap=None, readahead_kb=READAHEAD_KB, lone_reads_on_loop=False,
+                 reads_on_loop=False):
         """``lone_reads_on_loop``: a read that would go to a worker thread is answered on
         the loop while no other request waits (see ``_alone``); only for a source whose
-        reads cannot stall for long (a local disk, not a network filesystem or server)."""
+        reads cannot stall for long (a local disk, not a network filesystem or server).
+        ``reads_on_loop``: such reads are answered on the loop even beside other
+        readers, for a local mount of a format decoded from chunks or tiles (a TileDB
+        array, a bcolz rootdir): their decoders work ahead in threads of their own, and the hop of each request to a worker thread and back
+        once a second reader showed cost the mount more CPU than it let run side by
+        side (more, per byte, than one reader's reads)."""
         super().__init__()
         self.readahead_kb = readahead_kb  # set on the mount once it is live
         # Let the kernel gather writes in its page cache and send them in large
@@ -126,6 +133,7 @@ class FuseOperations(pyfuse3.Operations):
         self._heavy_reads = False  # reads that may wait for the disk, since the last trim
         self._trimmed_at = float("-inf")  # monotonic time of the last trim
         self.lone_reads_on_loop = lone_reads_on_loop
+        self.reads_on_loop = reads_on_loop
         self._device_poll = None  # polls /dev/fuse for waiting requests, once serving
         self._reads_in_flight = 0  # reads in worker threads now
         self._shared_until = float("-inf")  # monotonic time until which reads are shared
@@ -243,7 +251,7 @@ class FuseOperations(pyfuse3.Operations):
         if (self.threaded_reads or (size >= THREADED_READ_MIN and not self.fs.writable)) \
                 and not self.fs.read_at_once(fh, off, size):
             self._heavy_reads = True
-            if self._alone():
+            if self.reads_on_loop or self._alone():
                 try:
                     return self.fs.read(fh, off, size)
                 finally:

@@ -349,8 +349,9 @@ def mount(source, mountpoint, opts, foreground=False):
     if opts.writable and (opts.workers or 1) > 1:
         raise UsageError("mount option 'workers' is for read-only mounts (a read-write mount's "
                          "commits need one process)")
-    decoded = opts.columns or (os.path.isdir(source) and not os.path.islink(source) and getattr(
-        directory_format(source), "decoded", False))
+    chunked = os.path.isdir(source) and not os.path.islink(source) and getattr(
+        directory_format(source), "decoded", False)  # (a TileDB array, a bcolz rootdir)
+    decoded = opts.columns or chunked
     workers = 1 if opts.writable else opts.workers or default_workers(remote, decoded)
     if workers > 1:
         _share_memory(workers)
@@ -386,11 +387,12 @@ def mount(source, mountpoint, opts, foreground=False):
     fuse_options = {"rw" if opts.writable else "ro", "subtype=ctdsfs",
                     "fsname=" + source.replace(",", "\\,")}
     fuse_options |= opts.kernel
+    local = not remote and on_local_disk(source)
     operations = FuseOperations(
         fs, threaded_reads=not opts.writable and (container.checks_reads or remote),
         write_cache=write_cache, commit_interval=opts.commit_seconds if opts.writable else None,
         trim_heap=trim_heap, readahead_kb=container.readahead_kb,
-        lone_reads_on_loop=not remote and on_local_disk(source))
+        lone_reads_on_loop=local, reads_on_loop=local and bool(chunked))
     _collect_garbage_seldom()
 
     if workers > 1:
