@@ -116,9 +116,10 @@ class FuseOperations(pyfuse3.Operations):
         reads cannot stall for long (a local disk, not a network filesystem or server).
         ``reads_on_loop``: such reads are answered on the loop even beside other
         readers, for a local mount of a format decoded from chunks or tiles (a TileDB
-        array, a bcolz rootdir): their decoders work ahead in threads of their own, and the hop of each request to a worker thread and back
-        once a second reader showed cost the mount more CPU than it let run side by
-        side (more, per byte, than one reader's reads)."""
+        array, a bcolz rootdir): their decoders work ahead in threads of their own,
+        and the hop of each request to a worker thread and back once a second reader
+        showed cost the mount more CPU than it let run side by side (more, per byte,
+        than one reader's reads)."""
         super().__init__()
         self.readahead_kb = readahead_kb  # set on the mount once it is live
         # Let the kernel gather writes in its page cache and send them in large
