@@ -249,12 +249,17 @@ def test_the_command_returns_once_the_mount_is_live(tree, tmp_path):
     _wait_for(lambda: not any(_alive(pid) for pid in daemons))
 
 
-@pytest.mark.fuse
-def test_one_worker_is_the_one_process_of_before(tree, mount):
+def _mounted_and_read(tree, mount, options):
     root, digests = tree
-    m = mount(root, ["workers=1"])
+    m = mount(root, options)
     assert hashlib.md5((m.mountpoint / "d0" / "f3.bin").read_bytes()).hexdigest() \
         == digests["d0/f3.bin"]
+    return m
+
+
+@pytest.mark.fuse
+def test_one_worker_is_the_one_process_of_before(tree, mount):
+    m = _mounted_and_read(tree, mount, ["workers=1"])
     assert _children(m.proc.pid) == set()
 
 
@@ -262,10 +267,7 @@ def test_one_worker_is_the_one_process_of_before(tree, mount):
 def test_a_mount_of_plain_files_starts_without_numpy(tree, mount):
     """NumPy is loaded by the formats that decode, not by the mount's machinery: its
     import was about a third of a mount's start."""
-    root, digests = tree
-    m = mount(root, ["workers=2"])
-    assert hashlib.md5((m.mountpoint / "d0" / "f3.bin").read_bytes()).hexdigest() \
-        == digests["d0/f3.bin"]
+    m = _mounted_and_read(tree, mount, ["workers=2"])
     for pid in {m.proc.pid} | _workers(m, 2):
         with open(f"/proc/{pid}/maps") as f:
             assert "numpy" not in f.read(), pid
