@@ -312,15 +312,10 @@ def _thread_state_and_cpu(tid):
     return fields[0], (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-@pytest.mark.parametrize("spin", ["awake", "asleep once the claimer is slow"])
-def test_a_worker_finding_the_read_claimed_waits_awake_for_a_while(monkeypatch, spin):
-    """Woken for a request that another worker has claimed (it holds the claim until it
-    has read the request), a worker waits again awake, not asleep on the claim (a sleep
-    and a wake that most requests of a lone reader cost), and then takes the next; but
-    a claimer that keeps the claim (stopped, or off the cores) is slept on, not spun
-    for: the waiting worker costs no CPU meanwhile."""
-    if spin == "awake":
-        monkeypatch.setattr(fuse_workers, "SPIN_SECONDS", 60.0)
+@pytest.fixture
+def gate_on_a_pipe():
+    """A worker's Gate on a pipe, which polls as /dev/fuse does, and another worker's
+    opening of the claim: ``(gate, device_read, device_write, others_claim, own_claim)``."""
     device_read, device_write = os.pipe()  # (a descriptor that polls as /dev/fuse does)
     claim_file = os.memfd_create("claim")
     others_claim, own_claim = (os.open(f"/proc/self/fd/{claim_file}", os.O_RDONLY)
@@ -328,6 +323,22 @@ def test_a_worker_finding_the_read_claimed_waits_awake_for_a_while(monkeypatch, 
     arena = SharedArena(1 << 20)
     arena.attach()
     gate = fuse_workers.Gate(device_read, own_claim, arena)
+    yield gate, device_read, device_write, others_claim, own_claim
+    for fd in (device_read, device_write, claim_file, others_claim, own_claim):
+        os.close(fd)
+
+
+@pytest.mark.parametrize("spin", ["awake", "asleep once the claimer is slow"])
+def test_a_worker_finding_the_read_claimed_waits_awake_for_a_while(monkeypatch, spin,
+                                                                  gate_on_a_pipe):
+    """Woken for a request that another worker has claimed (it holds the claim until it
+    has read the request), a worker waits again awake, not asleep on the claim (a sleep
+    and a wake that most requests of a lone reader cost), and then takes the next; but
+    a claimer that keeps the claim (stopped, or off the cores) is slept on, not spun
+    for: the waiting worker costs no CPU meanwhile."""
+    if spin == "awake":
+        monkeypatch.setattr(fuse_workers, "SPIN_SECONDS", 60.0)
+    gate, device_read, device_write, others_claim, own_claim = gate_on_a_pipe
     fcntl.flock(others_claim, fcntl.LOCK_EX)
     os.write(device_write, b"claimed by the other worker")
     waiting = []
@@ -352,23 +363,16 @@ def test_a_worker_finding_the_read_claimed_waits_awake_for_a_while(monkeypatch, 
     else:
         assert states == {"S"} and cpu < 0.1, (states, cpu)
     gate.read_done()
-    for fd in (device_read, device_write, claim_file, others_claim, own_claim):
-        os.close(fd)
 
 
-def test_a_worker_done_with_a_quick_request_takes_the_next_waiting(monkeypatch):
+def test_a_worker_done_with_a_quick_request_takes_the_next_waiting(monkeypatch,
+                                                                  gate_on_a_pipe):
     """A request answered without letting go of the read claim (a close of a directory,
     which the kernel sends beside the walker's next request) leaves its worker holding
     the claim: it takes the request that waits, so a lone walker's next request is not
     handed to a worker that has not seen the directories it walked; with none waiting,
     the claim is let go."""
-    device_read, device_write = os.pipe()  # (a descriptor that polls as /dev/fuse does)
-    claim_file = os.memfd_create("claim")
-    others_claim, own_claim = (os.open(f"/proc/self/fd/{claim_file}", os.O_RDONLY)
-                               for _ in range(2))
-    arena = SharedArena(1 << 20)
-    arena.attach()
-    gate = fuse_workers.Gate(device_read, own_claim, arena)
+    gate, device_read, device_write, others_claim, own_claim = gate_on_a_pipe
 
     def others_may_claim():
         try:
@@ -400,8 +404,6 @@ def test_a_worker_done_with_a_quick_request_takes_the_next_waiting(monkeypatch):
     gate.close()
     worker.join(10)
     assert not worker.is_alive()
-    for fd in (device_read, device_write, claim_file, others_claim, own_claim):
-        os.close(fd)
 
 
 @pytest.mark.fuse
