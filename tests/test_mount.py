@@ -316,9 +316,10 @@ def _read_in_parallel(path, readers):
 
 def test_parallel_readers_of_a_decoded_view_are_answered_on_the_loop(mount, tmp_path):
     """A local mount of a format decoded from chunks (a bcolz rootdir here) answers the
-    reads of several readers at once on its loop: no read goes to a worker thread of trio's (named
-    "Trio thread N", and after the function while they run one), which cost the mount
-    more CPU than it saved; the decoders' own threads work ahead as before."""
+    reads of several readers at once on its loop: no read goes to one of trio's worker
+    threads (which stay, idle, for a while after their last call: named "Trio thread N",
+    or after the function they run), whose hops cost the mount more CPU than they saved;
+    the decoders' own threads work ahead as before."""
     import bcolz
     import numpy as np
 
