@@ -95,3 +95,33 @@ def test_a_worker_reads_only_the_names_of_what_it_answers_for(monkeypatch):
     read.clear()
     assert table.number(20, ["20-3", "new"]) == [2 + 19 * 40 + 3, 2 + 50 * 40]
     assert read == []
+
+
+def test_a_listing_numbers_the_names_after_its_batch_in_one_go(tmp_path):
+    """A listing's first batch numbers the names after it too (up to NUMBERED_AHEAD), so
+    that its next batches find their numbers without the table's lock; a number is
+    still made once, and the names of a batch are the ones given back."""
+    from ctdsfs.formats import create_container, open_container
+    from ctdsfs.vfs.filesystem import NUMBERED_AHEAD, ROOT_INO, ContainerFS
+
+    path = tmp_path / "many.mf"
+    writer = create_container(path, format="mf2", block_size=1024)
+    names = sorted(f"f{i:04d}" for i in range(NUMBERED_AHEAD + 100))
+    for name in names:
+        writer.create(name)
+    writer.commit()
+    writer.close()
+    table = SharedInodes(ROOT_INO + 1)
+    table.after_fork()
+    fs = ContainerFS(open_container(path), path)
+    fs.share_inodes(table)
+    listed = fs.readdir(ROOT_INO, 0, 10)
+    assert [name for name, _, _ in listed] == [".", "..", *names[:8]]
+    assert table.count() == 1 + 8 + NUMBERED_AHEAD
+    more = fs.readdir(ROOT_INO, 10, 40)
+    assert [name for name, _, _ in more] == names[8:48]
+    assert [attr[0] for _, attr, _ in listed[2:] + more] == list(range(2, 50))
+    assert table.count() == 1 + 8 + NUMBERED_AHEAD  # (already numbered: none made again)
+    assert table.number(ROOT_INO, ["f0003", "new"], ["f0009", "other"]) == [5, 10 + NUMBERED_AHEAD]
+    assert table.count() == 1 + 8 + NUMBERED_AHEAD + 2
+    fs.close()

@@ -67,6 +67,7 @@ COPY_CHUNK = 4 << 20
 LOGGED_MAX = 4096  # bad-block lines remembered per mount (so each is logged once)
 CLASSIFY_MAX = 256  # entries a stat may classify to count a directory's subdirectories
 UNKNOWN = -1  # subdirectory count of a large directory not listed yet
+NUMBERED_AHEAD = 1024  # names past a listing's batch that workers number with it
 # How long the kernel may keep names and attributes: a container file tells of
 # every change by its header counter (then the kernel's copies are invalidated);
 # a real directory changes silently, so the kernel asks again after a second.
@@ -232,12 +233,15 @@ class ContainerFS:
         inos[name] = node.ino
         return node
 
-    def _children(self, parent, names):
-        """``_child`` of each of ``names`` (a listing's batch; most are new on a first one)."""
+    def _children(self, parent, names, ahead=()):
+        """``_child`` of each of ``names`` (a listing's batch; most are new on a first one).
+        With workers, the listing's next names ``ahead`` are numbered in the same go
+        if any of ``names`` is new to them all (a listing's next batches then find
+        theirs without taking the table's lock)."""
         container, nodes = parent.directory, self._nodes
         inos = self._inos_of(container)
         new = [name for name in names if name not in inos]
-        numbers = dict(zip(new, self._shared.number(parent.ino, new))) \
+        numbers = dict(zip(new, self._shared.number(parent.ino, new, ahead))) \
             if new and self._shared is not None else {}
         out = []
         for name, nested in zip(names, self._call(container.classify, names)):
@@ -491,7 +495,7 @@ class ContainerFS:
                    for i in range(start, min(stop, 2))]
             first = max(start, 2)
             wanted = names[first - 2:stop - 2]
-            nodes = self._children(parent, wanted)
+            nodes = self._children(parent, wanted, names[stop - 2:stop - 2 + NUMBERED_AHEAD])
             out += zip(wanted, self._listed_attrs(parent.directory, nodes, st, blksize),
                        range(first + 1, stop + 1))
             return out

@@ -142,15 +142,15 @@ class SharedInodes:
         known = self._by_parent[parent]
         return [known[name] for name in names]
 
-    def number(self, parent, names):
+    def number(self, parent, names, ahead=()):
         """The inode numbers of ``names`` in directory ``parent``, made for those no worker
-        numbered yet."""
+        numbered yet; if any is made, those of the names ``ahead`` too (in one go)."""
         with self._thread_lock:
             known = self._children_of(parent)
             numbers = [known.get(name) for name in names]
         if None not in numbers:
             return numbers
-        return self._locked(self._number, parent, names)
+        return self._locked(self._number, parent, [*names, *ahead])[:len(names)]
 
     def _where(self, ino):
         """``where`` as far as this process has the log (thread lock held)."""
