@@ -235,9 +235,8 @@ class ContainerFS:
 
     def _children(self, parent, names, ahead=()):
         """``_child`` of each of ``names`` (a listing's batch; most are new on a first one).
-        With workers, the listing's next names ``ahead`` are numbered in the same go
-        if any of ``names`` is new to them all (a listing's next batches then find
-        theirs without taking the table's lock)."""
+        With workers, the listing's next names ``ahead`` are numbered in the same go if
+        any of ``names`` is new to all (its next batches then skip the table's lock)."""
         container, nodes = parent.directory, self._nodes
         inos = self._inos_of(container)
         new = [name for name in names if name not in inos]
