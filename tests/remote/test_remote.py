@@ -439,6 +439,36 @@ def test_a_multihdf5_check_reads_with_the_credentials_of_the_moment(seaweed, obj
         container.close()
 
 
+def test_a_multihdf5_check_answered_too_late_fails_as_the_server_did(seaweed, objects,
+                                                                     monkeypatch):
+    """A remote object's HDF5 check whose answer does not come within the request's time
+    (its server process stopped here; on a loaded machine it may still be starting) is
+    a read that failed (EIO at the next look tried again), not a damaged file: that
+    showed the object as a plain file (ENOTDIR) for the rest of the mount."""
+    probe._server.forget()  # (a server of this process's own, started below)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", CREDENTIALS["AWS_ACCESS_KEY_ID"])
+    assert probe.probe(DATA / "mh5_basic.mfh5") == []
+    server = probe._server.process
+    os.kill(server.pid, signal.SIGSTOP)
+    try:
+        began = time.monotonic()
+        with pytest.raises(RemoteError, match="not read whole within the request's"):
+            open_container(seaweed.url("mh5_basic.mfh5"),
+                           remote=RemoteOptions(endpoint_url=seaweed.endpoint, timeout=1,
+                                                retries=0)).close()
+        assert time.monotonic() - began < 10
+    finally:
+        os.kill(server.pid, signal.SIGKILL)
+        server.wait()
+        probe._server.forget()
+    container = open_container(seaweed.url("mh5_basic.mfh5"),
+                               remote=RemoteOptions(endpoint_url=seaweed.endpoint))
+    try:
+        assert container.names() == ["empty.bin", "data10000.bin", "hello.txt"]
+    finally:
+        container.close()
+
+
 def test_fsspec_reads_containers_without_fuse(seaweed, web, objects, ctdsfs_protocol):
     fsspec = ctdsfs_protocol
     s3 = {"endpoint_url": seaweed.endpoint}

@@ -97,9 +97,10 @@ class _Server:
 
     def ask(self, request):
         """The answer of a check of ``request`` (None: no server took it, or it died
-        during the check). A server found gone before it took the request is started
-        again once; one that died during the check is not asked again, as the check's
-        time is spent."""
+        during the check; a timed-out one if no answer came in the check's time, as
+        when the server is still starting on a loaded machine). A server found gone
+        before it took the request is started again once; one that died during the
+        check is not asked again, as the check's time is spent."""
         theirs, ours = socket.socketpair()
         try:
             with self.lock:
@@ -127,6 +128,8 @@ class _Server:
                     answer += chunk
                     if len(answer) > ANSWER_LIMIT:
                         return None
+            except TimeoutError:
+                return {"timed_out": True, "signal": 0, "stdout": "", "stderr": "", "cpu": 0.0}
             except OSError:
                 return None
         try:
