@@ -422,6 +422,16 @@ def fsspec_tree(fs, path=""):
     return out
 
 
+def _assert_the_multihdf5_object_opens(seaweed):
+    """``mh5_basic.mfh5`` from SeaweedFS opens (its HDF5 check passes) and lists its files."""
+    container = open_container(seaweed.url("mh5_basic.mfh5"),
+                               remote=RemoteOptions(endpoint_url=seaweed.endpoint))
+    try:
+        assert container.names() == ["empty.bin", "data10000.bin", "hello.txt"]
+    finally:
+        container.close()
+
+
 def test_a_multihdf5_check_reads_with_the_credentials_of_the_moment(seaweed, objects,
                                                                      monkeypatch):
     """The HDF5 check of a remote object runs with the caller's environment when it is
@@ -431,12 +441,7 @@ def test_a_multihdf5_check_reads_with_the_credentials_of_the_moment(seaweed, obj
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "nobody")
     assert probe.probe(DATA / "mh5_basic.mfh5") == []  # (the server starts with these)
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", CREDENTIALS["AWS_ACCESS_KEY_ID"])
-    container = open_container(seaweed.url("mh5_basic.mfh5"),
-                               remote=RemoteOptions(endpoint_url=seaweed.endpoint))
-    try:
-        assert container.names() == ["empty.bin", "data10000.bin", "hello.txt"]
-    finally:
-        container.close()
+    _assert_the_multihdf5_object_opens(seaweed)
 
 
 def test_a_multihdf5_check_answered_too_late_fails_as_the_server_did(seaweed, objects,
@@ -461,12 +466,7 @@ def test_a_multihdf5_check_answered_too_late_fails_as_the_server_did(seaweed, ob
         os.kill(server.pid, signal.SIGKILL)
         server.wait()
         probe._server.forget()
-    container = open_container(seaweed.url("mh5_basic.mfh5"),
-                               remote=RemoteOptions(endpoint_url=seaweed.endpoint))
-    try:
-        assert container.names() == ["empty.bin", "data10000.bin", "hello.txt"]
-    finally:
-        container.close()
+    _assert_the_multihdf5_object_opens(seaweed)
 
 
 def test_fsspec_reads_containers_without_fuse(seaweed, web, objects, ctdsfs_protocol):
