@@ -85,9 +85,8 @@ class SharedInodes:
             at = 0
             while len(data) - at >= BATCH.size:
                 first, parent, count, length = BATCH.unpack_from(data, at)
-                self._firsts.append(first)
-                self._batches.append((parent, offset + at + BATCH.size, length, count))
-                self._unread.setdefault(parent, []).append(len(self._batches) - 1)
+                index = self._note_batch(first, parent, offset + at + BATCH.size, length, count)
+                self._unread.setdefault(parent, []).append(index)
                 at += BATCH.size + length
             if at == 0:
                 break
@@ -115,11 +114,15 @@ class SharedInodes:
             self._read(index)
         return self._by_parent.get(parent, {})
 
+    def _note_batch(self, first, parent, offset, length, count):
+        """Note a batch of the log (its names at ``offset``, ``length`` bytes): its index."""
+        self._firsts.append(first)
+        self._batches.append((parent, offset, length, count))
+        return len(self._batches) - 1
+
     def _append(self, first, parent, names, offset, length):
         """Know a batch this process appends at ``offset`` (its names, ``length`` bytes)."""
-        self._firsts.append(first)
-        self._batches.append((parent, offset, length, len(names)))
-        self._names[len(self._batches) - 1] = names
+        self._names[self._note_batch(first, parent, offset, length, len(names))] = names
         self._add(first, parent, names)
 
     def _number(self, parent, names):
