@@ -17,7 +17,7 @@ from .errors import CtdsfsError, ReadOnlyError
 MAX_NAME_BYTES = 255
 MAX_NESTING = 32  # containers in containers, at most (a file that nests itself ends there)
 # The kernel caps FUSE readahead at 128 KiB, so a sequential reader costs one round trip
-# per 128 KiB; 1 MiB requests let CRC-checked reads run ~60% faster.
+# per 128 KiB; 1 MiB requests cost an eighth of the round trips.
 READAHEAD_KB = 1024
 
 # A virtual file: its name, or (a file unlinked while open) the key ``remove`` returned.

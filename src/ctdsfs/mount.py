@@ -305,7 +305,7 @@ def _collect_garbage_seldom():
     A first listing allocates a few objects per entry (header entries, inodes,
     attributes) and keeps nearly all; nothing the daemon makes is cyclic garbage in
     bulk. At Python's default pace the collector walked those objects again every 700
-    allocations: 10-25% of a cold ``find``. What exists once the container is open
+    allocations, a large share of a cold ``find``. What exists once the container is open
     (modules, the root's entries) is frozen out of collections altogether.
     """
     gc.freeze()

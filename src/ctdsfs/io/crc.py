@@ -1,9 +1,8 @@
 """CRC-32/BZIP2, the checksum of casacore's MultiFile (headers and blocks).
 
-Computed by fastcrc (Rust, table-driven): about 7 GB/s here, against 0.5 GB/s
-for the zlib-with-bit-reversed-bytes trick and 0.2 GB/s for crcmod; the tests
-check it against crcmod's ``crc-32-bzip2``. fastcrc is loaded by the first
-CRC asked for: a mount of containers without CRCs never maps its 0.5 MB.
+Computed by fastcrc (Rust, table-driven), far faster than crcmod
+(docs/benchmarks.md); the tests check it against crcmod's ``crc-32-bzip2``. fastcrc is loaded by the first CRC asked
+for: a mount of containers without CRCs never maps it.
 """
 
 
