@@ -249,11 +249,3 @@ def decode_table(bits, distribution, nu=0.0, truncation=0.0):
     table = np.append(values, np.float32(np.nan))
     table.flags.writeable = False
     return table
-
-
-def weight_table(bits, max_value):
-    """The ``float32`` weight each of the ``2**bits`` symbols stands for in a block whose
-    largest weight is ``max_value`` (a ``float32``): ``symbol * (max / (Q - 1))`` in
-    ``double``."""
-    scale = np.float64(max_value) / np.float64((1 << bits) - 1)
-    return (np.arange(1 << bits, dtype=np.float64) * scale).astype(np.float32)
