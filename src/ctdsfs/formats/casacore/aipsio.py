@@ -26,7 +26,6 @@ _U32 = struct.Struct(">I")
 _I32 = struct.Struct(">i")
 _I64 = struct.Struct(">q")
 _U64 = struct.Struct(">Q")
-_F32 = struct.Struct(">f")
 _F64 = struct.Struct(">d")
 BIG_ENDIAN_HOST = sys.byteorder == "big"
 
@@ -90,9 +89,6 @@ class AipsReader:
 
     def u64(self):
         return self._unpack(_U64)
-
-    def f32(self):
-        return self._unpack(_F32)
 
     def f64(self):
         return self._unpack(_F64)
@@ -168,9 +164,6 @@ class AipsWriter:
 
     def u64(self, v):
         self._pack(_U64, v)
-
-    def f32(self, v):
-        self._pack(_F32, v)
 
     def f64(self, v):
         self._pack(_F64, v)
