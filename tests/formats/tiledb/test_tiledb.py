@@ -328,7 +328,7 @@ def test_mounted_array_and_directory_source(arrays, mount):
     assert err.value.errno == errno.EROFS
 
 
-def flip_in_tile(path, tile_start=0, at=-3):
+def flip_in_tile(path, at=-3):
     """Flip one byte of the last chunk data of the file's first tile."""
     data = bytearray(path.read_bytes())
     data[at] ^= 0x40
