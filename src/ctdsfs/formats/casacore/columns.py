@@ -18,6 +18,8 @@ Adios2StMan, ...) is listed with its manager; reading it raises :class:`NotDecod
 """
 
 import math
+import os
+import resource
 from dataclasses import dataclass
 
 import numpy as np
@@ -35,6 +37,20 @@ from .dysco import DyscoReader
 from .tsm_axes import decodable, hypercolumn_roles
 
 OPTION_DIRECT = 1
+
+
+def _more_than_memory(col, rows):
+    """Whether ``rows`` cells of ``col`` (one shape) take more than the machine's memory or
+    the process's address-space limit. Some managers read rows past their file as zeros
+    (StokesIStMan, Dysco, AntennaPairStMan's pattern), so only this bounds what a row count
+    from table.dat makes: a larger read is refused before anything is made."""
+    if col.dtype is None or col.cell_shape is None:
+        return False
+    memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    limit = resource.getrlimit(resource.RLIMIT_AS)[0]
+    if limit != resource.RLIM_INFINITY:
+        memory = min(memory, limit)
+    return rows * math.prod(col.cell_shape) * col.dtype.itemsize > memory
 
 
 class NotDecoded(FormatError):
@@ -341,6 +357,10 @@ class CasacoreTable:
         if not col.decoded:
             raise NotDecoded(f"{self.label}: column {name} ({col.type_name}) is bound to "
                              f"{col.manager}, which is not decoded")
+        if _more_than_memory(col, stop - start):
+            raise FormatError(f"{self.label}: rows {start}..{stop} of column {name} (cells "
+                              f"of shape {list(col.cell_shape)}) are more than this process "
+                              "can hold")
         try:
             result = self._reader(col.seqnr).read(col, start, stop)
             _check_cells(col, result, start)
