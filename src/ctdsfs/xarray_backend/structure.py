@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .errors import InvalidMeasurementSet, InvalidPartitionKey, PartitioningError
-from .subtables import imputed_field, imputed_state
+from .subtables import checked_row, imputed_field, imputed_state
 
 MAIN_PARTITION_COLUMNS = ["OBSERVATION_ID", "PROCESSOR_ID", "DATA_DESC_ID"]
 DEFAULT_PARTITION_SCHEMA = MAIN_PARTITION_COLUMNS + ["OBS_MODE"]
@@ -127,6 +127,8 @@ class Structure:
         bounds = np.concatenate([[0], edges, [nrow]]) if nrow else np.zeros(1, int)
         ddesc = tables.subtable("DATA_DESCRIPTION")
         feed = tables.subtable("FEED")
+        self._described = {name: tables.subtable(name) for name in
+                           ("SPECTRAL_WINDOW", "POLARIZATION")}
         self._partitions = {}
         for start, stop in zip(bounds[:-1], bounds[1:]):
             rows = {c: v[start:stop] for c, v in ordered.items()}
@@ -138,11 +140,13 @@ class Structure:
 
     def _partition(self, part_key, key, rows, ddesc, feed, auto_corrs, label):
         ddid = int(key["DATA_DESC_ID"])
-        if ddid >= ddesc.nrow:
+        if not 0 <= ddid < ddesc.nrow:
             raise InvalidMeasurementSet(f"DATA_DESC_ID {ddid} does not exist in "
                                         f"{label}::DATA_DESCRIPTION")
-        spw_id = int(ddesc.array("SPECTRAL_WINDOW_ID")[ddid])
-        pol_id = int(ddesc.array("POLARIZATION_ID")[ddid])
+        spw_id = checked_row(self._described["SPECTRAL_WINDOW"],
+                             int(ddesc.array("SPECTRAL_WINDOW_ID")[ddid]), "SPECTRAL_WINDOW_ID")
+        pol_id = checked_row(self._described["POLARIZATION"],
+                             int(ddesc.array("POLARIZATION_ID")[ddid]), "POLARIZATION_ID")
         utime, time_ids = np.unique(rows["TIME"], return_inverse=True)
         ntime = utime.size
         field_ids = _time_values("FIELD_ID", key, rows["FIELD_ID"], ntime, time_ids)
