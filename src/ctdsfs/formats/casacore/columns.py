@@ -107,6 +107,13 @@ class ColumnInfo:
     def type_name(self):
         return tabledat.type_name(self.data_type)
 
+    def checked_shape(self):
+        """``cell_shape``, refused (FormatError) when table.dat gives it a negative axis."""
+        if self.cell_shape is not None and any(n < 0 for n in self.cell_shape):
+            raise FormatError(f"column {self.name}: table.dat gives its cells the shape "
+                              f"{list(self.cell_shape)}")
+        return self.cell_shape
+
     @property
     def dtype(self):
         """The NumPy dtype of the values (None for Strings)."""
@@ -357,6 +364,10 @@ class CasacoreTable:
         if not col.decoded:
             raise NotDecoded(f"{self.label}: column {name} ({col.type_name}) is bound to "
                              f"{col.manager}, which is not decoded")
+        try:
+            col.checked_shape()
+        except FormatError as exc:
+            raise FormatError(f"{self.label}: {exc}") from None
         if _more_than_memory(col, stop - start):
             raise FormatError(f"{self.label}: rows {start}..{stop} of column {name} (cells "
                               f"of shape {list(col.cell_shape)}) are more than this process "

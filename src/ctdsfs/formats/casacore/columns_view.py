@@ -359,7 +359,7 @@ class ColumnsView(DerivedView):
                 col = table.columns.get(name)
                 if col is None or not col.decoded or col.data_type == TP_STRING:
                     return None
-                shape = col.cell_shape
+                shape = col.checked_shape()
                 if shape is None and col.manager.startswith("Tiled"):
                     known, shape = table.uniform_shape(name)
                     shape = shape if known else None
@@ -434,7 +434,9 @@ class ColumnsView(DerivedView):
             entries[f"{name}.data"] = LazyBytes(lambda: column.data().data)
             return [f"{name}.offsets.npy", f"{name}.data"]
         if col.data_type != TP_STRING:
-            shape = col.cell_shape if col.cell_shape is not None else self._uniform_shape(name)
+            shape = col.checked_shape()
+            if shape is None:
+                shape = self._uniform_shape(name)
             if shape is not None:
                 entries[f"{name}.npy"] = self._single.get(name) or _ColumnNpy(
                     self.table, name, shape, col.dtype, f"{self.label}/{name}.npy")
