@@ -1,6 +1,7 @@
 """Hostile ids in a MeasurementSet python-casacore 3.8 wrote, opened by the ``ctdsfs``
-engine: an id that names no row of the table it points into (negative, past the table,
-or so large that the rows made up for it cannot be held) is InvalidMeasurementSet in one
+engine: an id that names no row of the table it points into (below -1, MSv2's "none";
+negative where there is no "none"; past the table, or so large that the rows made up for
+it cannot be held) is InvalidMeasurementSet in one
 line, never an IndexError, a row counted from the end, or an allocation of 2**31 rows
 (within a 4 GiB address space, so that one fails rather than swaps)."""
 
@@ -30,9 +31,9 @@ IDS = [("", "FIELD_ID", -5, "FIELD_ID -5 names no row"),
        ("", "FIELD_ID", BIG, "too large for its rows to be made up"),
        ("", "STATE_ID", -7, "STATE_ID -7 names no row"),
        ("", "STATE_ID", BIG, "too large for its rows to be made up"),
-       ("", "OBSERVATION_ID", -1, "OBSERVATION_ID -1 names no row"),
+       ("", "OBSERVATION_ID", -2, "OBSERVATION_ID -2 names no row"),
        ("", "OBSERVATION_ID", BIG, "too large for its rows to be made up"),
-       ("", "PROCESSOR_ID", -1, "PROCESSOR_ID -1 names no row"),
+       ("", "PROCESSOR_ID", -2, "PROCESSOR_ID -2 names no row"),
        ("", "PROCESSOR_ID", BIG, "too large for its rows to be made up"),
        ("", "DATA_DESC_ID", -3, "DATA_DESC_ID -3 does not exist"),
        ("DATA_DESCRIPTION", "SPECTRAL_WINDOW_ID", -1, "SPECTRAL_WINDOW_ID -1 does not exist"),

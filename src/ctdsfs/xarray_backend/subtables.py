@@ -44,11 +44,12 @@ class MadeTable:
 
 
 def _missing_id(table, ids, id_name):
-    """The highest id when ``table`` lacks its row (a warning then), else None; a negative
-    id, or one that would make up more than MAX_MADE_UP rows, is refused."""
+    """The highest id when ``table`` lacks its row (a warning then), else None; an id below
+    -1 (MSv2's "none", as STATE_ID without STATE rows, taken as xarray-ms takes it), or
+    one that would make up more than MAX_MADE_UP rows, is refused."""
     ids = np.concatenate([np.asarray(ids).ravel(), [0]])
     lowest, highest = int(np.min(ids)), int(np.max(ids))
-    if lowest < 0:
+    if lowest < -1:
         raise InvalidMeasurementSet(f"{id_name} {lowest} names no row of the {table.name} "
                                     "table")
     if highest < table.nrow:
