@@ -10,14 +10,29 @@ import shutil
 import warnings
 
 import casacore.tables as ct
+import numpy as np
 import pytest
 import xarray as xr
 
-from ctdsfs.xarray_backend.errors import InvalidMeasurementSet
+from ctdsfs.xarray_backend.errors import InvalidMeasurementSet, PartitioningError
 
 from .test_xarray_ms import ENGINE, write_ms
 
 BIG = 2**31 - 1
+
+
+def refused(path, error, message):
+    """Opening and loading the MS at ``path`` raises ``error`` in one line, within 4 GiB of
+    address space."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    resource.setrlimit(resource.RLIMIT_AS, (4 << 30, hard))
+    try:
+        with warnings.catch_warnings(), pytest.raises(error) as caught:
+            warnings.simplefilter("ignore")  # (ImputedMetadataWarning before the refusal)
+            xr.open_datatree(str(path), engine=ENGINE).load()
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+    assert message in str(caught.value) and "\n" not in str(caught.value)
 
 
 @pytest.fixture(scope="module")
@@ -56,12 +71,33 @@ def test_an_id_that_names_no_row(ms, tmp_path, subtable, column, value, message)
         if column == "CORR_TYPE":
             cell[0] = value
         table.putcell(column, 0, cell if column == "CORR_TYPE" else value)
-    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
-    resource.setrlimit(resource.RLIMIT_AS, (4 << 30, hard))
-    try:
-        with warnings.catch_warnings(), pytest.raises(InvalidMeasurementSet) as caught:
-            warnings.simplefilter("ignore")  # (ImputedMetadataWarning before the refusal)
-            xr.open_datatree(str(path), engine=ENGINE).load()
-    finally:
-        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
-    assert message in str(caught.value) and "\n" not in str(caught.value)
+    refused(path, InvalidMeasurementSet, message)
+
+
+def _with_feed_antennas(path, count, in_antenna):
+    """FEED rows for ``count`` more antennas (every spectral window, feed 0), and, when
+    ``in_antenna``, ANTENNA rows for them (a file of a few MiB either way)."""
+    with ct.table(str(path / "FEED"), readonly=False, ack=False) as feed:
+        first = feed.nrows()
+        feed.addrows(count)
+        feed.putcol("ANTENNA_ID", np.arange(first, first + count, dtype=np.int32), first,
+                    count)
+        feed.putcol("SPECTRAL_WINDOW_ID", np.full(count, -1, np.int32), first, count)
+        feed.putcol("FEED_ID", np.zeros(count, np.int32), first, count)
+        feed.putcol("NUM_RECEPTORS", np.full(count, 2, np.int32), first, count)
+    if in_antenna:
+        with ct.table(str(path / "ANTENNA"), readonly=False, ack=False) as antenna:
+            antenna.addrows(first + count - antenna.nrows())
+
+
+@pytest.mark.parametrize("count,in_antenna,error,message", [
+    (300, False, InvalidMeasurementSet, "does not exist in ANTENNA"),
+    (30000, True, PartitioningError, "more than this process can hold")])
+def test_feed_antennas_the_rows_never_use(ms, tmp_path, count, in_antenna, error, message):
+    """FEED names the baselines of the grid: antennas past ANTENNA's rows were indexed
+    (IndexError), and 30,000 of them (a FEED of 3 MiB) made a lookup of 30,000 squared
+    int64 and a grid of 450 million baselines a time (MemoryError)."""
+    path = tmp_path / "obs.ms"
+    shutil.copytree(ms, path)
+    _with_feed_antennas(path, count, in_antenna)
+    refused(path, error, message)

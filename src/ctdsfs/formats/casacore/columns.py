@@ -18,8 +18,6 @@ Adios2StMan, ...) is listed with its manager; reading it raises :class:`NotDecod
 """
 
 import math
-import os
-import resource
 from dataclasses import dataclass
 
 import numpy as np
@@ -32,7 +30,7 @@ from . import ssm as casacore_ssm
 from . import stmanaipsio as casacore_stmanaipsio
 from . import tabledat
 from . import tsm as casacore_tsm
-from .base import NUMERIC_TYPES, TP_BOOL, TP_STRING, EndianAipsReader
+from .base import NUMERIC_TYPES, TP_BOOL, TP_STRING, EndianAipsReader, process_memory
 from .dysco import DyscoReader
 from .tsm_axes import decodable, hypercolumn_roles
 
@@ -46,11 +44,7 @@ def _more_than_memory(col, rows):
     from table.dat makes: a larger read is refused before anything is made."""
     if col.dtype is None or col.cell_shape is None:
         return False
-    memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    limit = resource.getrlimit(resource.RLIMIT_AS)[0]
-    if limit != resource.RLIM_INFINITY:
-        memory = min(memory, limit)
-    return rows * math.prod(col.cell_shape) * col.dtype.itemsize > memory
+    return rows * math.prod(col.cell_shape) * col.dtype.itemsize > process_memory()
 
 
 class NotDecoded(FormatError):
