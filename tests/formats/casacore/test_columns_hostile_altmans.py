@@ -22,6 +22,7 @@ from ctdsfs.errors import FormatError
 from ctdsfs.formats.casacore import tabledat
 from ctdsfs.formats.casacore.base import TableDirectory
 from ctdsfs.formats.casacore.columns import open_table
+from ctdsfs.vfs.filesystem import FSError
 
 from .dysco_ms import spec
 from .test_columns_altmans import write
@@ -179,25 +180,36 @@ def test_a_sisco_cell_shape_through_a_mount(tables, tmp_path, mount):
     assert "L2" in m.log_text() and "Traceback" not in m.log_text()
 
 
-@pytest.mark.parametrize("shape", [(-1, 4), (6, -4), (-1, -1)])
+SHAPES_NOT_SHOWN = [((-1, 4), "gives its cells the shape"),
+                    ((6, -4), "gives its cells the shape"),
+                    ((-1, -1), "gives its cells the shape"),
+                    ((2**40, 2**40), "pass the largest file size"),
+                    ((4, 2**62), "pass the largest file size"),
+                    ((2**31 - 1,) * 3, "pass the largest file size")]
+
+
+@pytest.mark.parametrize("shape,message", SHAPES_NOT_SHOWN)
 @pytest.mark.parametrize("kind,column", [("stokes", "DATA"), ("stokes", "FLAG"),
                                          ("sisco", "L2"), ("dysco", "DATA"),
                                          ("dysco", "WEIGHT_SPECTRUM"), ("stokes", "UVW"),
                                          ("dysco", "UVW")])
-def test_a_negative_axis_in_table_dat(tables, tmp_path, kind, column, shape):
-    """A fixed shape in table.dat with a negative axis: the column is left out of columns/,
-    its reason in table.json; reads refused in one line (before: a NAME.npy of a negative
-    size, or of a shape no array has)."""
+def test_a_cell_shape_no_file_can_show(tables, tmp_path, kind, column, shape, message):
+    """A fixed shape in table.dat with a negative axis, or whose rows pass the largest
+    file size: the column is left out of columns/, its reason in table.json; reads
+    refused in one line. Before: a NAME.npy of a negative size, of a shape no array has,
+    of its header alone (the axes' product wrapped in int64), or past 2**63 bytes."""
     if column == "UVW":  # (a vector column: one axis)
-        shape = (min(shape),)
+        shape = (min(shape),) if min(shape) < 0 else (2**62,)
     path = damaged(tables[kind], tmp_path, cell_shape(column, shape))
     fs, columns = columns_fs(path)
     sizes = listing(fs, columns)
-    assert f"{column}.npy" not in sizes and all(size >= 0 for size in sizes.values())
+    assert f"{column}.npy" not in sizes and all(0 <= size < 1 << 63 for size in sizes.values())
     fh = fs.open(fs.lookup(columns, "table.json").ino, os.O_RDONLY)
     described = json.loads(fs.read(fh, 0, sizes["table.json"]))
-    assert "gives its cells the shape" in described["columns"][column]["error"]
+    assert message in described["columns"][column]["error"]
+    with pytest.raises(FSError):  # (not made by name either)
+        fs.lookup(columns, f"{column}.npy")
     table = open_table(TableDirectory(path), path)
-    for start, stop in RANGES:
-        refused_in_one_line(table, column, start, stop)
-
+    with address_space():
+        for start, stop in RANGES:
+            refused_in_one_line(table, column, start, stop)

@@ -30,6 +30,7 @@ is refused (EPERM) before anything changes.
 
 import json
 import logging
+import math
 import re
 import threading
 
@@ -44,6 +45,7 @@ from .cell_write import commits_atomically, why_not_written, write_cells
 from .columns import StringColumn, VarShapeColumn, open_table
 
 BLOCK_BYTES = 1 << 20
+MAX_FILE_SIZE = (1 << 63) - 1  # what a file's size (off_t) holds
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 log = logging.getLogger(__name__)
@@ -67,7 +69,10 @@ class _ColumnNpy:
         self.label = label or name
         self.dtype = np.dtype(dtype)
         self.header = npy_header(self.dtype.str, (table.nrow,) + tuple(cell_shape))
-        self.row_bytes = int(np.prod(cell_shape, dtype=np.int64)) * self.dtype.itemsize
+        self.row_bytes = math.prod(cell_shape) * self.dtype.itemsize
+        if self.size() > MAX_FILE_SIZE:  # (the shape is table.dat's: untrusted)
+            raise FormatError(f"column {name}: {table.nrow} rows of cells of shape "
+                              f"{list(cell_shape)} pass the largest file size")
         # a power of two, blocks starting at its multiples: tiles hold a power of two
         # rows in practice, and a block that starts and ends where tiles do is cut from
         # its tiles without a copy
@@ -367,8 +372,11 @@ class ColumnsView(DerivedView):
                 return None  # the listing says why
             if shape is None:
                 return None
-            single = self._single[name] = _ColumnNpy(table, name, shape, col.dtype,
-                                                      f"{self.label}/{name}.npy")
+            try:
+                single = _ColumnNpy(table, name, shape, col.dtype, f"{self.label}/{name}.npy")
+            except FormatError:
+                return None  # (as above)
+            self._single[name] = single
             return single
 
     def _build(self):
