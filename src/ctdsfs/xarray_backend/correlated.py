@@ -13,6 +13,7 @@ from .arrays import BroadcastArray, MainColumnArray
 from .errors import (
     ColumnShapeImputationWarning,
     FrameConversionWarning,
+    InvalidMeasurementSet,
     IrregularBaselineGridWarning,
     IrregularChannelGridWarning,
     IrregularTimeGridWarning,
@@ -56,6 +57,13 @@ STOKES = ["Undefined", "I", "Q", "U", "V", "RR", "RL", "LR", "LL", "XX", "XY", "
           "RX", "RY", "LX", "LY", "XR", "XL", "YR", "YL", "PP", "PQ", "QP", "QQ",
           "RCircular", "LCircular", "Linear", "Ptotal", "Plinear", "PFtotal", "PFlinear",
           "Pangle"]
+
+
+def _stokes(code):
+    """The name of Stokes type ``code`` (a POLARIZATION table's CORR_TYPE)."""
+    if not 0 <= code < len(STOKES):
+        raise InvalidMeasurementSet(f"CORR_TYPE {code} is not a Stokes type")
+    return STOKES[code]
 PARTITIONING_LINK = "https://xarray-ms.readthedocs.io/en/latest/partitioning.html"
 
 
@@ -105,7 +113,7 @@ class CorrelatedVariables:
         pol = self.tables.subtable("POLARIZATION")
         chan_freq = np.asarray(spw.column("CHAN_FREQ")[p.spw_id], np.float64)
         chan_width = np.asarray(spw.column("CHAN_WIDTH")[p.spw_id], np.float64)
-        corr_type = [STOKES[int(c)] for c in pol.column("CORR_TYPE")[p.pol_id]]
+        corr_type = [_stokes(int(c)) for c in pol.column("CORR_TYPE")[p.pol_id]]
         sizes = {"time": len(p.time), "baseline_id": p.row_map.shape[1],
                  "frequency": len(chan_freq), "polarization": len(corr_type), "uvw_label": 3}
         missing = int(np.count_nonzero(p.row_map == -1))

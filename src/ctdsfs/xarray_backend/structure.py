@@ -14,11 +14,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..formats.casacore.base import process_memory
 from .errors import InvalidMeasurementSet, InvalidPartitionKey, PartitioningError
-from .subtables import imputed_field, imputed_state
+from .subtables import checked_row, imputed_field, imputed_state
 
 MAIN_PARTITION_COLUMNS = ["OBSERVATION_ID", "PROCESSOR_ID", "DATA_DESC_ID"]
 DEFAULT_PARTITION_SCHEMA = MAIN_PARTITION_COLUMNS + ["OBS_MODE"]
+GRID_CELL_BYTES = 16  # a (time, baseline) cell of the row map and the intervals
 OPTIONAL_MAIN = ["DATA_DESC_ID", "OBSERVATION_ID", "PROCESSOR_ID", "FIELD_ID",
                  "SCAN_NUMBER", "STATE_ID"]
 SHORT_NAMES = {"D": "DATA_DESC_ID", "F": "FIELD_ID", "O": "OBSERVATION_ID",
@@ -93,12 +95,14 @@ def _feed_antennas(feed, spw_id, feed_ids):
     return np.unique(feed.array("ANTENNA_ID")[mask])
 
 
-def baseline_lookup(na, auto_corrs):
-    """``lookup[a1, a2]``: the baseline index of antenna positions a1 <= a2."""
-    lookup = np.full((na, na), -1, np.int64)
-    a1, a2 = np.triu_indices(na, 0 if auto_corrs else 1)
-    lookup[a1, a2] = np.arange(a1.size)
-    return lookup
+def baseline_index(a1, a2, na, auto_corrs):
+    """The baseline index of antenna positions ``a1 <= a2`` (``a1 < a2`` without
+    autocorrelations) among ``na``, in ``triu_indices``' order: the pairs of the rows
+    before ``a1``'s, then ``a2``'s place in its row (no table of ``na * na`` entries: FEED,
+    which gives ``na``, may list antennas the rows never use)."""
+    skip = 0 if auto_corrs else 1
+    a1, a2 = np.asarray(a1, np.int64), np.asarray(a2, np.int64)
+    return a1 * (na - skip) - a1 * (a1 - 1) // 2 + a2 - a1 - skip
 
 
 class Structure:
@@ -127,6 +131,8 @@ class Structure:
         bounds = np.concatenate([[0], edges, [nrow]]) if nrow else np.zeros(1, int)
         ddesc = tables.subtable("DATA_DESCRIPTION")
         feed = tables.subtable("FEED")
+        self._described = {name: tables.subtable(name) for name in
+                           ("SPECTRAL_WINDOW", "POLARIZATION", "ANTENNA")}
         self._partitions = {}
         for start, stop in zip(bounds[:-1], bounds[1:]):
             rows = {c: v[start:stop] for c, v in ordered.items()}
@@ -138,11 +144,13 @@ class Structure:
 
     def _partition(self, part_key, key, rows, ddesc, feed, auto_corrs, label):
         ddid = int(key["DATA_DESC_ID"])
-        if ddid >= ddesc.nrow:
+        if not 0 <= ddid < ddesc.nrow:
             raise InvalidMeasurementSet(f"DATA_DESC_ID {ddid} does not exist in "
                                         f"{label}::DATA_DESCRIPTION")
-        spw_id = int(ddesc.array("SPECTRAL_WINDOW_ID")[ddid])
-        pol_id = int(ddesc.array("POLARIZATION_ID")[ddid])
+        spw_id = checked_row(self._described["SPECTRAL_WINDOW"],
+                             int(ddesc.array("SPECTRAL_WINDOW_ID")[ddid]), "SPECTRAL_WINDOW_ID")
+        pol_id = checked_row(self._described["POLARIZATION"],
+                             int(ddesc.array("POLARIZATION_ID")[ddid]), "POLARIZATION_ID")
         utime, time_ids = np.unique(rows["TIME"], return_inverse=True)
         ntime = utime.size
         field_ids = _time_values("FIELD_ID", key, rows["FIELD_ID"], ntime, time_ids)
@@ -156,6 +164,8 @@ class Structure:
                 f"Unique ANTENNA1 and ANTENNA2 values {present} are not a subset of "
                 f"FEED::ANTENNA_ID {antennas} for SPECTRAL_WINDOW_ID={spw_id} and "
                 f"feeds={feeds}")
+        for antenna in antennas[:1].tolist() + antennas[-1:].tolist():  # (sorted)
+            checked_row(self._described["ANTENNA"], antenna, "FEED::ANTENNA_ID")
         na = len(antennas)
         nbl = na * (na + (1 if auto_corrs else -1)) // 2
         row, interval = rows["ROW"], rows["INTERVAL"]
@@ -166,7 +176,12 @@ class Structure:
         swap = a1 > a2
         a1[swap], a2[swap] = a2[swap], a1[swap]
         a1, a2 = np.searchsorted(antennas, a1), np.searchsorted(antennas, a2)
-        cell = time_ids * nbl + baseline_lookup(na, auto_corrs)[a1, a2]
+        if ntime * nbl * GRID_CELL_BYTES > process_memory():
+            raise PartitioningError(
+                f"The (time, baseline) grid of partition {part_key}, {ntime} times by {nbl} "
+                f"baselines of the {na} antennas FEED lists, is more than this process can "
+                "hold")
+        cell = time_ids * nbl + baseline_index(a1, a2, na, auto_corrs)
         if cell.size and np.bincount(cell).max() > 1:
             raise PartitioningError(
                 f"Multiple occurences of a (TIME, ANTENNA1, ANTENNA2) tuple are present in "

@@ -18,6 +18,7 @@ from .measures import MJD_TO_UNIX, measure_attrs
 
 RELOCATABLE_ARRAYS = {"ALMA", "VLA", "NOEMA", "EVLA"}
 PER_FEED_COLUMNS = ["RECEPTOR_ANGLE", "POLARIZATION_TYPE", "FOCUS_LENGTH"]
+MAX_MADE_UP = 1 << 20  # rows of a subtable made up for the ids the MS uses
 RELEASE_DATE_MADE_UP = datetime(1978, 10, 9, 8, tzinfo=timezone.utc).timestamp()
 
 
@@ -43,14 +44,33 @@ class MadeTable:
 
 
 def _missing_id(table, ids, id_name):
-    """The highest id when ``table`` lacks its row (a warning then), else None."""
-    highest = int(np.max(np.concatenate([np.asarray(ids).ravel(), [0]])))
+    """The highest id when ``table`` lacks its row (a warning then), else None; an id below
+    -1 (MSv2's "none", as STATE_ID without STATE rows, taken as xarray-ms takes it), or
+    one that would make up more than MAX_MADE_UP rows, is refused."""
+    ids = np.concatenate([np.asarray(ids).ravel(), [0]])
+    lowest, highest = int(np.min(ids)), int(np.max(ids))
+    if lowest < -1:
+        raise InvalidMeasurementSet(f"{id_name} {lowest} names no row of the {table.name} "
+                                    "table")
     if highest < table.nrow:
         return None
+    if highest >= MAX_MADE_UP:
+        raise InvalidMeasurementSet(f"{id_name} {highest} names no row of the {table.name} "
+                                    f"table of length {table.nrow}, and is too large for its "
+                                    "rows to be made up")
     warnings.warn(f"No row exists in the {table.name} table of length {table.nrow} for "
                   f"{id_name}={highest}. Artificial metadata will be substituted.",
                   ImputedMetadataWarning, stacklevel=3)
     return highest
+
+
+def checked_row(table, row, id_name):
+    """``row`` when ``table`` has it, else InvalidMeasurementSet (an id from another table
+    is untrusted: a negative one would index from the end)."""
+    if not 0 <= row < table.nrow:
+        raise InvalidMeasurementSet(f"{id_name} {row} does not exist in {table.name}, of "
+                                    f"{table.nrow} rows")
+    return row
 
 
 def _unknown(n, prefix="UNKNOWN-"):

@@ -34,6 +34,7 @@ ROW_FILE_MAJOR = 1
 PRIVATE_HEADER = 28  # what casacore reads of it, whatever size it names
 MAX_SPAN = 256 << 20  # bytes of a row file read for one range of table rows
 UNSET_ANTENNA = -(1 << 31)
+MAX_ROWS = 1 << 62  # row numbers past it do not fit the int64 arithmetic of the readers
 
 
 class RowFile:
@@ -141,6 +142,8 @@ class UvwReader:
         if self.file.stride < 24:
             raise FormatError(f"{self.name}: rows of {self.file.stride} bytes hold no UVW")
         self.per_block, self.reference, self.antennas = (self.file.u64(i) for i in (8, 16, 24))
+        if self.per_block > MAX_ROWS:
+            raise FormatError(f"{self.name}: {self.per_block} rows a time step")
         self.nrows = 0
         if self.antennas > 1:
             if self.file.nrows % (self.antennas - 1):

@@ -14,6 +14,7 @@ checked against the file's real size before anything is read or allocated.
 """
 
 import os
+import resource
 import struct
 
 import numpy as np
@@ -35,6 +36,14 @@ NUMERIC_TYPES = {TP_UCHAR: ("u2", 1), TP_SHORT: ("i2", 2), TP_USHORT: ("u2", 2),
 # A bound for any single allocation a hostile file could ask for (cells, strings, maps).
 MAX_ITEMS = 1 << 31
 MAX_READ = 1 << 31  # bytes of one read_aligned (callers check their ranges against the file)
+
+
+def process_memory():
+    """Bytes one process can hold: the machine's memory, or its address-space limit (what
+    a count read from a table is checked against when nothing in the files bounds it)."""
+    memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    limit = resource.getrlimit(resource.RLIMIT_AS)[0]
+    return memory if limit == resource.RLIM_INFINITY else min(memory, limit)
 
 
 class TableDirectory:

@@ -30,11 +30,21 @@ from . import ssm as casacore_ssm
 from . import stmanaipsio as casacore_stmanaipsio
 from . import tabledat
 from . import tsm as casacore_tsm
-from .base import NUMERIC_TYPES, TP_BOOL, TP_STRING, EndianAipsReader
+from .base import NUMERIC_TYPES, TP_BOOL, TP_STRING, EndianAipsReader, process_memory
 from .dysco import DyscoReader
 from .tsm_axes import decodable, hypercolumn_roles
 
 OPTION_DIRECT = 1
+
+
+def _more_than_memory(col, rows):
+    """Whether ``rows`` cells of ``col`` (one shape) take more than the machine's memory or
+    the process's address-space limit. Some managers read rows past their file as zeros
+    (StokesIStMan, Dysco, AntennaPairStMan's pattern), so only this bounds what a row count
+    from table.dat makes: a larger read is refused before anything is made."""
+    if col.dtype is None or col.cell_shape is None:
+        return False
+    return rows * math.prod(col.cell_shape) * col.dtype.itemsize > process_memory()
 
 
 class NotDecoded(FormatError):
@@ -90,6 +100,13 @@ class ColumnInfo:
     @property
     def type_name(self):
         return tabledat.type_name(self.data_type)
+
+    def checked_shape(self):
+        """``cell_shape``, refused (FormatError) when table.dat gives it a negative axis."""
+        if self.cell_shape is not None and any(n < 0 for n in self.cell_shape):
+            raise FormatError(f"column {self.name}: table.dat gives its cells the shape "
+                              f"{list(self.cell_shape)}")
+        return self.cell_shape
 
     @property
     def dtype(self):
@@ -341,6 +358,14 @@ class CasacoreTable:
         if not col.decoded:
             raise NotDecoded(f"{self.label}: column {name} ({col.type_name}) is bound to "
                              f"{col.manager}, which is not decoded")
+        try:
+            col.checked_shape()
+        except FormatError as exc:
+            raise FormatError(f"{self.label}: {exc}") from None
+        if _more_than_memory(col, stop - start):
+            raise FormatError(f"{self.label}: rows {start}..{stop} of column {name} (cells "
+                              f"of shape {list(col.cell_shape)}) are more than this process "
+                              "can hold")
         try:
             result = self._reader(col.seqnr).read(col, start, stop)
             _check_cells(col, result, start)

@@ -30,6 +30,7 @@ is refused (EPERM) before anything changes.
 
 import json
 import logging
+import math
 import re
 import threading
 
@@ -44,6 +45,7 @@ from .cell_write import commits_atomically, why_not_written, write_cells
 from .columns import StringColumn, VarShapeColumn, open_table
 
 BLOCK_BYTES = 1 << 20
+MAX_FILE_SIZE = (1 << 63) - 1  # what a file's size (off_t) holds
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 log = logging.getLogger(__name__)
@@ -67,7 +69,10 @@ class _ColumnNpy:
         self.label = label or name
         self.dtype = np.dtype(dtype)
         self.header = npy_header(self.dtype.str, (table.nrow,) + tuple(cell_shape))
-        self.row_bytes = int(np.prod(cell_shape, dtype=np.int64)) * self.dtype.itemsize
+        self.row_bytes = math.prod(cell_shape) * self.dtype.itemsize
+        if self.size() > MAX_FILE_SIZE:  # (the shape is table.dat's: untrusted)
+            raise FormatError(f"column {name}: {table.nrow} rows of cells of shape "
+                              f"{list(cell_shape)} pass the largest file size")
         # a power of two, blocks starting at its multiples: tiles hold a power of two
         # rows in practice, and a block that starts and ends where tiles do is cut from
         # its tiles without a copy
@@ -359,7 +364,7 @@ class ColumnsView(DerivedView):
                 col = table.columns.get(name)
                 if col is None or not col.decoded or col.data_type == TP_STRING:
                     return None
-                shape = col.cell_shape
+                shape = col.checked_shape()
                 if shape is None and col.manager.startswith("Tiled"):
                     known, shape = table.uniform_shape(name)
                     shape = shape if known else None
@@ -367,8 +372,11 @@ class ColumnsView(DerivedView):
                 return None  # the listing says why
             if shape is None:
                 return None
-            single = self._single[name] = _ColumnNpy(table, name, shape, col.dtype,
-                                                      f"{self.label}/{name}.npy")
+            try:
+                single = _ColumnNpy(table, name, shape, col.dtype, f"{self.label}/{name}.npy")
+            except FormatError:
+                return None  # (as above)
+            self._single[name] = single
             return single
 
     def _build(self):
@@ -434,7 +442,9 @@ class ColumnsView(DerivedView):
             entries[f"{name}.data"] = LazyBytes(lambda: column.data().data)
             return [f"{name}.offsets.npy", f"{name}.data"]
         if col.data_type != TP_STRING:
-            shape = col.cell_shape if col.cell_shape is not None else self._uniform_shape(name)
+            shape = col.checked_shape()
+            if shape is None:
+                shape = self._uniform_shape(name)
             if shape is not None:
                 entries[f"{name}.npy"] = self._single.get(name) or _ColumnNpy(
                     self.table, name, shape, col.dtype, f"{self.label}/{name}.npy")

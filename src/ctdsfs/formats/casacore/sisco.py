@@ -49,6 +49,7 @@ LEVELS = {0: (1, False), 10: (2, True), 1: (2, False), 11: (3, True), 2: (3, Fal
 LEVELS = {**{level: (p, p) for level, p in LEVELS.items()},
           21: (LEVELS[2], LEVELS[1]), -1: ((0, False), (0, False))}
 MAX_CHUNK = 64 << 20  # decompressed bytes of one chunk (casacore writes about 10 MiB)
+INFLATE_RATIO = 1032  # deflate's largest ratio of inflated to deflated bytes
 BATCH_VALUES = 1 << 18  # values decoded together
 MAX_HISTORY = 1 << 30  # bytes of the baselines' last items
 RECENT_BYTES = 16 << 20  # decoded rows kept for reads handed over out of order
@@ -171,6 +172,7 @@ class SiscoReader:
 
     def __init__(self, source, table, seqnr, columns, dm_info):
         self.source, self.table, self.name = source, table, f"table.f{seqnr}"
+        self.size = source.entry_size(self.name)
         head = read_exact(source, self.name, 0, HEADER, "Sisco header")
         major = int.from_bytes(head[8:10], "little")
         if major & 0x3FFF != VERSION_MAJOR:
@@ -218,7 +220,7 @@ class SiscoReader:
     def warm(self, col):
         """Decode a row of ``col`` (its kernels loaded; no thread started), its baseline
         alone counted: the rows' ids are read when the column is."""
-        self._check(col)
+        self._check(col, min(1, self.table.nrow))
         if self.table.nrow:
             first = self.id_combos(0, 1).tolist()[0]
             _Stream(self, col, {first: 0}).rows(1)
@@ -229,7 +231,7 @@ class SiscoReader:
             self._stream, self._recent, self._ids = None, deque(), None
 
     def read(self, col, start, stop):
-        shape = self._check(col)
+        shape = self._check(col, stop)
         out = np.empty((max(0, stop - start),) + tuple(shape), np.complex64)
         if stop <= start:
             return out
@@ -253,8 +255,10 @@ class SiscoReader:
                 raise
         return out
 
-    def _check(self, col):
-        """``col``'s cell shape, or why this reader does not decode it."""
+    def _check(self, col, stop):
+        """``col``'s cell shape, or why this reader does not decode it or its rows to
+        ``stop`` (checked before anything is made at the size the table names: the
+        stream decodes from the first row, so those rows' items must fit the file)."""
         if col.data_type != TP_COMPLEX:
             raise FormatError(f"SiscoStMan stores Complex columns, not {col.type_name}")
         shape = col.cell_shape
@@ -264,6 +268,14 @@ class SiscoReader:
         if self.mode != "all" and shape[1] != 4:
             raise FormatError(f"a Sisco {self.mode} column shows 4 correlations, not "
                               f"{shape[1]}")
+        if min(shape) < 0:
+            raise FormatError(f"a cell of shape {list(shape)}")
+        item = 2 * shape[0] * (4 if self.level == -1 else 5)  # (its bytes, inflated)
+        row = STORED.get(self.mode, shape[1]) * item
+        if item > MAX_CHUNK or row > INFLATE_RATIO * MAX_CHUNK or \
+                stop * row > INFLATE_RATIO * self.size:
+            raise FormatError(f"{self.name}: rows to {stop} of cells of shape {list(shape)} "
+                              f"are more than its {self.size} bytes hold")
         return shape
 
     def _keep(self, first, cells):
