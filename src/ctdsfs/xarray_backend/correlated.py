@@ -64,6 +64,8 @@ def _stokes(code):
     if not 0 <= code < len(STOKES):
         raise InvalidMeasurementSet(f"CORR_TYPE {code} is not a Stokes type")
     return STOKES[code]
+
+
 PARTITIONING_LINK = "https://xarray-ms.readthedocs.io/en/latest/partitioning.html"
 
 
