@@ -5,7 +5,6 @@ it cannot be held) is InvalidMeasurementSet in one
 line, never an IndexError, a row counted from the end, or an allocation of 2**31 rows
 (within a 4 GiB address space, so that one fails rather than swaps)."""
 
-import resource
 import shutil
 import warnings
 
@@ -16,22 +15,18 @@ import xarray as xr
 
 from ctdsfs.xarray_backend.errors import InvalidMeasurementSet, PartitioningError
 
+from ..address_space import address_space
 from .test_xarray_ms import ENGINE, write_ms
 
 BIG = 2**31 - 1
 
 
 def refused(path, error, message):
-    """Opening and loading the MS at ``path`` raises ``error`` in one line, within 4 GiB of
+    """Opening and loading the MS at ``path`` raises ``error`` in one line, within 4 GiB more
     address space."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
-    resource.setrlimit(resource.RLIMIT_AS, (4 << 30, hard))
-    try:
-        with warnings.catch_warnings(), pytest.raises(error) as caught:
-            warnings.simplefilter("ignore")  # (ImputedMetadataWarning before the refusal)
-            xr.open_datatree(str(path), engine=ENGINE).load()
-    finally:
-        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+    with address_space(), warnings.catch_warnings(), pytest.raises(error) as caught:
+        warnings.simplefilter("ignore")  # (ImputedMetadataWarning before the refusal)
+        xr.open_datatree(str(path), engine=ENGINE).load()
     assert message in str(caught.value) and "\n" not in str(caught.value)
 
 

@@ -4,7 +4,6 @@ MultiFile storage, a MeasurementSet, and hostile table files."""
 
 import contextlib
 import os
-import resource
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +17,7 @@ from ctdsfs.formats import open_container
 from ctdsfs.formats.casacore.base import LayeredSource, TableDirectory
 from ctdsfs.formats.casacore.columns import NotDecoded, StringColumn, open_table
 
+from ...address_space import address_space
 from .tiled_data_table import write_tiled_data_table
 
 HERE = Path(__file__).parent
@@ -216,11 +216,9 @@ def _read_everything(path):
 def mutated(path, files, rng, counts, values):
     """Overwrite ``values`` at spots of each file in turn (``counts``: how many among the
     first KiB, where headers and indexes are, and how many anywhere), yielding after each
-    change and restoring the file after; within 4 GiB of address space, so a huge
+    change and restoring the file after; within 4 GiB more address space, so a huge
     allocation fails instead of swapping."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
-    resource.setrlimit(resource.RLIMIT_AS, (4 << 30, hard))
-    try:
+    with address_space():
         for name in files:
             original = Path(path, name).read_bytes()
             size = len(original)
@@ -235,8 +233,6 @@ def mutated(path, files, rng, counts, values):
                         yield name, at
             finally:
                 Path(path, name).write_bytes(original)
-    finally:
-        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
 
 
 @pytest.mark.parametrize("manager,what", [("StandardStMan", "fixed"),

@@ -9,10 +9,8 @@ mount."""
 import errno
 import json
 import os
-import resource
 import shutil
 import struct
-from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +22,7 @@ from ctdsfs.formats.casacore.base import TableDirectory
 from ctdsfs.formats.casacore.columns import open_table
 from ctdsfs.vfs.filesystem import FSError
 
+from ...address_space import address_space
 from .dysco_ms import spec
 from .test_columns_altmans import write
 from .test_columns_dysco import write_ms
@@ -40,16 +39,6 @@ def tables(tmp_path_factory):
             "dysco": write_ms(where / "dysco.ms", {"managers": [{
                 "name": "D", "columns": ["DATA", "WEIGHT_SPECTRUM"],
                 "spec": spec(10, 6, "TruncatedGaussian", "AF")}], "times": 4})}
-
-
-@contextmanager
-def address_space(limit=4 << 30):
-    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
-    resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
-    try:
-        yield
-    finally:
-        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
 
 
 def damaged(source, tmp_path, change_dat=None, file=None, edits=()):

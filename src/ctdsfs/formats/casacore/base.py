@@ -39,11 +39,20 @@ MAX_READ = 1 << 31  # bytes of one read_aligned (callers check their ranges agai
 
 
 def process_memory():
-    """Bytes one process can hold: the machine's memory, or its address-space limit (what
-    a count read from a table is checked against when nothing in the files bounds it)."""
+    """Bytes this process can still take: the machine's memory, or what its address-space
+    limit leaves beside what it maps already (what a count read from a table is checked
+    against when nothing in the files bounds it)."""
     memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     limit = resource.getrlimit(resource.RLIMIT_AS)[0]
-    return memory if limit == resource.RLIM_INFINITY else min(memory, limit)
+    if limit == resource.RLIM_INFINITY:
+        return memory
+    return min(memory, max(0, limit - mapped_bytes()))
+
+
+def mapped_bytes():
+    """Bytes of address space this process maps (VmSize), which RLIMIT_AS bounds."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
 
 
 class TableDirectory:
