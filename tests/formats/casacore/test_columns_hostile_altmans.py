@@ -2,8 +2,8 @@
 family at a time on tables python-casacore 3.8 wrote: cell shapes in table.dat that the
 manager's file cannot hold, row counts no process can hold, and the row files' 64-bit
 header fields past int64. Each read gives values or a one-line FormatError, before any
-allocation at the size claimed (within a 4 GiB address space, so that a huge one fails
-rather than swaps); columns/ answers EIO for the damaged column only, over the VFS and a
+allocation at the size claimed (within 4 GiB more address space, so that a huge one
+fails rather than swaps); columns/ answers EIO for the damaged column only, over the VFS and a
 mount."""
 
 import errno
