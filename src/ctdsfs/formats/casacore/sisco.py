@@ -261,15 +261,13 @@ class SiscoReader:
         stream decodes from the first row, so those rows' items must fit the file)."""
         if col.data_type != TP_COMPLEX:
             raise FormatError(f"SiscoStMan stores Complex columns, not {col.type_name}")
-        shape = col.cell_shape
+        shape = col.checked_shape()
         if shape is None or len(shape) != 2:
             raise FormatError("a SiscoStMan column without a fixed 2-D cell shape is not "
                               "decoded")
         if self.mode != "all" and shape[1] != 4:
             raise FormatError(f"a Sisco {self.mode} column shows 4 correlations, not "
                               f"{shape[1]}")
-        if min(shape) < 0:
-            raise FormatError(f"a cell of shape {list(shape)}")
         item = 2 * shape[0] * (4 if self.level == -1 else 5)  # (its bytes, inflated)
         row = STORED.get(self.mode, shape[1]) * item
         if item > MAX_CHUNK or row > INFLATE_RATIO * MAX_CHUNK or \
